@@ -1,0 +1,139 @@
+//! Flags shared by several commands, and the model loading they share.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use frugal::model::Model;
+use frugal::sample::SamplerParams;
+use frugal::tokenizer::Tokenizer;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// GGUF model file [default: SmolLM2-135M-Instruct Q4_1, fetched into $FRUGAL_HOME or ~/.cache/frugal]
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Worker threads [default: all cores]
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunArgs {
+    /// Context length in tokens [default: the model's trained context]
+    #[arg(short = 'c', long = "ctx")]
+    pub ctx: Option<usize>,
+    /// Recompute every position of the prefix at each step instead of caching keys and values
+    /// (shows the quadratic cost the KV cache removes)
+    #[arg(long = "no-kv-cache")]
+    pub no_kv_cache: bool,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Maximum tokens to generate
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep only the k most likely tokens (0 = off)
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1 = off)
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min-p times the most likely (0 = off)
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalize tokens seen in the last 64 (1 = off)
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Random seed: the same seed gives the same text
+    #[arg(long = "seed", default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when this text is generated (repeatable)
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplerParams {
+        SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: 64,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Sets the size of the global thread pool.
+pub fn init_threads(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
+        anyhow::ensure!(n > 0, "--threads must be at least 1");
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("starting the thread pool")?;
+    }
+    Ok(())
+}
+
+/// The model path given, or the default model (fetched if missing).
+pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
+    match &args.model {
+        Some(p) => Ok(p.clone()),
+        None => Ok(frugal::fetch::ensure_default_model(|m| eprintln!("{m}"))?),
+    }
+}
+
+/// Loads the model and its tokenizer, after setting up threads.
+pub fn load(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
+    init_threads(args.threads)?;
+    let path = model_path(args)?;
+    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let tok = Tokenizer::from_gguf(&model.file)
+        .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+    Ok((model, tok))
+}
+
+/// The context length to use: the flag, else the model's trained context.
+pub fn context_len(run: &RunArgs, model: &Model) -> Result<usize> {
+    let ctx = run.ctx.unwrap_or(model.config.n_ctx_train);
+    anyhow::ensure!(ctx > 0, "--ctx must be at least 1");
+    Ok(ctx)
+}
+
+/// Human units with binary prefixes (KiB = 1024 bytes).
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// Reads all of stdin as UTF-8 text.
+pub fn read_stdin() -> Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut bytes)
+        .context("reading stdin")?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "stdin is not valid UTF-8 (at byte {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}

@@ -1,0 +1,102 @@
+//! `frugal generate`: continue a prompt, streaming the text, then print a stats line.
+
+use std::io::Write;
+
+use anyhow::Result;
+use frugal::chat::{ChatTemplate, Message};
+use frugal::generate::{GenerateOptions, Session, StopReason};
+
+use super::common::{self, ModelArgs, RunArgs, SamplingArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The prompt, or `-` to read it from stdin
+    pub prompt: String,
+    /// Wrap the prompt as a user message in the model's chat template
+    #[arg(long)]
+    pub chat: bool,
+    /// Print one JSON object (text, token ids, stats) instead of streaming
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let prompt = if a.prompt == "-" {
+        common::read_stdin()?
+    } else {
+        a.prompt.clone()
+    };
+    anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
+    let (model, tok) = common::load(&a.model)?;
+    let ids = if a.chat {
+        let text =
+            ChatTemplate::from_gguf(&model.file)?.render(&[Message::new("user", &prompt)], true)?;
+        tok.encode(&text, true)?
+    } else {
+        tok.encode(&prompt, false)?
+    };
+    let ctx = common::context_len(&a.run, &model)?;
+    let mut session = Session::new(&model, ctx, !a.run.no_kv_cache);
+    let opts = GenerateOptions {
+        max_tokens: a.sampling.max_tokens,
+        stop: a.sampling.stop.clone(),
+        sampler: a.sampling.params(),
+    };
+    let mut stdout = std::io::stdout().lock();
+    let json = a.json;
+    let g = session.generate(&tok, &ids, &opts, |piece| {
+        if !json {
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+        }
+    })?;
+    let s = &g.stats;
+    if json {
+        let out = serde_json::json!({
+            "prompt": prompt,
+            "prompt_token_ids": ids,
+            "text": g.text,
+            "tokens": g.tokens,
+            "stop_reason": g.stop_reason,
+            "stats": {
+                "prompt_tokens": s.prompt_tokens,
+                "generated_tokens": s.generated_tokens,
+                "prefill_tokens_per_s": s.prefill_tokens_per_s(),
+                "decode_tokens_per_s": s.decode_tokens_per_s(),
+                "prefill_seconds": s.prefill_seconds,
+                "decode_seconds": s.decode_seconds,
+                "kv_cache_bytes": s.kv_cache_bytes,
+                "kv_cache": !a.run.no_kv_cache,
+                "threads": rayon::current_num_threads(),
+            }
+        });
+        writeln!(stdout, "{out}")?;
+    } else {
+        writeln!(stdout)?;
+    }
+    if g.stop_reason == StopReason::ContextFull {
+        eprintln!("note: stopped because the context of {ctx} tokens is full (raise --ctx)");
+    }
+    eprintln!(
+        "prompt {} tok | prefill {:.1} tok/s | decode {:.1} tok/s ({} generated, {}) | KV cache {} | {} threads",
+        s.prompt_tokens,
+        s.prefill_tokens_per_s(),
+        s.decode_tokens_per_s(),
+        s.generated_tokens,
+        match g.stop_reason {
+            StopReason::EndOfGeneration => "end of text",
+            StopReason::MaxTokens => "max tokens",
+            StopReason::StopString => "stop string",
+            StopReason::ContextFull => "context full",
+        },
+        common::human_bytes(s.kv_cache_bytes as u64),
+        rayon::current_num_threads(),
+    );
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! `frugal info`: what is inside a GGUF file.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use frugal::gguf::GgufFile;
+use frugal::model::Config;
+
+use super::common::human_bytes;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The GGUF file [default: the default model]
+    pub model: Option<PathBuf>,
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    pub json: bool,
+    /// Show every element of long metadata arrays
+    #[arg(long)]
+    pub full: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let path = match a.model {
+        Some(p) => p,
+        None => frugal::fetch::ensure_default_model(|m| eprintln!("{m}"))?,
+    };
+    let f = GgufFile::open(&path)?;
+    let n_params: u64 = f.tensors().iter().map(|t| t.n_elements()).sum();
+    let mut by_type: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();
+    for t in f.tensors() {
+        let e = by_type.entry(t.ty.name()).or_default();
+        e.0 += 1;
+        e.1 += t.n_elements();
+        e.2 += t.n_bytes();
+    }
+    // The KV-cache figures need a configuration frugal understands; other files still list.
+    let config = Config::from_gguf(&f);
+    let kv = config.as_ref().ok().map(|c| {
+        let per_tok = c.kv_elements_per_token() as u64;
+        (
+            per_tok,
+            per_tok * 4,
+            per_tok * 2,
+            per_tok * 2 * c.n_ctx_train as u64,
+            c.n_ctx_train,
+        )
+    });
+    if a.json {
+        let meta: serde_json::Map<String, serde_json::Value> = f
+            .metadata()
+            .iter()
+            .map(|(k, v)| {
+                let long = matches!(v.as_array(), Some(items) if items.len() > 64);
+                let j = if long && !a.full {
+                    serde_json::Value::String(v.display_short(8))
+                } else {
+                    v.to_json()
+                };
+                (k.clone(), j)
+            })
+            .collect();
+        let tensors: Vec<_> = f
+            .tensors()
+            .iter()
+            .map(|t| serde_json::json!({"name": t.name, "type": t.ty.name(), "dims": t.dims, "bytes": t.n_bytes()}))
+            .collect();
+        let types: serde_json::Map<String, serde_json::Value> = by_type
+            .iter()
+            .map(|(k, (n, e, b))| {
+                (
+                    k.to_string(),
+                    serde_json::json!({"tensors": n, "elements": e, "bytes": b}),
+                )
+            })
+            .collect();
+        let mut out = serde_json::json!({
+            "file": path.display().to_string(),
+            "file_bytes": f.file_len(),
+            "version": f.version,
+            "alignment": f.alignment,
+            "metadata": meta,
+            "tensors": tensors,
+            "types": types,
+            "n_params": n_params,
+        });
+        match (&config, kv) {
+            (Ok(c), Some((elems, b32, b16, full16, ctx))) => {
+                out["config"] = serde_json::to_value(c)?;
+                out["kv_cache"] = serde_json::json!({
+                    "elements_per_token": elems, "bytes_per_token_f32": b32, "bytes_per_token_f16": b16,
+                    "context": ctx, "bytes_at_context_f16": full16, "bytes_at_context_f32": full16 * 2,
+                });
+            }
+            (Err(e), _) => out["config_error"] = e.to_string().into(),
+            _ => {}
+        }
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "{}: GGUF v{}, {} ({} bytes), alignment {}",
+        path.display(),
+        f.version,
+        human_bytes(f.file_len()),
+        f.file_len(),
+        f.alignment
+    );
+    println!("\nmetadata ({} keys):", f.metadata().len());
+    for (k, v) in f.metadata() {
+        let shown = if a.full {
+            v.to_string()
+        } else {
+            v.display_short(8)
+        };
+        println!("  {k:<44} {shown}");
+    }
+    println!("\ntensors ({}):", f.tensors().len());
+    println!(
+        "  {:<36} {:<7} {:<20} {:>12}",
+        "name", "type", "shape", "bytes"
+    );
+    for t in f.tensors() {
+        println!(
+            "  {:<36} {:<7} {:<20} {:>12}",
+            t.name,
+            t.ty.name(),
+            format!("{:?}", t.dims),
+            t.n_bytes()
+        );
+    }
+    println!("\nparameters: {n_params} ({:.1} M)", n_params as f64 / 1e6);
+    println!("bytes by type:");
+    for (ty, (n, e, b)) in &by_type {
+        println!(
+            "  {ty:<7} {n:>4} tensors {e:>12} elements {:>12} ({:.2} bits/weight)",
+            human_bytes(*b),
+            *b as f64 * 8.0 / *e as f64
+        );
+    }
+    match (&config, kv) {
+        (Ok(c), Some((elems, b32, b16, full16, ctx))) => {
+            println!(
+                "\nKV cache: 2 x {} layers x {} KV heads x {} head dim = {elems} elements per token",
+                c.n_layers, c.n_head_kv, c.head_dim
+            );
+            println!("  per token: {b32} B in f32, {b16} B in f16");
+            println!(
+                "  at the full context of {ctx}: {} in f16, {} in f32",
+                human_bytes(full16),
+                human_bytes(full16 * 2)
+            );
+        }
+        (Err(e), _) => println!("\n(no model configuration: {e})"),
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! The decoding loop: prefill the prompt, then sample, stream and feed back one token at a time.
+//!
+//! A [`Session`] owns the KV cache and scratch buffers so a chat can keep its cache between
+//! turns: a new prompt that extends the cached tokens only prefills the new part. With the cache
+//! disabled every step re-runs the whole sequence, which shows the quadratic cost the cache removes.
+
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::model::{Logits, Model, Scratch};
+use crate::sample::{Sampler, SamplerParams};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub sampler: SamplerParams,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model produced an end-of-generation token.
+    EndOfGeneration,
+    MaxTokens,
+    StopString,
+    /// The context length was reached.
+    ContextFull,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens actually run through the model (fewer when a chat reuses its cache).
+    pub prefill_tokens: usize,
+    pub generated_tokens: usize,
+    /// Single-token forward passes after the prefill.
+    pub decode_steps: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub kv_cache_bytes: usize,
+}
+
+impl GenerationStats {
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        self.prefill_tokens as f64 / self.prefill_seconds.max(1e-9)
+    }
+
+    /// Decode speed: single-token passes (with sampling) per second.
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        self.decode_steps as f64 / self.decode_seconds.max(1e-9)
+    }
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Generation {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub stop_reason: StopReason,
+    pub stats: GenerationStats,
+}
+
+pub struct Session<'m> {
+    model: &'m Model,
+    kv: KvCache,
+    scratch: Scratch,
+    /// Tokens whose keys and values are in `kv`.
+    cached: Vec<u32>,
+    use_kv_cache: bool,
+}
+
+impl<'m> Session<'m> {
+    /// A session with room for `ctx` tokens. Without the KV cache, every step recomputes the
+    /// whole sequence (the cache is then only the scratch space of a single pass).
+    pub fn new(model: &'m Model, ctx: usize, use_kv_cache: bool) -> Self {
+        Session {
+            model,
+            kv: model.new_cache(ctx),
+            scratch: Scratch::default(),
+            cached: Vec::new(),
+            use_kv_cache,
+        }
+    }
+
+    pub fn ctx(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.bytes_in_use()
+    }
+
+    /// Runs `new` tokens after those cached; returns the last position's logits.
+    fn feed(&mut self, new: &[u32]) -> Result<&[f32]> {
+        if self.use_kv_cache {
+            self.cached.extend_from_slice(new);
+            self.model
+                .forward(new, &mut self.kv, &mut self.scratch, Logits::Last)
+        } else {
+            self.cached.extend_from_slice(new);
+            self.kv.clear();
+            self.model
+                .forward(&self.cached, &mut self.kv, &mut self.scratch, Logits::Last)
+        }
+    }
+
+    /// Generates a continuation of `prompt`, calling `on_text` with each piece of text as soon
+    /// as it is complete. Cached tokens shared with `prompt` are reused.
+    pub fn generate(
+        &mut self,
+        tok: &Tokenizer,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<Generation> {
+        if prompt.is_empty() {
+            return Err(Error::EmptyInput);
+        }
+        if prompt.len() > self.ctx() {
+            return Err(Error::PromptTooLong {
+                prompt: prompt.len(),
+                ctx: self.ctx(),
+            });
+        }
+        opts.sampler.validate().map_err(Error::Invalid)?;
+        // Reuse the longest cached prefix, but always run at least the last prompt token.
+        let common = self
+            .cached
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = if self.use_kv_cache {
+            common.min(prompt.len() - 1)
+        } else {
+            0
+        };
+        self.kv.truncate(keep);
+        self.cached.truncate(keep);
+
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt.len(),
+            prefill_tokens: prompt.len() - keep,
+            ..Default::default()
+        };
+        let mut sampler = Sampler::new(opts.sampler.clone());
+        let mut history: Vec<u32> = prompt.to_vec();
+        let mut generated = Vec::new();
+        let mut text = String::new();
+        let mut decoder = StreamDecoder::default();
+        let mut stop_filter = StopFilter::new(&opts.stop);
+
+        let t0 = Instant::now();
+        let mut next = {
+            let logits = self.feed(&prompt[keep..])?;
+            sampler.sample(logits, &history)
+        };
+        stats.prefill_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let stop_reason = loop {
+            if tok.is_end_of_generation(next) {
+                break StopReason::EndOfGeneration;
+            }
+            generated.push(next);
+            history.push(next);
+            let piece = decoder.push(&tok.token_bytes(next, false));
+            let (emit, hit) = stop_filter.push(&piece);
+            text.push_str(&emit);
+            on_text(&emit);
+            if hit {
+                break StopReason::StopString;
+            }
+            if generated.len() >= opts.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            if self.cached.len() >= self.ctx() {
+                break StopReason::ContextFull;
+            }
+            let logits = self.feed(&[next])?;
+            next = sampler.sample(logits, &history);
+            stats.decode_steps += 1;
+        };
+        if stop_reason != StopReason::StopString {
+            let rest = decoder.finish();
+            let (mut emit, _) = stop_filter.push(&rest);
+            emit.push_str(&stop_filter.flush());
+            text.push_str(&emit);
+            on_text(&emit);
+        }
+        stats.decode_seconds = t1.elapsed().as_secs_f64();
+        stats.generated_tokens = generated.len();
+        stats.kv_cache_bytes = self.kv.bytes_in_use();
+        Ok(Generation {
+            text,
+            tokens: generated,
+            stop_reason,
+            stats,
+        })
+    }
+}
+
+/// Holds back text that could be the start of a stop string, and reports when one completes.
+struct StopFilter<'a> {
+    stops: &'a [String],
+    held: String,
+}
+
+impl<'a> StopFilter<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        StopFilter {
+            stops,
+            held: String::new(),
+        }
+    }
+
+    /// Returns the text safe to emit and whether a stop string was found (text from the stop
+    /// string on is dropped).
+    fn push(&mut self, piece: &str) -> (String, bool) {
+        self.held.push_str(piece);
+        let first_hit = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min();
+        if let Some(at) = first_hit {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return (out, true);
+        }
+        // Keep the longest suffix that is a proper prefix of some stop string.
+        let mut keep = 0;
+        for s in self.stops {
+            for (i, _) in self.held.char_indices() {
+                let suffix = &self.held[i..];
+                if suffix.len() > keep && s.starts_with(suffix) {
+                    keep = suffix.len();
+                }
+            }
+        }
+        let cut = self.held.len() - keep;
+        let out = self.held[..cut].to_string();
+        self.held.drain(..cut);
+        (out, false)
+    }
+
+    fn flush(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_filter_holds_prefixes_and_cuts_at_the_stop() {
+        let stops = vec!["\n\nUser:".to_string()];
+        let mut f = StopFilter::new(&stops);
+        assert_eq!(f.push("Hello"), ("Hello".into(), false));
+        assert_eq!(f.push(" there\n"), (" there".into(), false));
+        assert_eq!(f.push("\nUs"), ("".into(), false));
+        assert_eq!(f.push("er: hi"), ("".into(), true));
+        let mut f = StopFilter::new(&stops);
+        assert_eq!(f.push("a\n"), ("a".into(), false));
+        assert_eq!(f.push("b"), ("\nb".into(), false));
+    }
+}

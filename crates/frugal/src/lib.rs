@@ -1,0 +1,23 @@
+//! frugal: an LLM inference engine in which every efficiency lever is a real, composable switch
+//! whose cost and benefit the tool measures.
+//!
+//! Data flows one way: text → [`tokenizer`] → token ids → [`model::Model::forward`] (per layer:
+//! norm → [`attention`] over the [`kv`] cache → norm → FFN; every matrix product goes through
+//! [`quant`] on the stored format) → logits → [`sample`] → token → detokenizer → text.
+//! [`generate`] drives that loop; [`eval`] scores text; [`gguf`] reads and writes model files.
+
+pub mod attention;
+pub mod chat;
+pub mod error;
+pub mod eval;
+pub mod fetch;
+pub mod generate;
+pub mod gguf;
+pub mod kv;
+pub mod model;
+pub mod ops;
+pub mod quant;
+pub mod sample;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

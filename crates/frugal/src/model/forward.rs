@@ -1,0 +1,130 @@
+//! The Llama forward pass, top to bottom.
+//!
+//! One call processes `n` new tokens at positions `kv.len() .. kv.len() + n`: a whole prompt
+//! (prefill, matrix-matrix products) or a single token (decode, matrix-vector products). Keys and
+//! values of the new tokens are appended to the cache; attention reads the whole cached prefix.
+
+use super::Model;
+use crate::attention::{AttnShape, causal_attention};
+use crate::error::Error;
+use crate::kv::KvCache;
+use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};
+use crate::quant::matmul;
+
+/// Which positions of the batch need logits (the output projection is the costliest matrix).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token: generation.
+    Last,
+    /// Every token: scoring.
+    All,
+    /// Tokens `i..n` of the batch: perplexity scores only the second half of each window.
+    From(usize),
+}
+
+/// Reusable activation buffers, grown to the largest batch seen, so steady-state decode does
+/// not allocate.
+#[derive(Default, Debug)]
+pub struct Scratch {
+    x: Vec<f32>,
+    xb: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    logits: Vec<f32>,
+    rope: RopeTable,
+}
+
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}
+
+impl Model {
+    /// Runs `tokens` through the model, appending their keys and values to `kv`, and returns the
+    /// logits of the requested rows (`rows x n_vocab`, row-major).
+    pub fn forward<'s>(
+        &self,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        s: &'s mut Scratch,
+        want: Logits,
+    ) -> Result<&'s [f32], Error> {
+        let c = &self.config;
+        let w = &self.weights;
+        let n = tokens.len();
+        if n == 0 {
+            return Err(Error::EmptyInput);
+        }
+        kv.check_room(n)?;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+            return Err(Error::BadToken {
+                id: bad,
+                n_vocab: c.n_vocab,
+            });
+        }
+        let pos0 = kv.len();
+        let d = c.n_embd;
+        let shape = AttnShape {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+        };
+
+        // Token embeddings: decode the rows of the (usually quantized) embedding table.
+        let embd = w.token_embd.view(&self.file);
+        let x = sized(&mut s.x, n * d);
+        for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
+            embd.dequantize_row(t as usize, row);
+        }
+        s.rope.fill(pos0, n, c.rope_dim, c.rope_base);
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            // Attention block: norm -> Q, K, V -> RoPE -> cache -> attention -> output -> residual.
+            let xb = sized(&mut s.xb, n * d);
+            rms_norm(&s.x, &lw.attn_norm, c.rms_eps, xb);
+            let q = sized(&mut s.q, n * c.q_dim());
+            let k = sized(&mut s.k, n * c.kv_dim());
+            let v = sized(&mut s.v, n * c.kv_dim());
+            matmul(&lw.wq.view(&self.file), xb, n, q);
+            matmul(&lw.wk.view(&self.file), xb, n, k);
+            matmul(&lw.wv.view(&self.file), xb, n, v);
+            s.rope.apply(q, c.n_head, c.head_dim);
+            s.rope.apply(k, c.n_head_kv, c.head_dim);
+            kv.append(l, k, v);
+            let att = sized(&mut s.att, n * c.q_dim());
+            causal_attention(shape, q, kv.keys(l), kv.values(l), pos0, att);
+            let proj = sized(&mut s.proj, n * d);
+            matmul(&lw.wo.view(&self.file), att, n, proj);
+            add_assign(&mut s.x, proj);
+
+            // Feed-forward block: norm -> SwiGLU(gate, up) -> down -> residual.
+            rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, xb);
+            let gate = sized(&mut s.gate, n * c.n_ff);
+            let up = sized(&mut s.up, n * c.n_ff);
+            matmul(&lw.w_gate.view(&self.file), xb, n, gate);
+            matmul(&lw.w_up.view(&self.file), xb, n, up);
+            swiglu(gate, up);
+            matmul(&lw.w_down.view(&self.file), gate, n, proj);
+            add_assign(&mut s.x, proj);
+        }
+        kv.commit(n);
+
+        // Final norm and the output projection, only for the rows that need logits.
+        let first = match want {
+            Logits::Last => n - 1,
+            Logits::All => 0,
+            Logits::From(i) => i.min(n - 1),
+        };
+        let rows = n - first;
+        let xb = sized(&mut s.xb, rows * d);
+        rms_norm(&s.x[first * d..], &w.output_norm, c.rms_eps, xb);
+        let logits = sized(&mut s.logits, rows * c.n_vocab);
+        matmul(&w.output.view(&self.file), xb, rows, logits);
+        Ok(logits)
+    }
+}

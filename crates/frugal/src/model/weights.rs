@@ -1,0 +1,134 @@
+//! Views of a model's tensors inside the memory-mapped GGUF file, checked once at load.
+//!
+//! Matrices are kept as byte ranges of the map (in their stored, usually quantized, format) so
+//! resident memory is the file itself; only the small norm vectors are decoded to f32.
+
+use std::ops::Range;
+
+use super::Config;
+use crate::gguf::{GgufError, GgufFile};
+use crate::quant::{self, GgmlType, WeightMatrix};
+
+/// A weight matrix: its stored type, shape, and where its bytes are in the file.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    range: Range<usize>,
+}
+
+impl Linear {
+    /// Borrows the matrix from the file it was loaded from.
+    pub fn view<'a>(&self, file: &'a GgufFile) -> WeightMatrix<'a> {
+        WeightMatrix {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            data: &file.raw_bytes()[self.range.clone()],
+        }
+    }
+}
+
+/// One transformer block's weights.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: Linear,
+    pub w_up: Linear,
+    pub w_down: Linear,
+}
+
+#[derive(Clone, Debug)]
+pub struct Weights {
+    pub token_embd: Linear,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>,
+    /// The output projection; the token embedding when the file has no `output.weight` (tied).
+    pub output: Linear,
+    pub tied_output: bool,
+}
+
+impl Weights {
+    pub fn load(file: &GgufFile, c: &Config) -> Result<Self, GgufError> {
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let name = |s: &str| format!("blk.{i}.{s}.weight");
+            layers.push(LayerWeights {
+                attn_norm: vector(file, &name("attn_norm"), c.n_embd)?,
+                wq: linear(file, &name("attn_q"), c.q_dim(), c.n_embd)?,
+                wk: linear(file, &name("attn_k"), c.kv_dim(), c.n_embd)?,
+                wv: linear(file, &name("attn_v"), c.kv_dim(), c.n_embd)?,
+                wo: linear(file, &name("attn_output"), c.n_embd, c.q_dim())?,
+                ffn_norm: vector(file, &name("ffn_norm"), c.n_embd)?,
+                w_gate: linear(file, &name("ffn_gate"), c.n_ff, c.n_embd)?,
+                w_up: linear(file, &name("ffn_up"), c.n_ff, c.n_embd)?,
+                w_down: linear(file, &name("ffn_down"), c.n_embd, c.n_ff)?,
+            });
+        }
+        let token_embd = linear(file, "token_embd.weight", c.n_vocab, c.n_embd)?;
+        let (output, tied_output) = if file.tensor_info("output.weight").is_some() {
+            (linear(file, "output.weight", c.n_vocab, c.n_embd)?, false)
+        } else {
+            (token_embd.clone(), true)
+        };
+        Ok(Weights {
+            token_embd,
+            layers,
+            output_norm: vector(file, "output_norm.weight", c.n_embd)?,
+            output,
+            tied_output,
+        })
+    }
+}
+
+fn shape_error(name: &str, offset: u64, want: &[u64], got: &[u64]) -> GgufError {
+    GgufError::BadTensor {
+        tensor: name.into(),
+        offset,
+        reason: format!("shape {got:?}, expected {want:?}"),
+    }
+}
+
+fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
+    let (info, _) = file.tensor(name)?;
+    let want = [cols as u64, rows as u64];
+    if info.dims != want {
+        return Err(shape_error(name, info.info_offset, &want, &info.dims));
+    }
+    if !quant::is_supported(info.ty) {
+        return Err(GgufError::UnsupportedType {
+            tensor: name.into(),
+            ty: info.ty,
+            action: "compute with",
+        });
+    }
+    let start = (file.data_offset + info.offset) as usize;
+    Ok(Linear {
+        name: name.into(),
+        ty: info.ty,
+        rows,
+        cols,
+        range: start..start + info.n_bytes() as usize,
+    })
+}
+
+fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, GgufError> {
+    let (info, bytes) = file.tensor(name)?;
+    if info.dims != [n as u64] {
+        return Err(shape_error(name, info.info_offset, &[n as u64], &info.dims));
+    }
+    let mut out = vec![0f32; n];
+    quant::dequantize(info.ty, bytes, &mut out).map_err(|_| GgufError::UnsupportedType {
+        tensor: name.into(),
+        ty: info.ty,
+        action: "decode",
+    })?;
+    Ok(out)
+}

@@ -1,0 +1,139 @@
+//! Dot-product kernels per instruction set, behind runtime dispatch.
+//!
+//! Two kernel shapes cover the forward pass:
+//! - [`dot_row`]: one stored (quantized) row against an f32 vector, dequantizing in registers
+//!   (the decode matrix-vector product);
+//! - [`gemm_f32`]: a dequantized f32 weight tile against a block of f32 activations, register
+//!   blocked so each loaded weight vector feeds several tokens (the prefill matrix-matrix product).
+//!
+//! `scalar` is the reference for both; the SIMD versions must agree with it up to f32 summation
+//! order, which the tests below bound.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub mod scalar;
+
+use super::GgmlType;
+
+/// The instruction set the kernels run with.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+}
+
+/// The best instruction set this CPU supports (cached by std's feature detection). Setting
+/// `FRUGAL_ISA=scalar` forces the reference kernels, to compare the two on a real model.
+pub fn detect() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        if std::env::var("FRUGAL_ISA").is_ok_and(|v| v.eq_ignore_ascii_case("scalar")) {
+            return Isa::Scalar;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return Isa::Avx2;
+        }
+        Isa::Scalar
+    })
+}
+
+/// `sum_i w[i] * x[i]` where `w` is one row of `x.len()` elements stored as `ty`.
+/// The caller guarantees `ty` is supported and `row` has the right length.
+#[inline]
+pub fn dot_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only produced after detecting avx2, fma and f16c.
+        Isa::Avx2 => unsafe { avx2::dot_row(ty, row, x) },
+        _ => scalar::dot_row(ty, row, x),
+    }
+}
+
+/// `out[r * n + t] = dot(w[r], x[t])` for a tile of `rows` f32 weight rows of length `k` and `n`
+/// activation rows of length `k`.
+#[inline]
+pub fn gemm_f32(isa: Isa, w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only produced after detecting avx2 and fma.
+        Isa::Avx2 => unsafe { avx2::gemm_f32(w, x, k, out) },
+        _ => scalar::gemm_f32(w, x, k, out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{
+        dequantize_to_vec, f32_to_bf16, f32_to_f16, quantize_q4_0, quantize_q4_1, quantize_q8_0,
+    };
+    use proptest::prelude::*;
+
+    fn encode(ty: GgmlType, w: &[f32]) -> Vec<u8> {
+        match ty {
+            GgmlType::F32 => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            GgmlType::F16 => w
+                .iter()
+                .flat_map(|&v| f32_to_f16(v).to_le_bytes())
+                .collect(),
+            GgmlType::BF16 => w
+                .iter()
+                .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
+                .collect(),
+            GgmlType::Q8_0 => quantize_q8_0(w),
+            GgmlType::Q4_0 => quantize_q4_0(w),
+            GgmlType::Q4_1 => quantize_q4_1(w),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Bound for two f32 sums of the same `k` products in different orders: each partial sum can
+    /// carry a relative error of about k * eps of the sum of absolute values.
+    fn tol(k: usize, abs_sum: f32) -> f32 {
+        (k as f32) * f32::EPSILON * abs_sum + 1e-6
+    }
+
+    proptest! {
+        #[test]
+        fn simd_dot_matches_scalar(
+            ty_i in 0usize..6,
+            blocks in 1usize..12,
+            extra in 0usize..32,
+            seed in any::<u64>(),
+        ) {
+            let ty = [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1][ty_i];
+            // Float rows may have any length; block formats need whole blocks.
+            let k = if ty.block_size() == 1 { blocks * 32 + extra } else { blocks * 32 };
+            let mut s = seed | 1;
+            let mut rnd = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5 };
+            let w: Vec<f32> = (0..k).map(|_| rnd() * 4.0).collect();
+            let x: Vec<f32> = (0..k).map(|_| rnd()).collect();
+            let row = encode(ty, &w);
+            let deq = dequantize_to_vec(ty, &row, k).unwrap();
+            let abs_sum: f32 = deq.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+            let reference = scalar::dot_row(ty, &row, &x);
+            let fast = dot_row(detect(), ty, &row, &x);
+            prop_assert!((reference - fast).abs() <= tol(k, abs_sum), "{ty} k={k}: {reference} vs {fast}");
+        }
+
+        #[test]
+        fn simd_gemm_matches_scalar(rows in 1usize..7, n in 1usize..11, k in 1usize..100, seed in any::<u64>()) {
+            let mut s = seed | 1;
+            let mut rnd = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5 };
+            let w: Vec<f32> = (0..rows * k).map(|_| rnd()).collect();
+            let x: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+            let mut a = vec![0f32; rows * n];
+            let mut b = vec![0f32; rows * n];
+            scalar::gemm_f32(&w, &x, k, &mut a);
+            gemm_f32(detect(), &w, &x, k, &mut b);
+            for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+                prop_assert!((p - q).abs() <= tol(k, k as f32 * 0.25), "entry {i}: {p} vs {q}");
+            }
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Reference kernels: dequantize, then multiply. Slow, obviously right.
+
+use crate::quant::{GgmlType, dequantize};
+
+/// Reference `dot_row`: decodes one block of 32 at a time into a stack buffer.
+pub fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    let bs = ty.block_size().max(32);
+    let bytes_per = ty.bytes_for(bs as u64).unwrap_or(0) as usize;
+    let mut buf = [0f32; 32];
+    let mut sum = 0f32;
+    let full = x.len() / bs * bs;
+    for (xc, rc) in x[..full].chunks_exact(bs).zip(row.chunks_exact(bytes_per)) {
+        dequantize(ty, rc, &mut buf).expect("caller validated the row");
+        sum += buf.iter().zip(xc).map(|(a, b)| a * b).sum::<f32>();
+    }
+    if full < x.len() {
+        // Only plain float rows can have a tail (block formats are whole blocks).
+        let tail = &x[full..];
+        let eb = ty.block_bytes();
+        dequantize(ty, &row[full * eb..], &mut buf[..tail.len()])
+            .expect("caller validated the row");
+        sum += buf.iter().zip(tail).map(|(a, b)| a * b).sum::<f32>();
+    }
+    sum
+}
+
+/// Reference `gemm_f32`.
+pub fn gemm_f32(w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
+    let n = x.len() / k;
+    for (r, wr) in w.chunks_exact(k).enumerate() {
+        for (t, xt) in x.chunks_exact(k).enumerate() {
+            out[r * n + t] = wr.iter().zip(xt).map(|(a, b)| a * b).sum();
+        }
+    }
+}

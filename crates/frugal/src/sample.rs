@@ -1,0 +1,229 @@
+//! Choosing the next token from logits: greedy, or temperature sampling narrowed by top-k,
+//! top-p and min-p, after a repetition penalty; seeded so the same seed gives the same text.
+//!
+//! The order follows llama.cpp's default chain: penalties, top-k, top-p, min-p, temperature, draw.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SamplerParams {
+    /// 0 selects greedy decoding.
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1.0 disables.
+    pub top_p: f32,
+    /// 0.0 disables.
+    pub min_p: f32,
+    /// 1.0 disables; values > 1 discourage tokens seen in the last `repeat_last_n`.
+    pub repeat_penalty: f32,
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        SamplerParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerParams {
+    pub fn greedy() -> Self {
+        SamplerParams {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Rejects values outside their meaningful ranges.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(format!("temperature {} must be >= 0", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top-p {} must be in (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("min-p {} must be in [0, 1]", self.min_p));
+        }
+        if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
+            return Err(format!(
+                "repeat penalty {} must be > 0",
+                self.repeat_penalty
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub struct Sampler {
+    pub params: SamplerParams,
+    rng: ChaCha8Rng,
+    candidates: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplerParams) -> Self {
+        Sampler {
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            params,
+            candidates: Vec::new(),
+        }
+    }
+
+    /// Picks the next token given the logits and the tokens so far (for the penalty).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        let c = &mut self.candidates;
+        c.clear();
+        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        if p.repeat_penalty != 1.0 {
+            let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
+            for &t in recent {
+                if let Some(e) = c.get_mut(t as usize) {
+                    // Shrink toward zero either way, as llama.cpp (and CTRL) do.
+                    e.1 = if e.1 > 0.0 {
+                        e.1 / p.repeat_penalty
+                    } else {
+                        e.1 * p.repeat_penalty
+                    };
+                }
+            }
+        }
+        if p.temperature <= 0.0 {
+            return argmax(c);
+        }
+        // Sort descending by logit (ties by id for determinism).
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < c.len() {
+            c.select_nth_unstable_by(p.top_k - 1, by_logit);
+            c.truncate(p.top_k);
+        }
+        c.sort_unstable_by(by_logit);
+        // Probabilities at temperature 1 for the top-p and min-p cut-offs, as llama.cpp does.
+        let max = c[0].1;
+        let mut probs: Vec<f32> = c.iter().map(|&(_, l)| (l - max).exp()).collect();
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= total);
+        let mut keep = c.len();
+        if p.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (i, &q) in probs.iter().enumerate() {
+                cum += q;
+                if cum >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = p.min_p * probs[0];
+            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
+        }
+        c.truncate(keep);
+        // Temperature, then a draw from the renormalized distribution.
+        let weights: Vec<f32> = c
+            .iter()
+            .map(|&(_, l)| ((l - max) / p.temperature).exp())
+            .collect();
+        let total: f32 = weights.iter().sum();
+        let mut r = self.rng.random::<f32>() * total;
+        for (&(id, _), &w) in c.iter().zip(&weights) {
+            if r < w {
+                return id;
+            }
+            r -= w;
+        }
+        c[c.len() - 1].0
+    }
+}
+
+fn argmax(c: &[(u32, f32)]) -> u32 {
+    c.iter()
+        .fold((0u32, f32::NEG_INFINITY), |best, &(i, l)| {
+            if l > best.1 { (i, l) } else { best }
+        })
+        .0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_the_largest() {
+        let mut s = Sampler::new(SamplerParams::greedy());
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[]), 1);
+    }
+
+    #[test]
+    fn repeat_penalty_can_change_the_choice() {
+        let mut s = Sampler::new(SamplerParams {
+            repeat_penalty: 2.0,
+            ..SamplerParams::greedy()
+        });
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[1]), 3);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_seed_repeats() {
+        let mut s = Sampler::new(SamplerParams {
+            top_k: 1,
+            temperature: 1.0,
+            ..Default::default()
+        });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&[0.0, 1.0, 0.5], &[]), 1);
+        }
+        let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplerParams {
+                seed,
+                temperature: 1.5,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                ..Default::default()
+            });
+            (0..30).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
+    }
+
+    #[test]
+    fn min_p_and_top_p_cut_the_tail() {
+        // One dominant token: min-p 0.5 leaves only it; top-p 0.5 too.
+        let logits = [10.0, 0.0, 0.0, 0.0];
+        for params in [
+            SamplerParams {
+                min_p: 0.5,
+                top_p: 1.0,
+                top_k: 0,
+                temperature: 5.0,
+                ..Default::default()
+            },
+            SamplerParams {
+                min_p: 0.0,
+                top_p: 0.5,
+                top_k: 0,
+                temperature: 5.0,
+                ..Default::default()
+            },
+        ] {
+            let mut s = Sampler::new(params);
+            for _ in 0..50 {
+                assert_eq!(s.sample(&logits, &[]), 0);
+            }
+        }
+    }
+}
