@@ -45,7 +45,7 @@ pub fn perplexity(
         )));
     }
     let first = n_ctx / 2;
-    let mut kv = model.new_cache(n_ctx);
+    let mut kv = model.new_cache(n_ctx)?;
     let mut scratch = Scratch::default();
     let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
     let mut window_ppl = Vec::with_capacity(windows);

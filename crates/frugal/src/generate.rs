@@ -74,14 +74,14 @@ pub struct Session<'m> {
 impl<'m> Session<'m> {
     /// A session with room for `ctx` tokens. Without the KV cache, every step recomputes the
     /// whole sequence (the cache is then only the scratch space of a single pass).
-    pub fn new(model: &'m Model, ctx: usize, use_kv_cache: bool) -> Self {
-        Session {
+    pub fn new(model: &'m Model, ctx: usize, use_kv_cache: bool) -> Result<Self> {
+        Ok(Session {
             model,
-            kv: model.new_cache(ctx),
+            kv: model.new_cache(ctx)?,
             scratch: Scratch::default(),
             cached: Vec::new(),
             use_kv_cache,
-        }
+        })
     }
 
     pub fn ctx(&self) -> usize {

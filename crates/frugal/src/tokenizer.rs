@@ -335,6 +335,11 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
     })
 }
 
+/// The character that stands for each byte (index = byte value) in byte-level vocabularies.
+pub fn byte_level_chars() -> Vec<char> {
+    bytes_to_unicode().into_iter().map(|(_, c)| c).collect()
+}
+
 /// GPT-2's reversible map from bytes to printable characters used by byte-level vocabularies.
 fn bytes_to_unicode() -> Vec<(u8, char)> {
     let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).collect();

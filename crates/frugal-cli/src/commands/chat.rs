@@ -26,7 +26,7 @@ pub fn run(a: Args) -> Result<()> {
     let (model, tok) = common::load(&a.model)?;
     let template = ChatTemplate::from_gguf(&model.file)?;
     let ctx = common::context_len(&a.run, &model)?;
-    let mut session = Session::new(&model, ctx, !a.run.no_kv_cache);
+    let mut session = Session::new(&model, ctx, !a.run.no_kv_cache)?;
     let opts = GenerateOptions {
         max_tokens: a.sampling.max_tokens,
         stop: a.sampling.stop.clone(),

@@ -9,6 +9,15 @@
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum KvError {
     #[error(
+        "cannot reserve a KV cache of {positions} positions x {kv_dim} values x {n_layers} layers: {reason}"
+    )]
+    Reserve {
+        positions: usize,
+        kv_dim: usize,
+        n_layers: usize,
+        reason: String,
+    },
+    #[error(
         "context full: {len} cached + {adding} new tokens exceed the context length {capacity}"
     )]
     ContextFull {
@@ -30,20 +39,39 @@ pub struct KvCache {
 
 impl KvCache {
     /// A cache for `capacity` positions of `n_layers` layers with `kv_dim` = KV heads x head_dim.
-    pub fn new(n_layers: usize, kv_dim: usize, capacity: usize) -> Self {
-        let alloc = || {
-            (0..n_layers)
-                .map(|_| Vec::with_capacity(capacity * kv_dim))
-                .collect()
+    /// Fails cleanly (instead of aborting) when the sizes overflow or memory cannot be reserved.
+    pub fn new(n_layers: usize, kv_dim: usize, capacity: usize) -> Result<Self, KvError> {
+        let err = |reason: String| KvError::Reserve {
+            positions: capacity,
+            kv_dim,
+            n_layers,
+            reason,
         };
-        KvCache {
+        let per_layer = capacity
+            .checked_mul(kv_dim)
+            .filter(|n| {
+                n.checked_mul(2 * n_layers * std::mem::size_of::<f32>())
+                    .is_some()
+            })
+            .ok_or_else(|| err("the size overflows".into()))?;
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        for _ in 0..n_layers {
+            for side in [&mut k, &mut v] {
+                let mut buf: Vec<f32> = Vec::new();
+                buf.try_reserve_exact(per_layer)
+                    .map_err(|e| err(e.to_string()))?;
+                side.push(buf);
+            }
+        }
+        Ok(KvCache {
             n_layers,
             kv_dim,
             capacity,
             len: 0,
-            k: alloc(),
-            v: alloc(),
-        }
+            k,
+            v,
+        })
     }
 
     /// Positions cached so far (the position of the next token).
@@ -127,7 +155,8 @@ mod tests {
 
     #[test]
     fn append_commit_truncate() {
-        let mut c = KvCache::new(2, 4, 3);
+        let mut c = KvCache::new(2, 4, 3).unwrap();
+        assert!(KvCache::new(2, usize::MAX / 2, 3).is_err());
         for l in 0..2 {
             c.append(l, &[1.0; 8], &[2.0; 8]);
         }

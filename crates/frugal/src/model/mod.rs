@@ -2,6 +2,7 @@
 
 mod config;
 mod forward;
+pub mod synthetic;
 mod weights;
 
 pub use config::{Config, SUPPORTED_ARCHS};
@@ -11,7 +12,7 @@ pub use weights::{LayerWeights, Linear, Weights};
 use std::path::Path;
 
 use crate::gguf::{GgufError, GgufFile};
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvError};
 
 /// A loaded model: the open file, its configuration and validated views of its weights.
 pub struct Model {
@@ -36,8 +37,8 @@ impl Model {
         })
     }
 
-    /// An empty KV cache for `ctx` positions (clamped to the trained context).
-    pub fn new_cache(&self, ctx: usize) -> KvCache {
+    /// An empty KV cache for `ctx` positions.
+    pub fn new_cache(&self, ctx: usize) -> Result<KvCache, KvError> {
         KvCache::new(self.config.n_layers, self.config.kv_dim(), ctx)
     }
 

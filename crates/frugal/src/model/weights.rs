@@ -57,7 +57,9 @@ pub struct Weights {
 
 impl Weights {
     pub fn load(file: &GgufFile, c: &Config) -> Result<Self, GgufError> {
-        let mut layers = Vec::with_capacity(c.n_layers);
+        // Not pre-sized from metadata: a corrupted layer count must fail on a missing tensor, not
+        // allocate.
+        let mut layers = Vec::new();
         for i in 0..c.n_layers {
             let name = |s: &str| format!("blk.{i}.{s}.weight");
             layers.push(LayerWeights {

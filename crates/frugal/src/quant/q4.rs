@@ -187,8 +187,15 @@ mod tests {
             let y = dequantize_to_vec(ty, &bytes, 96).unwrap();
             for (bx, by) in x.chunks(32).zip(y.chunks(32)) {
                 let amax = bx.iter().fold(0f32, |m, v| m.max(v.abs()));
-                // One step of the 16-level grid over the block's range, plus f16 scale rounding.
-                let tol = 2.0 * amax / 15.0 * 0.5 + amax * 2e-3;
+                // Q4_1: half a step of (max - min) / 15. Q4_0: its grid is absmax / 8 per step
+                // and the side opposite the absmax clips at +7 steps, so one full step. Plus the
+                // f16 rounding of the scales.
+                let step = if ty == GgmlType::Q4_0 {
+                    amax / 8.0
+                } else {
+                    2.0 * amax / 15.0 * 0.5
+                };
+                let tol = step + amax * 2e-3;
                 for (a, b) in bx.iter().zip(by) {
                     assert!((a - b).abs() <= tol, "{ty}: {a} vs {b}");
                 }
