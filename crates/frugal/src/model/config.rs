@@ -73,13 +73,13 @@ impl Config {
                 n_embd / n_head
             }
         };
-        if let Some(v) = f.u32_opt(&key("attention.value_length"))? {
-            if v as usize != head_dim {
-                return Err(bad(
-                    "attention.value_length",
-                    format!("{v} differs from key length {head_dim}"),
-                ));
-            }
+        if let Some(v) = f.u32_opt(&key("attention.value_length"))?
+            && v as usize != head_dim
+        {
+            return Err(bad(
+                "attention.value_length",
+                format!("{v} differs from key length {head_dim}"),
+            ));
         }
         if head_dim == 0 || head_dim % 2 != 0 {
             return Err(bad(
