@@ -14,6 +14,9 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Worker threads [default: all cores]
+    #[arg(short = 't', long = "threads", global = true)]
+    threads: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -51,17 +54,32 @@ fn main() {
         eprintln!("internal error (a bug in frugal, please report it): {msg}{at}");
     }));
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Generate(a) => commands::generate::run(a),
-        Command::Chat(a) => commands::chat::run(a),
-        Command::Eval(c) => commands::eval::run(c),
-        Command::Info(a) => commands::info::run(a),
-        Command::Fetch(a) => commands::fetch::run(a),
-    };
+    // Run the command on a pool thread: the decode loop then hands each matrix product to a
+    // worker that is still spinning, instead of waking a sleeping one from outside the pool.
+    let result = thread_pool(cli.threads).and_then(|pool| pool.install(|| run(cli.command)));
     if let Err(e) = result {
         // One line naming the problem; never a backtrace.
         let msg = format!("{e:#}").replace('\n', " ");
         eprintln!("error: {msg}");
         std::process::exit(1);
+    }
+}
+
+fn thread_pool(threads: Option<usize>) -> anyhow::Result<rayon::ThreadPool> {
+    let mut b = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = threads {
+        anyhow::ensure!(n > 0, "--threads must be at least 1");
+        b = b.num_threads(n);
+    }
+    Ok(b.build()?)
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Chat(a) => commands::chat::run(a),
+        Command::Eval(c) => commands::eval::run(c),
+        Command::Info(a) => commands::info::run(a),
+        Command::Fetch(a) => commands::fetch::run(a),
     }
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use frugal::model::Model;
+use frugal::quant::act::Activations;
 use frugal::sample::SamplerParams;
 use frugal::tokenizer::Tokenizer;
 
@@ -12,9 +13,10 @@ pub struct ModelArgs {
     /// GGUF model file [default: SmolLM2-135M-Instruct Q4_1, fetched into $FRUGAL_HOME or ~/.cache/frugal]
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// Worker threads [default: all cores]
-    #[arg(short = 't', long = "threads")]
-    pub threads: Option<usize>,
+    /// Activation precision in matrix products: f32 (exact) or q8 (8 bits per block of 32,
+    /// integer kernels for Q4_0/Q4_1/Q8_0 weights, as llama.cpp runs quantized files)
+    #[arg(long = "activations", default_value = "f32")]
+    pub activations: Activations,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -70,18 +72,6 @@ impl SamplingArgs {
     }
 }
 
-/// Sets the size of the global thread pool.
-pub fn init_threads(threads: Option<usize>) -> Result<()> {
-    if let Some(n) = threads {
-        anyhow::ensure!(n > 0, "--threads must be at least 1");
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("starting the thread pool")?;
-    }
-    Ok(())
-}
-
 /// The model path given, or the default model (fetched if missing).
 pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
     match &args.model {
@@ -90,11 +80,11 @@ pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
     }
 }
 
-/// Loads the model and its tokenizer, after setting up threads.
+/// Loads the model and its tokenizer.
 pub fn load(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
-    init_threads(args.threads)?;
     let path = model_path(args)?;
-    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    model.set_activations(args.activations);
     let tok = Tokenizer::from_gguf(&model.file)
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
     Ok((model, tok))

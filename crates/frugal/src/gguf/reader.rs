@@ -389,6 +389,24 @@ impl GgufFile {
         self.bytes.as_slice()
     }
 
+    /// Tells the kernel the mapped pages of `range` are not needed now (they were copied
+    /// elsewhere), so they stop counting toward resident memory; reading them again simply
+    /// faults them back in from the file. No-op for in-memory images.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        if let Bytes::Mapped(m) = &self.bytes {
+            let page = 4096;
+            let start = range.start.div_ceil(page) * page;
+            let end = range.end / page * page;
+            if end > start {
+                // SAFETY: the map is read-only and file-backed, so dropped pages are re-read from
+                // the file on the next access; no data is lost.
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+                };
+            }
+        }
+    }
+
     /// Size of the whole file in bytes.
     pub fn file_len(&self) -> u64 {
         self.bytes.as_slice().len() as u64

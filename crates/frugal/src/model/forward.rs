@@ -4,12 +4,15 @@
 //! (prefill, matrix-matrix products) or a single token (decode, matrix-vector products). Keys and
 //! values of the new tokens are appended to the cache; attention reads the whole cached prefix.
 
+use super::Linear;
 use super::Model;
 use crate::attention::{AttnShape, causal_attention};
 use crate::error::Error;
 use crate::kv::KvCache;
 use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};
+use crate::quant::act::{Activations, Q8Acts};
 use crate::quant::matmul;
+use crate::quant::packed::matmul_packed;
 
 /// Which positions of the batch need logits (the output projection is the costliest matrix).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -37,6 +40,7 @@ pub struct Scratch {
     up: Vec<f32>,
     logits: Vec<f32>,
     rope: RopeTable,
+    acts: Q8Acts,
 }
 
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -83,33 +87,38 @@ impl Model {
         }
         s.rope.fill(pos0, n, c.rope_dim, c.rope_base);
 
+        let act = self.activations;
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention block: norm -> Q, K, V -> RoPE -> cache -> attention -> output -> residual.
             let xb = sized(&mut s.xb, n * d);
             rms_norm(&s.x, &lw.attn_norm, c.rms_eps, xb);
+            let xq = quantize_input(act, xb, d, &mut s.acts);
             let q = sized(&mut s.q, n * c.q_dim());
             let k = sized(&mut s.k, n * c.kv_dim());
             let v = sized(&mut s.v, n * c.kv_dim());
-            matmul(&lw.wq.view(&self.file), xb, n, q);
-            matmul(&lw.wk.view(&self.file), xb, n, k);
-            matmul(&lw.wv.view(&self.file), xb, n, v);
+            self.linear(&lw.wq, xb, xq, q);
+            self.linear(&lw.wk, xb, xq, k);
+            self.linear(&lw.wv, xb, xq, v);
             s.rope.apply(q, c.n_head, c.head_dim);
             s.rope.apply(k, c.n_head_kv, c.head_dim);
             kv.append(l, k, v);
             let att = sized(&mut s.att, n * c.q_dim());
             causal_attention(shape, q, kv.keys(l), kv.values(l), pos0, att);
             let proj = sized(&mut s.proj, n * d);
-            matmul(&lw.wo.view(&self.file), att, n, proj);
+            let attq = quantize_input(act, att, c.q_dim(), &mut s.acts);
+            self.linear(&lw.wo, att, attq, proj);
             add_assign(&mut s.x, proj);
 
             // Feed-forward block: norm -> SwiGLU(gate, up) -> down -> residual.
             rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, xb);
+            let xq = quantize_input(act, xb, d, &mut s.acts);
             let gate = sized(&mut s.gate, n * c.n_ff);
             let up = sized(&mut s.up, n * c.n_ff);
-            matmul(&lw.w_gate.view(&self.file), xb, n, gate);
-            matmul(&lw.w_up.view(&self.file), xb, n, up);
+            self.linear(&lw.w_gate, xb, xq, gate);
+            self.linear(&lw.w_up, xb, xq, up);
             swiglu(gate, up);
-            matmul(&lw.w_down.view(&self.file), gate, n, proj);
+            let hq = quantize_input(act, gate, c.n_ff, &mut s.acts);
+            self.linear(&lw.w_down, gate, hq, proj);
             add_assign(&mut s.x, proj);
         }
         kv.commit(n);
@@ -123,8 +132,35 @@ impl Model {
         let rows = n - first;
         let xb = sized(&mut s.xb, rows * d);
         rms_norm(&s.x[first * d..], &w.output_norm, c.rms_eps, xb);
+        let xq = quantize_input(act, xb, d, &mut s.acts);
         let logits = sized(&mut s.logits, rows * c.n_vocab);
-        matmul(&w.output.view(&self.file), xb, rows, logits);
+        self.linear(&w.output, xb, xq, logits);
         Ok(logits)
+    }
+
+    /// `y = W x` for every row of `x`: on the 8-bit activations when they were prepared and the
+    /// matrix was repacked for them, else on the f32 activations.
+    fn linear(&self, w: &Linear, x: &[f32], xq: Option<&Q8Acts>, y: &mut [f32]) {
+        match (xq, &w.packed) {
+            (Some(q), Some(p)) => matmul_packed(p, q, y),
+            _ => matmul(&w.view(&self.file), x, x.len() / w.cols, y),
+        }
+    }
+}
+
+/// Quantizes the input of the next products to 8 bits per block when that precision is
+/// selected (once per input, shared by the products that read it).
+fn quantize_input<'a>(
+    act: Activations,
+    x: &[f32],
+    k: usize,
+    buf: &'a mut Q8Acts,
+) -> Option<&'a Q8Acts> {
+    match act {
+        Activations::F32 => None,
+        Activations::Q8 => {
+            buf.quantize(x, k);
+            Some(buf)
+        }
     }
 }

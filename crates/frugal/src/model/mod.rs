@@ -13,12 +13,16 @@ use std::path::Path;
 
 use crate::gguf::{GgufError, GgufFile};
 use crate::kv::{KvCache, KvError};
+use crate::quant::act::Activations;
+use crate::quant::packed::PackedMatrix;
 
 /// A loaded model: the open file, its configuration and validated views of its weights.
 pub struct Model {
     pub config: Config,
     pub weights: Weights,
     pub file: GgufFile,
+    /// Precision of the activations in matrix products (exact f32 by default).
+    pub activations: Activations,
 }
 
 impl Model {
@@ -34,12 +38,50 @@ impl Model {
             config,
             weights,
             file,
+            activations: Activations::default(),
         })
     }
 
     /// An empty KV cache for `ctx` positions.
     pub fn new_cache(&self, ctx: usize) -> Result<KvCache, KvError> {
         KvCache::new(self.config.n_layers, self.config.kv_dim(), ctx)
+    }
+
+    /// Selects the activation precision. Switching to 8-bit activations repacks the Q4_0, Q4_1
+    /// and Q8_0 matrices into the grouped layout of `quant::packed` (once; about the size of
+    /// those weights on the heap), after which their pages of the file map are released.
+    pub fn set_activations(&mut self, a: Activations) {
+        self.activations = a;
+        if a != Activations::Q8 {
+            return;
+        }
+        let file = &self.file;
+        let mut released = Vec::new();
+        for m in self.weights.matrices_mut() {
+            if m.packed.is_none()
+                && let Ok(p) = PackedMatrix::pack(&m.view(file))
+            {
+                m.packed = Some(std::sync::Arc::new(p));
+                released.push(m.file_range());
+            }
+        }
+        for r in released {
+            self.file.release(r);
+        }
+    }
+
+    /// Bytes of repacked weights held on the heap.
+    pub fn packed_bytes(&self) -> usize {
+        let mut seen = std::collections::HashSet::new();
+        let w = &self.weights;
+        w.layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .chain(std::iter::once(&w.output))
+            .filter_map(|m| m.packed.as_ref())
+            .filter(|p| seen.insert(std::sync::Arc::as_ptr(p)))
+            .map(|p| p.bytes())
+            .sum()
     }
 
     /// Total number of weights.

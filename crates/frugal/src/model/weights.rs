@@ -4,9 +4,11 @@
 //! resident memory is the file itself; only the small norm vectors are decoded to f32.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use super::Config;
 use crate::gguf::{GgufError, GgufFile};
+use crate::quant::packed::PackedMatrix;
 use crate::quant::{self, GgmlType, WeightMatrix};
 
 /// A weight matrix: its stored type, shape, and where its bytes are in the file.
@@ -17,9 +19,17 @@ pub struct Linear {
     pub rows: usize,
     pub cols: usize,
     range: Range<usize>,
+    /// The grouped layout for 8-bit-activation kernels, built on demand (shared by the tied
+    /// embedding and output).
+    pub packed: Option<Arc<PackedMatrix>>,
 }
 
 impl Linear {
+    /// The byte range of the matrix in the file.
+    pub fn file_range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
     /// Borrows the matrix from the file it was loaded from.
     pub fn view<'a>(&self, file: &'a GgufFile) -> WeightMatrix<'a> {
         WeightMatrix {
@@ -56,6 +66,25 @@ pub struct Weights {
 }
 
 impl Weights {
+    /// Every matrix the forward pass multiplies by (not the embedding table, which is only
+    /// indexed, unless it is also the output).
+    pub fn matrices_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| {
+                [
+                    &mut l.wq,
+                    &mut l.wk,
+                    &mut l.wv,
+                    &mut l.wo,
+                    &mut l.w_gate,
+                    &mut l.w_up,
+                    &mut l.w_down,
+                ]
+            })
+            .chain(std::iter::once(&mut self.output))
+    }
+
     pub fn load(file: &GgufFile, c: &Config) -> Result<Self, GgufError> {
         // Not pre-sized from metadata: a corrupted layer count must fail on a missing tensor, not
         // allocate.
@@ -118,6 +147,7 @@ fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linea
         rows,
         cols,
         range: start..start + info.n_bytes() as usize,
+        packed: None,
     })
 }
 

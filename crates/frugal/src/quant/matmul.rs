@@ -108,7 +108,11 @@ pub fn matmul(w: &WeightMatrix, x: &[f32], n: usize, y: &mut [f32]) {
                 kernels::gemm_f32(isa, &tile[..rows * k], x, k, out);
             },
         );
-    let rows = w.rows;
+    scatter_transposed(&yt, n, w.rows, y);
+}
+
+/// `y[t][r] = yt[r][t]`.
+pub(super) fn scatter_transposed(yt: &[f32], n: usize, rows: usize, y: &mut [f32]) {
     y.par_chunks_mut(rows).enumerate().for_each(|(t, yrow)| {
         for (r, v) in yrow.iter_mut().enumerate() {
             *v = yt[r * n + t];

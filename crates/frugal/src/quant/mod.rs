@@ -5,9 +5,11 @@
 //! against); `kernels` holds the dot products per instruction set and `matmul` the threaded
 //! matrix-vector (decode) and matrix-matrix (prefill) products.
 
+pub mod act;
 mod float;
 pub mod kernels;
 mod matmul;
+pub mod packed;
 mod q4;
 mod q8;
 mod types;

@@ -6,6 +6,10 @@ use std::arch::x86_64::*;
 use super::scalar;
 use crate::quant::GgmlType;
 
+/// How far ahead of the current block to prefetch weights (bytes). The hardware prefetcher alone
+/// left the streaming matrix-vector kernels at a third of their in-cache speed on the reference VM.
+pub(super) const PREFETCH: usize = 1024;
+
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn hsum(v: __m256) -> f32 {
@@ -17,9 +21,13 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-#[inline(always)]
-fn f16_scalar(b: &[u8]) -> f32 {
-    crate::quant::f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+/// Decodes the little-endian f16 at the start of `b` with F16C (a library call per block
+/// would cost more than the block's arithmetic).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(super) fn f16_scalar(b: &[u8]) -> f32 {
+    let bits = u16::from_le_bytes([b[0], b[1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 /// Accumulates `acc += (q * d + m) . x` for one 32-element 4-bit block: `qs` are the 16 packed
@@ -54,6 +62,10 @@ pub unsafe fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
             GgmlType::Q4_0 => {
                 for b in 0..k / 32 {
                     let blk = &row[b * 18..b * 18 + 18];
+                    _mm_prefetch(
+                        blk.as_ptr().wrapping_add(PREFETCH) as *const i8,
+                        _MM_HINT_T0,
+                    );
                     let d = f16_scalar(blk);
                     acc = q4_block(
                         acc,
@@ -68,6 +80,10 @@ pub unsafe fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
             GgmlType::Q4_1 => {
                 for b in 0..k / 32 {
                     let blk = &row[b * 20..b * 20 + 20];
+                    _mm_prefetch(
+                        blk.as_ptr().wrapping_add(PREFETCH) as *const i8,
+                        _MM_HINT_T0,
+                    );
                     let (d, m) = (f16_scalar(blk), f16_scalar(&blk[2..]));
                     acc = q4_block(
                         acc,
@@ -81,6 +97,7 @@ pub unsafe fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
             }
             GgmlType::Q8_0 => {
                 for b in 0..k / 32 {
+                    _mm_prefetch(rp.wrapping_add(b * 34 + PREFETCH) as *const i8, _MM_HINT_T0);
                     let d = _mm256_set1_ps(f16_scalar(&row[b * 34..]));
                     let mut blk = _mm256_setzero_ps();
                     for i in 0..4 {
@@ -97,6 +114,10 @@ pub unsafe fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
                 let mut acc2 = _mm256_setzero_ps();
                 let mut i = 0;
                 while i < full {
+                    _mm_prefetch(
+                        rp.wrapping_add(i * ty.block_bytes() + PREFETCH) as *const i8,
+                        _MM_HINT_T0,
+                    );
                     let w = match ty {
                         GgmlType::F32 => _mm256_loadu_ps(rp.add(4 * i) as *const f32),
                         GgmlType::F16 => {

@@ -12,8 +12,12 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86_int8;
 
 use super::GgmlType;
+use super::act::Q8Row;
+use super::packed::{self, GROUP};
 
 /// The instruction set the kernels run with.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -21,23 +25,37 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
+    /// AVX2 plus AVX-512 VNNI (with VL) for the integer dot products.
+    Avx512Vnni,
 }
 
 /// The best instruction set this CPU supports (cached by std's feature detection). Setting
-/// `FRUGAL_ISA=scalar` forces the reference kernels, to compare the two on a real model.
+/// `FRUGAL_ISA=scalar` forces the reference kernels and `FRUGAL_ISA=avx2` caps the level, to
+/// compare them on a real model.
 pub fn detect() -> Isa {
     static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
         if std::env::var("FRUGAL_ISA").is_ok_and(|v| v.eq_ignore_ascii_case("scalar")) {
             return Isa::Scalar;
         }
+        let wanted = std::env::var("FRUGAL_ISA")
+            .unwrap_or_default()
+            .to_ascii_lowercase();
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
         {
+            if wanted != "avx2"
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                return Isa::Avx512Vnni;
+            }
             return Isa::Avx2;
         }
+        let _ = wanted;
         Isa::Scalar
     })
 }
@@ -48,8 +66,8 @@ pub fn detect() -> Isa {
 pub fn dot_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only produced after detecting avx2, fma and f16c.
-        Isa::Avx2 => unsafe { avx2::dot_row(ty, row, x) },
+        // SAFETY: both levels are only produced after detecting avx2, fma and f16c.
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::dot_row(ty, row, x) },
         _ => scalar::dot_row(ty, row, x),
     }
 }
@@ -60,9 +78,31 @@ pub fn dot_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
 pub fn gemm_f32(isa: Isa, w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only produced after detecting avx2 and fma.
-        Isa::Avx2 => unsafe { avx2::gemm_f32(w, x, k, out) },
+        // SAFETY: both levels are only produced after detecting avx2 and fma.
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::gemm_f32(w, x, k, out) },
         _ => scalar::gemm_f32(w, x, k, out),
+    }
+}
+
+/// Dot products of one packed group of four Q4_0, Q4_1 or Q8_0 rows (see `quant::packed`)
+/// with 8-bit activations.
+#[inline]
+pub fn dot_packed(isa: Isa, ty: GgmlType, group: &[u8], x: Q8Row, out: &mut [f32; GROUP]) {
+    let cols = x.qs.len();
+    assert!(
+        cols.is_multiple_of(32)
+            && group.len() >= cols / 32 * packed::column_bytes(ty)
+            && packed::layout(ty).is_some(),
+        "dot_packed: group does not match the activations"
+    );
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: produced only after detecting avx2, fma and f16c; sizes checked above.
+        Isa::Avx2 => unsafe { x86_int8::dot_packed_avx2(ty, group, x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: produced only after detecting those plus avx512f, avx512vl and avx512vnni.
+        Isa::Avx512Vnni => unsafe { x86_int8::dot_packed_vnni(ty, group, x, out) },
+        _ => packed::dot_group_scalar(ty, group, x, out),
     }
 }
 
@@ -92,6 +132,27 @@ mod tests {
         }
     }
 
+    /// Every level this CPU can run.
+    fn levels() -> Vec<Isa> {
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                v.push(Isa::Avx2);
+                if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+                {
+                    v.push(Isa::Avx512Vnni);
+                }
+            }
+        }
+        v
+    }
+
     /// Bound for two f32 sums of the same `k` products in different orders: each partial sum can
     /// carry a relative error of about k * eps of the sum of absolute values.
     fn tol(k: usize, abs_sum: f32) -> f32 {
@@ -119,6 +180,44 @@ mod tests {
             let reference = scalar::dot_row(ty, &row, &x);
             let fast = dot_row(detect(), ty, &row, &x);
             prop_assert!((reference - fast).abs() <= tol(k, abs_sum), "{ty} k={k}: {reference} vs {fast}");
+        }
+
+        #[test]
+        fn int8_dot_matches_scalar_at_every_level(ty_i in 0usize..3, blocks in 1usize..40, seed in any::<u64>()) {
+            let ty = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1][ty_i];
+            let k = blocks * 32;
+            let mut s = seed | 1;
+            let mut rnd = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5 };
+            let w: Vec<f32> = (0..k).map(|_| rnd() * 3.0).collect();
+            let x: Vec<f32> = (0..k).map(|_| rnd() * 10.0).collect();
+            let row = encode(ty, &w);
+            let mut acts = crate::quant::act::Q8Acts::default();
+            acts.quantize(&x, k);
+            let reference = scalar::dot_q8(ty, &row, acts.row(0));
+            // The integer block sums are exact everywhere; only the f32 accumulation of the
+            // scaled block sums differs in order.
+            let deq = dequantize_to_vec(ty, &row, k).unwrap();
+            let abs_sum: f32 = deq.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+            // Four copies of the row, packed as one group, at every level.
+            let four: Vec<f32> = (0..4).flat_map(|_| w.iter().copied()).collect();
+            let data = encode(ty, &four);
+            let wm = crate::quant::WeightMatrix::new(ty, 4, k, &data).unwrap();
+            let p = crate::quant::packed::PackedMatrix::pack(&wm).unwrap();
+            for isa in levels() {
+                let mut out = [0f32; 4];
+                dot_packed(isa, ty, p.group(0), acts.row(0), &mut out);
+                for o in out {
+                    prop_assert!((reference - o).abs() <= tol(k, abs_sum), "{ty} {isa:?} k={k}: {reference} vs {o}");
+                }
+            }
+            // And 8-bit activations stay close to the exact f32 product: each activation moves by
+            // at most half a step (absmax/254) of its block.
+            let exact: f32 = deq.iter().zip(&x).map(|(a, b)| a * b).sum();
+            let bound: f32 = deq.chunks(32).zip(x.chunks(32)).map(|(wb, xb)| {
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                wb.iter().map(|v| v.abs()).sum::<f32>() * amax / 254.0
+            }).sum();
+            prop_assert!((reference - exact).abs() <= bound * 1.01 + 1e-4, "{reference} vs exact {exact}");
         }
 
         #[test]
