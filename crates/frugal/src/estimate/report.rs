@@ -193,8 +193,10 @@ pub fn estimate(desc: &ModelDesc, o: &Options) -> Result<Estimate> {
         && context > m
     {
         remarks.push(format!(
-            "the context of {context} tokens is longer than the model's maximum of {m}: \
-                 the figures are what the cache would take, not something the model supports"
+            "the context of {} tokens is longer than the model's maximum of {}: \
+             the figures are what the cache would take, not something the model supports",
+            super::grouped(context as u128),
+            super::grouped(m as u128)
         ));
     }
     let max = desc.max_context.unwrap_or(context).max(context);
@@ -326,6 +328,25 @@ mod tests {
         assert_eq!(e.kv_bytes_per_token, 576 * 61 * 2);
         assert_eq!(e.kv_cache_bytes, 576 * 61 * 2 * 32768);
         assert!(e.params_active < e.params_total / 10);
+    }
+
+    #[test]
+    fn estimate_report_remarks_on_a_context_past_the_maximum() {
+        let d = desc("llama-3-8b");
+        let o = Options {
+            context: Some(32768),
+            ..Options::default()
+        };
+        let e = estimate(&d, &o).unwrap();
+        assert_eq!(e.remarks.len(), 1);
+        assert!(e.remarks[0].contains("32,768"), "{}", e.remarks[0]);
+        assert_eq!(e.serving.rows.last().unwrap().context, 32768);
+        assert!(
+            estimate(&d, &Options::default())
+                .unwrap()
+                .remarks
+                .is_empty()
+        );
     }
 
     #[test]
