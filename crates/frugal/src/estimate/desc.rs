@@ -231,7 +231,9 @@ impl ModelDesc {
         {
             return Err(invalid(format!("maximum context {c} is out of range")));
         }
-        let dense_layers = self.n_layers - self.moe.as_ref().map_or(0, |m| m.moe_layers);
+        let dense_layers = self
+            .n_layers
+            .saturating_sub(self.moe.as_ref().map_or(0, |m| m.moe_layers));
         if dense_layers > 0 && self.ff == 0 {
             return Err(invalid(
                 "FFN width is 0 but some layers have a dense FFN".into(),
@@ -360,6 +362,12 @@ pub fn from_path(path: &Path) -> Result<ModelDesc> {
         })?;
         super::hf_config::from_config_json(&text, &file.display().to_string())
     }
+}
+
+/// Parses config.json text (for tests in sibling modules).
+#[cfg(test)]
+pub(crate) fn resolve_json_for_tests(text: &str) -> Result<ModelDesc> {
+    super::hf_config::from_config_json(text, "config.json")
 }
 
 /// Resolves what the user typed: an existing path (GGUF or config.json) or a catalog name.

@@ -141,6 +141,11 @@ const IRRELEVANT: &[&str] = &[
     "qk_layernorm",
 ];
 
+/// Largest value accepted for any integer field.
+const MAX_FIELD: u64 = 1 << 32;
+/// Most layers accepted (checked before anything loops over them).
+const MAX_LAYERS: u64 = 1 << 14;
+
 struct Reader<'a> {
     obj: &'a Map<String, Value>,
     origin: String,
@@ -160,13 +165,21 @@ impl Reader<'_> {
         match self.obj.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => {
-                if let Some(u) = v.as_u64() {
-                    return Ok(Some(u));
+                let n = match (v.as_u64(), v.as_f64()) {
+                    (Some(u), _) => u,
+                    (None, Some(f)) if f >= 0.0 && f.fract() == 0.0 && f < 9e15 => f as u64,
+                    _ => {
+                        return Err(
+                            self.bad(key, format!("expected a non-negative integer, found {v}"))
+                        );
+                    }
+                };
+                // No architecture field comes near 2^32; larger values are corrupt, and
+                // refusing them here keeps every product below from overflowing.
+                if n > MAX_FIELD {
+                    return Err(self.bad(key, format!("{n} is implausibly large")));
                 }
-                match v.as_f64() {
-                    Some(f) if f >= 0.0 && f.fract() == 0.0 && f < 9e15 => Ok(Some(f as u64)),
-                    _ => Err(self.bad(key, format!("expected a non-negative integer, found {v}"))),
-                }
+                Ok(Some(n))
             }
         }
     }
@@ -296,6 +309,12 @@ pub fn from_config_json(text: &str, path: &str) -> Result<ModelDesc> {
         &["num_hidden_layers", "n_layer", "num_layers"],
         "the number of layers",
     )?;
+    if n_layers > MAX_LAYERS {
+        return Err(r.bad(
+            "num_hidden_layers",
+            format!("{n_layers} layers is more than {MAX_LAYERS}"),
+        ));
+    }
     let hidden = r.require(&["hidden_size", "n_embd", "d_model"], "the hidden size")?;
     let n_heads = r.require(
         &["num_attention_heads", "n_head"],
@@ -855,7 +874,22 @@ mod tests {
 
     #[test]
     fn estimate_config_json_bad_input_is_a_typed_error() {
-        let cases = [
+        let cases: [(&str, &str); 11] = [
+            (
+                &LLAMA2_7B.replace("\"num_hidden_layers\": 32", "\"num_hidden_layers\": 1e15"),
+                "implausibly large",
+            ),
+            (
+                &LLAMA2_7B.replace("\"num_hidden_layers\": 32", "\"num_hidden_layers\": 100000"),
+                "more than",
+            ),
+            (
+                &LLAMA2_7B.replace(
+                    "\"hidden_size\": 4096",
+                    "\"head_dim\": 4294967297, \"hidden_size\": 4096",
+                ),
+                "implausibly large",
+            ),
             ("{not json", "not a valid config.json"),
             ("[1,2]", "not a JSON object"),
             (

@@ -349,6 +349,70 @@ mod tests {
         );
     }
 
+    fn any_size() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => 1u64..8,
+            2 => Just(64),
+            2 => Just(4096),
+            1 => Just(0),
+            1 => 1u64..100_000,
+            1 => Just(1 << 32),
+            1 => any::<u64>(),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2000))]
+
+        /// Whatever numbers a config.json holds, describing and estimating it returns a value
+        /// or an error, never a panic or an overflow.
+        #[test]
+        fn estimate_any_config_json_never_panics(
+            layers in any_size(), kv in any_size(), group in any_size(), hd in any_size(),
+            ff in any_size(), vocab in any_size(), ctx in any_size(), experts in any_size(),
+            k in any_size(), rank in any_size(), window in any_size(), batch in any_size(),
+            use_moe: bool, use_mla: bool, use_window: bool,
+        ) {
+            // Mostly consistent shapes (heads a multiple of KV heads, hidden = heads x head_dim),
+            // with every size drawn from small, typical, boundary and arbitrary values.
+            let heads = kv.saturating_mul(group);
+            let hidden = heads.saturating_mul(hd);
+            let mut j = serde_json::json!({
+                "model_type": "llama", "num_hidden_layers": layers, "hidden_size": hidden,
+                "num_attention_heads": heads, "num_key_value_heads": kv,
+                "intermediate_size": ff, "vocab_size": vocab, "max_position_embeddings": ctx,
+            });
+            if use_moe {
+                j["num_local_experts"] = experts.into();
+                j["num_experts_per_tok"] = k.into();
+            }
+            if use_mla {
+                j["kv_lora_rank"] = rank.into();
+                j["qk_rope_head_dim"] = 64.into();
+                j["qk_nope_head_dim"] = 128.into();
+                j["v_head_dim"] = 128.into();
+            }
+            if use_window {
+                j["sliding_window"] = window.into();
+            }
+            if let Ok(d) = crate::estimate::desc::resolve_json_for_tests(&j.to_string()) {
+                let variants: Vec<AttentionVariant> = ["mha", "mqa", "gqa:1", "mla:512"]
+                    .iter()
+                    .filter_map(|v| AttentionVariant::parse(v, &d).ok())
+                    .collect();
+                let o = Options {
+                    context: Some(ctx.clamp(1, 1 << 30)),
+                    batch,
+                    compare: variants,
+                    devices: vec![crate::estimate::Device::custom(80 << 30, "d")],
+                    ..Options::default()
+                };
+                let _ = estimate(&d, &o);
+            }
+        }
+    }
+
     #[test]
     fn estimate_report_needs_a_context() {
         let mut d = desc("llama-2-7b");
