@@ -9,6 +9,7 @@
 pub mod attention;
 pub mod chat;
 pub mod error;
+pub mod estimate;
 pub mod eval;
 pub mod fetch;
 pub mod generate;

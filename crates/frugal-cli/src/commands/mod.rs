@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod common;
+pub mod estimate;
 pub mod eval;
 pub mod fetch;
 pub mod generate;
