@@ -30,6 +30,8 @@ enum Command {
     Eval(commands::eval::EvalCommand),
     /// Describe a GGUF file: metadata, tensors, parameter and KV-cache sizes.
     Info(commands::info::Args),
+    /// Measure prefill and decode throughput (pp N / tg N, as llama-bench).
+    Bench(commands::bench::Args),
     /// Estimate KV-cache and memory needs for a model at a context length.
     Estimate(commands::estimate::Args),
     /// Download the default model (SmolLM2-135M-Instruct, Q4_1) into the cache.
@@ -82,6 +84,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Chat(a) => commands::chat::run(a),
         Command::Eval(c) => commands::eval::run(c),
         Command::Info(a) => commands::info::run(a),
+        Command::Bench(a) => commands::bench::run(a),
         Command::Estimate(a) => commands::estimate::run(a),
         Command::Fetch(a) => commands::fetch::run(a),
     }

@@ -7,6 +7,7 @@
 //! [`generate`] drives that loop; [`eval`] scores text; [`gguf`] reads and writes model files.
 
 pub mod attention;
+pub mod bench;
 pub mod chat;
 pub mod error;
 pub mod estimate;

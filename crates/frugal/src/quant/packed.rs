@@ -1,29 +1,33 @@
 //! Block-quantized weights re-laid out at load time for the 8-bit-activation kernels.
 //!
-//! GGUF stores each row's blocks one after another, and each block starts with its f16 scale(s).
-//! A matrix-vector kernel then converts scales one at a time and walks several separate row
-//! streams. Here rows are taken in groups of four and, for each block column, the four rows'
-//! scales are stored together, followed by their four data blocks:
+//! GGUF stores each row's blocks one after another, each starting with its f16 scale(s). Here
+//! rows are taken in groups of eight and, for each block column, the group's scales are stored
+//! together, followed by the data interleaved four elements at a time across the eight rows:
 //!
 //! ```text
-//! Q4_0: d[4] (4 x f16)            qs[4][16]   72 bytes per block column
-//! Q4_1: d[4] (4 x f16) m[4] (f16) qs[4][16]   80 bytes
-//! Q8_0: d[4] (4 x f16)            qs[4][32]  136 bytes
+//! Q4_0: d[8]        then 4 chunks of 32 bytes   144 bytes per block column (8 x 18)
+//! Q4_1: d[8] m[8]   then 4 chunks of 32 bytes   160 bytes                 (8 x 20)
+//! Q8_0: d[8]        then 8 chunks of 32 bytes   272 bytes                 (8 x 34)
 //! ```
 //!
-//! so one instruction converts four scales, one activation block feeds four rows, and a group is
-//! a single sequential stream (what the prefetcher handles best). This is the same idea as
-//! llama.cpp's load-time repacking. The last group is padded with zero rows.
+//! A chunk holds 4 bytes per row. For Q8_0, chunk c holds elements 4c..4c+4 of each row. For the
+//! 4-bit formats, chunk c covers elements 8c..8c+8: byte j of a row is element 8c+j in its low
+//! nibble and element 8c+4+j in its high nibble. So one 32-byte load, masked (or shifted), is
+//! eight rows' next four weights, and one `vpdpbusd` against four activation bytes broadcast to
+//! all lanes adds them into eight per-row sums: the lanes are the rows, one conversion and one
+//! scale multiply finish a block for eight rows at once, and no horizontal sums are needed. The
+//! same bytes as the file, in a single sequential stream per group. (llama.cpp's load-time
+//! repacking follows the same idea.) The last group is padded with zero rows.
 
 use rayon::prelude::*;
 
 use super::act::{Q8Acts, Q8Row};
-use super::kernels::{self, Isa};
+use super::kernels;
 use super::matmul::scatter_transposed;
 use super::{GgmlType, QuantError, WeightMatrix, f16_to_f32};
 
 /// Rows per packed group.
-pub const GROUP: usize = 4;
+pub const GROUP: usize = 8;
 
 /// A weight matrix in the grouped layout; its products take 8-bit activations.
 #[derive(Clone, Debug)]
@@ -37,10 +41,35 @@ pub struct PackedMatrix {
 /// (bytes of the scale header, bytes of one row's data block) per block column.
 pub fn layout(ty: GgmlType) -> Option<(usize, usize)> {
     match ty {
-        GgmlType::Q4_0 => Some((8, 16)),
-        GgmlType::Q4_1 => Some((16, 16)),
-        GgmlType::Q8_0 => Some((8, 32)),
+        GgmlType::Q4_0 => Some((2 * GROUP, 16)),
+        GgmlType::Q4_1 => Some((4 * GROUP, 16)),
+        GgmlType::Q8_0 => Some((2 * GROUP, 32)),
         _ => None,
+    }
+}
+
+/// The 4 bytes of row `r` in chunk `c` of a packed block column, from the row's original
+/// data bytes `q` (16 packed nibble bytes or 32 signed bytes).
+fn chunk_bytes(ty: GgmlType, q: &[u8], c: usize) -> [u8; 4] {
+    match ty {
+        GgmlType::Q8_0 => [q[4 * c], q[4 * c + 1], q[4 * c + 2], q[4 * c + 3]],
+        _ => {
+            // Element e of the original block: low nibble of q[e] for e < 16, high of q[e-16].
+            let nib = |e: usize| if e < 16 { q[e] & 0x0f } else { q[e - 16] >> 4 };
+            std::array::from_fn(|j| nib(8 * c + j) | (nib(8 * c + 4 + j) << 4))
+        }
+    }
+}
+
+/// Inverse of [`chunk_bytes`] for one element: the integer weight at element `e` of row `r`.
+fn weight_at(ty: GgmlType, data: &[u8], r: usize, e: usize) -> i32 {
+    match ty {
+        GgmlType::Q8_0 => i32::from(data[(e / 4) * 4 * GROUP + 4 * r + e % 4] as i8),
+        _ => {
+            let (c, k) = (e / 8, e % 8);
+            let byte = data[c * 4 * GROUP + 4 * r + k % 4];
+            i32::from(if k < 4 { byte & 0x0f } else { byte >> 4 })
+        }
     }
 }
 
@@ -71,13 +100,17 @@ impl PackedMatrix {
                     for b in 0..nb {
                         let blk = &src[b * src_block..(b + 1) * src_block];
                         let dst = &mut out[b * col..(b + 1) * col];
-                        // Scales: d of row r at 2r; for Q4_1 the minimum m at 8 + 2r.
+                        // Scales: d of row r at 2r; for Q4_1 the minimum m after the eight d.
                         dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
                         if scale_bytes == 4 {
-                            dst[8 + 2 * r..8 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+                            dst[2 * GROUP + 2 * r..2 * GROUP + 2 * r + 2]
+                                .copy_from_slice(&blk[2..4]);
                         }
-                        dst[head + r * qbytes..head + (r + 1) * qbytes]
-                            .copy_from_slice(&blk[scale_bytes..]);
+                        let q = &blk[scale_bytes..];
+                        for c in 0..qbytes / 4 {
+                            let at = head + c * 4 * GROUP + 4 * r;
+                            dst[at..at + 4].copy_from_slice(&chunk_bytes(w.ty, q, c));
+                        }
                     }
                 }
             });
@@ -115,28 +148,13 @@ pub fn dot_group_scalar(ty: GgmlType, group: &[u8], x: Q8Row, out: &mut [f32; GR
         let blk = &group[b * col..(b + 1) * col];
         for (r, o) in out.iter_mut().enumerate() {
             let dw = half(&blk[2 * r..]);
-            let q = &blk[head + r * qbytes..head + (r + 1) * qbytes];
-            let (isum, offset) = match ty {
-                GgmlType::Q8_0 => (
-                    q.iter()
-                        .zip(xq)
-                        .map(|(&w, &a)| i32::from(w as i8) * i32::from(a))
-                        .sum::<i32>(),
-                    0.0,
-                ),
-                _ => {
-                    let m = if ty == GgmlType::Q4_0 {
-                        -8.0 * dw
-                    } else {
-                        half(&blk[8 + 2 * r..])
-                    };
-                    let mut s = 0i32;
-                    for j in 0..16 {
-                        s += i32::from(q[j] & 0x0f) * i32::from(xq[j])
-                            + i32::from(q[j] >> 4) * i32::from(xq[j + 16]);
-                    }
-                    (s, m * x.s[b])
-                }
+            let isum: i32 = (0..32)
+                .map(|e| weight_at(ty, &blk[head..], r, e) * i32::from(xq[e]))
+                .sum();
+            let offset = match ty {
+                GgmlType::Q8_0 => 0.0,
+                GgmlType::Q4_0 => -8.0 * dw * x.s[b],
+                _ => half(&blk[2 * GROUP + 2 * r..]) * x.s[b],
             };
             *o += isum as f32 * (dw * x.d[b]) + offset;
         }
@@ -148,9 +166,8 @@ const MATVEC_ROWS: usize = 32;
 /// Rows per parallel task in `matmul_packed`.
 const MATMUL_ROWS: usize = 16;
 
-fn dot_group(isa: Isa, ty: GgmlType, group: &[u8], x: Q8Row, out: &mut [f32; GROUP]) {
-    kernels::dot_packed(isa, ty, group, x, out)
-}
+/// Tokens per kernel call in `matmul_packed`: each block's unpacked weights serve four tokens.
+const TOKENS_PER_CALL: usize = 4;
 
 /// `y = W x` for one quantized activation row.
 pub fn matvec_packed(w: &PackedMatrix, x: Q8Row, y: &mut [f32]) {
@@ -162,15 +179,15 @@ pub fn matvec_packed(w: &PackedMatrix, x: Q8Row, y: &mut [f32]) {
         .for_each(|(c, ys)| {
             let g0 = c * MATVEC_ROWS / GROUP;
             for (i, yg) in ys.chunks_mut(GROUP).enumerate() {
-                let mut out = [0f32; GROUP];
-                dot_group(isa, w.ty, w.group(g0 + i), x, &mut out);
-                yg.copy_from_slice(&out[..yg.len()]);
+                let mut out = [[0f32; GROUP]; 1];
+                kernels::dot_packed(isa, w.ty, w.group(g0 + i), &[x], &mut out);
+                yg.copy_from_slice(&out[0][..yg.len()]);
             }
         });
 }
 
 /// `y[t] = W x[t]` for every quantized activation row (`y` is `n x rows`). Each task takes a
-/// tile of rows (in L1/L2) and sweeps every token over it.
+/// tile of rows (in L1/L2) and sweeps every token over it, four tokens per kernel call.
 pub fn matmul_packed(w: &PackedMatrix, x: &Q8Acts, y: &mut [f32]) {
     let n = x.n;
     assert_eq!(x.k, w.cols, "matmul input length");
@@ -185,14 +202,28 @@ pub fn matmul_packed(w: &PackedMatrix, x: &Q8Acts, y: &mut [f32]) {
         .for_each(|(c, out)| {
             let r0 = c * MATMUL_ROWS;
             let rows = out.len() / n;
-            for t in 0..n {
-                let xr = x.row(t);
-                for gi in 0..rows.div_ceil(GROUP) {
-                    let mut o = [0f32; GROUP];
-                    dot_group(isa, w.ty, w.group(r0 / GROUP + gi), xr, &mut o);
-                    for (j, &v) in o.iter().enumerate().take(rows - gi * GROUP) {
-                        out[(gi * GROUP + j) * n + t] = v;
+            for gi in 0..rows.div_ceil(GROUP) {
+                let group = w.group(r0 / GROUP + gi);
+                let valid = (rows - gi * GROUP).min(GROUP);
+                let mut store = |t0: usize, o: &[[f32; GROUP]]| {
+                    for (dt, ot) in o.iter().enumerate() {
+                        for (j, &v) in ot[..valid].iter().enumerate() {
+                            out[(gi * GROUP + j) * n + t0 + dt] = v;
+                        }
                     }
+                };
+                let mut t = 0;
+                while t + TOKENS_PER_CALL <= n {
+                    let xs: [Q8Row; TOKENS_PER_CALL] = std::array::from_fn(|i| x.row(t + i));
+                    let mut o = [[0f32; GROUP]; TOKENS_PER_CALL];
+                    kernels::dot_packed(isa, w.ty, group, &xs, &mut o);
+                    store(t, &o);
+                    t += TOKENS_PER_CALL;
+                }
+                for t in t..n {
+                    let mut o = [[0f32; GROUP]; 1];
+                    kernels::dot_packed(isa, w.ty, group, &[x.row(t)], &mut o);
+                    store(t, &o);
                 }
             }
         });
@@ -242,7 +273,7 @@ mod tests {
                 // And the scalar packed kernel agrees with the original-layout reference.
                 let mut o = [0f32; GROUP];
                 dot_group_scalar(ty, p.group(0), acts.row(t), &mut o);
-                for (r, v) in o.iter().enumerate() {
+                for (r, v) in o.iter().enumerate().take(rows) {
                     let want = scalar::dot_q8(ty, w.row(r), acts.row(t));
                     assert!(
                         (v - want).abs() <= 1e-5 * (1.0 + want.abs()) * 5.0,

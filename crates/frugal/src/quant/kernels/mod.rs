@@ -84,25 +84,38 @@ pub fn gemm_f32(isa: Isa, w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
     }
 }
 
-/// Dot products of one packed group of four Q4_0, Q4_1 or Q8_0 rows (see `quant::packed`)
-/// with 8-bit activations.
+/// Dot products of one packed group of eight Q4_0, Q4_1 or Q8_0 rows (see `quant::packed`)
+/// with `T` rows of 8-bit activations: `out[t][r] = dot(row r, xs[t])`.
 #[inline]
-pub fn dot_packed(isa: Isa, ty: GgmlType, group: &[u8], x: Q8Row, out: &mut [f32; GROUP]) {
-    let cols = x.qs.len();
+pub fn dot_packed<const T: usize>(
+    isa: Isa,
+    ty: GgmlType,
+    group: &[u8],
+    xs: &[Q8Row; T],
+    out: &mut [[f32; GROUP]; T],
+) {
+    let cols = xs[0].qs.len();
     assert!(
         cols.is_multiple_of(32)
-            && group.len() >= cols / 32 * packed::column_bytes(ty)
-            && packed::layout(ty).is_some(),
+            && xs
+                .iter()
+                .all(|x| x.qs.len() == cols && x.d.len() == cols / 32 && x.s.len() == cols / 32)
+            && packed::layout(ty).is_some()
+            && group.len() >= cols / 32 * packed::column_bytes(ty),
         "dot_packed: group does not match the activations"
     );
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: produced only after detecting avx2, fma and f16c; sizes checked above.
-        Isa::Avx2 => unsafe { x86_int8::dot_packed_avx2(ty, group, x, out) },
+        Isa::Avx2 => unsafe { x86_int8::dot_packed_avx2::<T>(ty, group, xs, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: produced only after detecting those plus avx512f, avx512vl and avx512vnni.
-        Isa::Avx512Vnni => unsafe { x86_int8::dot_packed_vnni(ty, group, x, out) },
-        _ => packed::dot_group_scalar(ty, group, x, out),
+        Isa::Avx512Vnni => unsafe { x86_int8::dot_packed_vnni::<T>(ty, group, xs, out) },
+        _ => {
+            for (x, o) in xs.iter().zip(out.iter_mut()) {
+                packed::dot_group_scalar(ty, group, *x, o);
+            }
+        }
     }
 }
 
@@ -198,15 +211,17 @@ mod tests {
             // scaled block sums differs in order.
             let deq = dequantize_to_vec(ty, &row, k).unwrap();
             let abs_sum: f32 = deq.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
-            // Four copies of the row, packed as one group, at every level.
-            let four: Vec<f32> = (0..4).flat_map(|_| w.iter().copied()).collect();
-            let data = encode(ty, &four);
-            let wm = crate::quant::WeightMatrix::new(ty, 4, k, &data).unwrap();
+            // Eight copies of the row, packed as one group, at every level, for 1 and 3 tokens.
+            let eight: Vec<f32> = (0..GROUP).flat_map(|_| w.iter().copied()).collect();
+            let data = encode(ty, &eight);
+            let wm = crate::quant::WeightMatrix::new(ty, GROUP, k, &data).unwrap();
             let p = crate::quant::packed::PackedMatrix::pack(&wm).unwrap();
             for isa in levels() {
-                let mut out = [0f32; 4];
-                dot_packed(isa, ty, p.group(0), acts.row(0), &mut out);
-                for o in out {
+                let mut out = [[0f32; GROUP]; 1];
+                dot_packed(isa, ty, p.group(0), &[acts.row(0)], &mut out);
+                let mut out3 = [[0f32; GROUP]; 3];
+                dot_packed(isa, ty, p.group(0), &[acts.row(0); 3], &mut out3);
+                for o in out.iter().chain(&out3).flatten() {
                     prop_assert!((reference - o).abs() <= tol(k, abs_sum), "{ty} {isa:?} k={k}: {reference} vs {o}");
                 }
             }

@@ -1,10 +1,10 @@
 //! Integer dot products of packed block-quantized weights (see `quant::packed`) with 8-bit
 //! activations (x86).
 //!
-//! Per 32-element block: the weight bytes are widened to 32 unsigned (Q4) or signed (Q8) bytes,
-//! multiplied with the activation bytes and summed to eight i32 lanes, converted once, and scaled
-//! by `d_w * d_x` into an f32 accumulator. The u8 x i8 step is `maddubs + madd` on AVX2 and a
-//! single `vpdpbusd` with AVX-512 VNNI; one macro writes both so they cannot drift apart.
+//! Each i32 lane accumulates one of the group's eight rows; per block, the eight integer sums are
+//! converted once and scaled by the eight `d_w` times `d_x` into an f32 accumulator. The
+//! u8 x i8 step is `maddubs + madd` on AVX2 and a single `vpdpbusd` with AVX-512 VNNI; one macro
+//! writes both so they cannot drift apart.
 
 use std::arch::x86_64::*;
 
@@ -12,17 +12,6 @@ use super::avx2::PREFETCH;
 use crate::quant::GgmlType;
 use crate::quant::act::Q8Row;
 use crate::quant::packed::{GROUP, layout};
-
-#[target_feature(enable = "avx2")]
-#[inline]
-fn hsum(v: __m256) -> f32 {
-    let lo = _mm256_castps256_ps128(v);
-    let hi = _mm256_extractf128_ps(v, 1);
-    let s = _mm_add_ps(lo, hi);
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
 
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -38,79 +27,103 @@ fn udot_vnni(u: __m256i, s: __m256i) -> __m256i {
 
 macro_rules! dot_packed_kernel {
     ($name:ident, $features:literal, $udot:ident) => {
-        /// Dot products of one packed group of four rows with the activations `x`.
+        /// Dot products of one packed group of eight rows with `T` activation rows:
+        /// `out[t][r] = dot(row r, xs[t])`. The unpacked weights of each block are reused for
+        /// all `T` tokens (prefill); decode uses `T = 1`.
         ///
         /// # Safety
-        /// `group` holds a whole packed group of `ty` covering `x.qs.len()` elements, and the
-        /// CPU has the features this kernel is compiled for.
+        /// `group` holds a whole packed group of `ty` covering `xs[t].qs.len()` elements (equal
+        /// for all t), and the CPU has the features this kernel is compiled for.
         #[target_feature(enable = $features)]
-        pub unsafe fn $name(ty: GgmlType, group: &[u8], x: Q8Row, out: &mut [f32; GROUP]) {
+        pub unsafe fn $name<const T: usize>(
+            ty: GgmlType,
+            group: &[u8],
+            xs: &[Q8Row; T],
+            out: &mut [[f32; GROUP]; T],
+        ) {
             let (head, qbytes) = layout(ty).expect("packed type");
             let col = head + GROUP * qbytes;
-            let nb = x.qs.len() / 32;
-            debug_assert!(group.len() >= nb * col && x.d.len() >= nb && x.s.len() >= nb);
+            let nb = xs[0].qs.len() / 32;
+            debug_assert!(group.len() >= nb * col);
             let base = group.as_ptr();
-            let xp = x.qs.as_ptr();
-            let mut acc = [_mm256_setzero_ps(); GROUP];
-            let mut offset = _mm_setzero_ps();
-            let lane = [
-                _mm256_set1_epi32(0),
-                _mm256_set1_epi32(1),
-                _mm256_set1_epi32(2),
-                _mm256_set1_epi32(3),
-            ];
+            let mut acc = [_mm256_setzero_ps(); T];
+            let mut offset = [_mm256_setzero_ps(); T];
+            let mask = _mm256_set1_epi8(0x0f);
             // SAFETY (whole body): block column b spans base + b*col .. base + (b+1)*col inside
-            // `group`; activation block b is xp + 32b inside `x.qs`; `x.d`, `x.s` hold nb
-            // entries. Prefetches are hints that never fault.
+            // `group`; activation block b spans 32 bytes at 32b inside each `xs[t].qs`, whose
+            // `d` and `s` hold nb entries. Prefetches are hints that never fault.
             unsafe {
                 for b in 0..nb {
                     let blk = base.add(b * col);
                     _mm_prefetch(blk.wrapping_add(PREFETCH) as *const i8, _MM_HINT_T0);
                     _mm_prefetch(blk.wrapping_add(PREFETCH + 64) as *const i8, _MM_HINT_T0);
-                    let xq = _mm256_loadu_si256(xp.add(b * 32) as *const __m256i);
-                    let (dx, sx) = (*x.d.get_unchecked(b), *x.s.get_unchecked(b));
-                    // Four rows' scales in one conversion, times the activation scale.
-                    let d4 = _mm_cvtph_ps(_mm_loadl_epi64(blk as *const __m128i));
-                    let s4 = _mm_mul_ps(d4, _mm_set1_ps(dx));
-                    let s8 = _mm256_set_m128(s4, s4);
-                    match ty {
-                        GgmlType::Q8_0 => {
-                            for r in 0..GROUP {
-                                let w =
-                                    _mm256_loadu_si256(blk.add(head + r * 32) as *const __m256i);
-                                // Signed x signed through the unsigned x signed instruction:
-                                // |w| * (x * sign(w)).
-                                let p = $udot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
-                                let sc = _mm256_permutevar8x32_ps(s8, lane[r]);
-                                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[r]);
+                    _mm_prefetch(blk.wrapping_add(PREFETCH + 128) as *const i8, _MM_HINT_T0);
+                    // Eight rows' scales in one conversion.
+                    let d8 = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+                    let data = blk.add(head);
+                    if ty == GgmlType::Q8_0 {
+                        let w: [__m256i; 8] = std::array::from_fn(|c| {
+                            _mm256_loadu_si256(data.add(32 * c) as *const __m256i)
+                        });
+                        let wabs: [__m256i; 8] =
+                            std::array::from_fn(|c| _mm256_sign_epi8(w[c], w[c]));
+                        for t in 0..T {
+                            let xp = xs[t].qs.as_ptr().add(32 * b);
+                            let mut isum = _mm256_setzero_si256();
+                            for c in 0..8 {
+                                let xa = _mm256_set1_epi32(std::ptr::read_unaligned(
+                                    xp.add(4 * c) as *const i32
+                                ));
+                                // Signed x signed through unsigned x signed: |w| * (x * sign(w)).
+                                isum = _mm256_add_epi32(
+                                    isum,
+                                    $udot(wabs[c], _mm256_sign_epi8(xa, w[c])),
+                                );
                             }
+                            let sc = _mm256_mul_ps(d8, _mm256_set1_ps(*xs[t].d.get_unchecked(b)));
+                            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[t]);
                         }
-                        _ => {
-                            // Offsets: Q4_1's minimum m, or Q4_0's -8d, times sum(x) = s.
-                            let m4 = if ty == GgmlType::Q4_0 {
-                                _mm_mul_ps(d4, _mm_set1_ps(-8.0))
-                            } else {
-                                _mm_cvtph_ps(_mm_loadl_epi64(blk.add(8) as *const __m128i))
-                            };
-                            offset = _mm_fmadd_ps(m4, _mm_set1_ps(sx), offset);
-                            let mask = _mm_set1_epi8(0x0f);
-                            for r in 0..GROUP {
-                                let w = _mm_loadu_si128(blk.add(head + r * 16) as *const __m128i);
-                                let lo = _mm_and_si128(w, mask);
-                                let hi = _mm_and_si128(_mm_srli_epi16(w, 4), mask);
-                                let p = $udot(_mm256_set_m128i(hi, lo), xq);
-                                let sc = _mm256_permutevar8x32_ps(s8, lane[r]);
-                                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[r]);
+                    } else {
+                        // Offsets: Q4_1's minimum m, or Q4_0's -8d, times sum(x) = s.
+                        let m8 = if ty == GgmlType::Q4_0 {
+                            _mm256_mul_ps(d8, _mm256_set1_ps(-8.0))
+                        } else {
+                            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(2 * GROUP) as *const __m128i))
+                        };
+                        let w: [__m256i; 4] = std::array::from_fn(|c| {
+                            _mm256_loadu_si256(data.add(32 * c) as *const __m256i)
+                        });
+                        let lo: [__m256i; 4] =
+                            std::array::from_fn(|c| _mm256_and_si256(w[c], mask));
+                        let hi: [__m256i; 4] = std::array::from_fn(|c| {
+                            _mm256_and_si256(_mm256_srli_epi16(w[c], 4), mask)
+                        });
+                        for t in 0..T {
+                            let xp = xs[t].qs.as_ptr().add(32 * b);
+                            let mut isum = _mm256_setzero_si256();
+                            for c in 0..4 {
+                                let xa = _mm256_set1_epi32(std::ptr::read_unaligned(
+                                    xp.add(8 * c) as *const i32
+                                ));
+                                let xb = _mm256_set1_epi32(std::ptr::read_unaligned(
+                                    xp.add(8 * c + 4) as *const i32,
+                                ));
+                                isum = _mm256_add_epi32(isum, $udot(lo[c], xa));
+                                isum = _mm256_add_epi32(isum, $udot(hi[c], xb));
                             }
+                            let sc = _mm256_mul_ps(d8, _mm256_set1_ps(*xs[t].d.get_unchecked(b)));
+                            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[t]);
+                            offset[t] = _mm256_fmadd_ps(
+                                m8,
+                                _mm256_set1_ps(*xs[t].s.get_unchecked(b)),
+                                offset[t],
+                            );
                         }
                     }
                 }
-            }
-            let mut off = [0f32; GROUP];
-            // SAFETY: `off` has room for four f32.
-            unsafe { _mm_storeu_ps(off.as_mut_ptr(), offset) };
-            for r in 0..GROUP {
-                out[r] = hsum(acc[r]) + off[r];
+                for t in 0..T {
+                    _mm256_storeu_ps(out[t].as_mut_ptr(), _mm256_add_ps(acc[t], offset[t]));
+                }
             }
         }
     };

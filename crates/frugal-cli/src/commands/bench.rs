@@ -1,0 +1,110 @@
+//! `frugal bench`: prefill and decode throughput in llama-bench's terms (pp N, tg N), with the
+//! decode roofline of the machine.
+
+use anyhow::Result;
+
+use super::common::{self, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Prompt tokens processed in one batch (pp test); 0 skips it
+    #[arg(short = 'p', long = "prompt", default_value_t = 512)]
+    pub prompt: usize,
+    /// Tokens generated one at a time (tg test); 0 skips it
+    #[arg(short = 'n', long = "gen", default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Timed repetitions of each test (after one warm-up); the median is reported
+    #[arg(short = 'r', long = "reps", default_value_t = 3)]
+    pub reps: usize,
+    /// Also measure the read bandwidth and report decode against its bound
+    #[arg(long)]
+    pub roofline: bool,
+    /// Print one JSON object
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    anyhow::ensure!(a.reps > 0, "--reps must be at least 1");
+    let path = common::model_path(&a.model)?;
+    let (model, _) = common::load(&a.model)?;
+    let threads = rayon::current_num_threads();
+    let pp = if a.prompt > 0 {
+        Some(frugal::bench::prefill(&model, a.prompt, a.reps)?)
+    } else {
+        None
+    };
+    let tg = if a.gen_tokens > 0 {
+        Some(frugal::bench::decode(&model, a.gen_tokens, a.reps)?)
+    } else {
+        None
+    };
+    let bytes_per_token = frugal::bench::weight_bytes_per_token(&model);
+    let bandwidth = a.roofline.then(frugal::bench::read_bandwidth);
+    let bound = bandwidth.map(|bw| bw / bytes_per_token as f64);
+    let fraction = match (&tg, bound) {
+        (Some(t), Some(b)) => Some(t.median / b),
+        _ => None,
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if a.json {
+        let out = serde_json::json!({
+            "model": name,
+            "threads": threads,
+            "activations": model.activations,
+            "pp_tokens": a.prompt,
+            "tg_tokens": a.gen_tokens,
+            "pp_tokens_per_s": pp.as_ref().map(|t| t.median),
+            "tg_tokens_per_s": tg.as_ref().map(|t| t.median),
+            "pp": pp,
+            "tg": tg,
+            "weight_bytes_per_token": bytes_per_token,
+            "read_bandwidth_bytes_per_s": bandwidth,
+            "tg_roofline_tokens_per_s": bound,
+            "tg_fraction_of_roofline": fraction,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "model {name} | {threads} threads | activations {:?}",
+        model.activations
+    );
+    if let Some(t) = &pp {
+        println!(
+            "pp{:<5} {:8.1} tok/s  (median of {}; min {:.1}, max {:.1})",
+            a.prompt,
+            t.median,
+            t.runs.len(),
+            t.min,
+            t.max
+        );
+    }
+    if let Some(t) = &tg {
+        println!(
+            "tg{:<5} {:8.1} tok/s  (median of {}; min {:.1}, max {:.1})",
+            a.gen_tokens,
+            t.median,
+            t.runs.len(),
+            t.min,
+            t.max
+        );
+    }
+    if let (Some(bw), Some(b)) = (bandwidth, bound) {
+        println!(
+            "roofline: {} of weights per token / {:.1} GB/s read bandwidth = {:.0} tok/s bound{}",
+            common::human_bytes(bytes_per_token),
+            bw / 1e9,
+            b,
+            fraction
+                .map(|f| format!("; decode reaches {:.0}% of it", f * 100.0))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}

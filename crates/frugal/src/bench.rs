@@ -1,0 +1,142 @@
+//! Throughput measurements in llama-bench's terms, so figures compare directly:
+//! `pp N` = prefill of N tokens in one batch from an empty cache; `tg N` = N single-token decode
+//! steps from an empty cache. Plus the machine's read bandwidth and the decode roofline it
+//! implies (every weight byte is read once per generated token).
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::model::{Logits, Model, Scratch};
+
+/// Repeated timings of one test, in tokens per second.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Throughput {
+    pub tokens: usize,
+    pub runs: Vec<f64>,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Throughput {
+    fn from_runs(tokens: usize, mut runs: Vec<f64>) -> Self {
+        runs.sort_by(f64::total_cmp);
+        let median = if runs.is_empty() {
+            0.0
+        } else if runs.len() % 2 == 1 {
+            runs[runs.len() / 2]
+        } else {
+            (runs[runs.len() / 2 - 1] + runs[runs.len() / 2]) / 2.0
+        };
+        Throughput {
+            tokens,
+            min: runs.first().copied().unwrap_or(0.0),
+            max: runs.last().copied().unwrap_or(0.0),
+            median,
+            runs,
+        }
+    }
+}
+
+/// Deterministic pseudo-random token ids (what is fed does not change the cost).
+fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n_vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Prefill: `n` tokens in one batch from an empty cache, `reps` times after one warm-up.
+pub fn prefill(model: &Model, n: usize, reps: usize) -> Result<Throughput> {
+    let toks = tokens(n, model.config.n_vocab, 1);
+    let mut kv = model.new_cache(n)?;
+    let mut s = Scratch::default();
+    let mut runs = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        kv.clear();
+        let t = Instant::now();
+        model.forward(&toks, &mut kv, &mut s, Logits::Last)?;
+        if rep > 0 {
+            runs.push(n as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(Throughput::from_runs(n, runs))
+}
+
+/// Decode: `n` single-token steps from an empty cache, `reps` times after one warm-up.
+pub fn decode(model: &Model, n: usize, reps: usize) -> Result<Throughput> {
+    let toks = tokens(n, model.config.n_vocab, 2);
+    let mut kv = model.new_cache(n)?;
+    let mut s = Scratch::default();
+    let mut runs = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        kv.clear();
+        let t = Instant::now();
+        for &tok in &toks {
+            model.forward(&[tok], &mut kv, &mut s, Logits::Last)?;
+        }
+        if rep > 0 {
+            runs.push(n as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(Throughput::from_runs(n, runs))
+}
+
+/// Read bandwidth in bytes per second: a parallel sum over a buffer far larger than the caches
+/// (256 MiB), best of five passes.
+pub fn read_bandwidth() -> f64 {
+    const BYTES: usize = 256 << 20;
+    let buf: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let sum: u64 = buf
+            .par_chunks(1 << 16)
+            .map(|c| {
+                // Eight independent lanes so the adds never limit the load rate.
+                let mut acc = [0u64; 8];
+                for ch in c.chunks_exact(8) {
+                    for (a, &v) in acc.iter_mut().zip(ch) {
+                        *a = a.wrapping_add(v);
+                    }
+                }
+                acc.iter().fold(0u64, |x, &y| x.wrapping_add(y))
+            })
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(sum);
+        best = best.max(BYTES as f64 / t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// Weight bytes one decode step reads: every matrix once (in the layout the kernels use) plus
+/// one embedding row and the norms.
+pub fn weight_bytes_per_token(model: &Model) -> u64 {
+    let w = &model.weights;
+    let matrix = |m: &crate::model::Linear| -> u64 {
+        match &m.packed {
+            Some(p) => p.bytes() as u64,
+            None => m.view(&model.file).data.len() as u64,
+        }
+    };
+    let layers: u64 = w
+        .layers
+        .iter()
+        .map(|l| {
+            [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                .iter()
+                .map(|m| matrix(m))
+                .sum::<u64>()
+                + 4 * (l.attn_norm.len() + l.ffn_norm.len()) as u64
+        })
+        .sum();
+    let embd_row = w.token_embd.view(&model.file).row_bytes() as u64;
+    layers + matrix(&w.output) + embd_row + 4 * w.output_norm.len() as u64
+}
