@@ -235,3 +235,46 @@ fn synthetic_tokenizer_is_byte_level() {
     assert_eq!(tok.decode(&plain), text);
     assert!(tok.is_end_of_generation(256) && tok.is_end_of_generation(257));
 }
+
+#[test]
+fn eight_bit_activations_stay_close_to_exact_for_every_packed_format() {
+    use frugal::quant::act::Activations;
+    let tokens: Vec<u32> = b"Eight bits per block of thirty-two"
+        .iter()
+        .map(|&b| u32::from(b))
+        .collect();
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        // 20 rows per projection: two full groups of eight and a padded one.
+        let spec = SyntheticSpec {
+            ty,
+            n_embd: 64,
+            n_ff: 160,
+            n_head: 4,
+            n_head_kv: 1,
+            ..Default::default()
+        };
+        let mut model = load(&spec);
+        let run = |m: &Model| {
+            let mut kv = m.new_cache(64).unwrap();
+            let mut s = Scratch::default();
+            let mut out = m
+                .forward(&tokens[..20], &mut kv, &mut s, Logits::All)
+                .unwrap()
+                .to_vec();
+            for &t in &tokens[20..] {
+                out.extend_from_slice(m.forward(&[t], &mut kv, &mut s, Logits::Last).unwrap());
+            }
+            out
+        };
+        let exact = run(&model);
+        model.set_activations(Activations::Q8);
+        assert!(model.packed_bytes() > 0);
+        let fast = run(&model);
+        // Each activation moves by at most half a step of its block (1/254 of the block's
+        // absmax). Measured through two layers: 0.38% (Q4_0), 0.53% (Q4_1), 0.46% (Q8_0) of
+        // the logit scale; the bound leaves a factor of about three.
+        let e = rel_err(&fast, &exact);
+        assert!(e < 1.5e-2, "{ty}: relative error {e}");
+        assert!(e > 0.0, "{ty}: the 8-bit path must actually run");
+    }
+}
