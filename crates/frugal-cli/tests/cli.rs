@@ -259,3 +259,61 @@ fn every_command_has_help() {
         );
     }
 }
+
+/// The reference model, when present (see `crates/frugal/tests/reference_model.rs`).
+fn reference_model() -> Option<PathBuf> {
+    let p = std::env::var_os("FRUGAL_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(frugal::fetch::default_model_path);
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("FRUGAL_REQUIRE_MODEL").is_none(),
+        "FRUGAL_REQUIRE_MODEL is set but {} is missing",
+        p.display()
+    );
+    eprintln!("skipping: reference model not found at {}", p.display());
+    None
+}
+
+#[test]
+fn resident_memory_stays_under_twice_the_file_plus_the_kv_cache() {
+    let Some(m) = reference_model() else { return };
+    let m = m.to_str().unwrap();
+    for act in ["f32", "q8"] {
+        let out = frugal(
+            &[
+                "generate",
+                "The capital of France is",
+                "-m",
+                m,
+                "-n",
+                "24",
+                "--temp",
+                "0",
+                "--json",
+                "--activations",
+                act,
+            ],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let s = &v["stats"];
+        let Some(rss) = s["peak_rss_bytes"].as_u64() else {
+            eprintln!("skipping: no peak RSS on this platform");
+            return;
+        };
+        let file = s["model_file_bytes"].as_u64().unwrap();
+        let kv = s["kv_cache_bytes"].as_u64().unwrap();
+        assert!(
+            rss < 2 * file + kv,
+            "{act}: peak RSS {rss} >= 2 x {file} + {kv}"
+        );
+    }
+}

@@ -140,3 +140,11 @@ pub fn weight_bytes_per_token(model: &Model) -> u64 {
     let embd_row = w.token_embd.view(&model.file).row_bytes() as u64;
     layers + matrix(&w.output) + embd_row + 4 * w.output_norm.len() as u64
 }
+
+/// Peak resident memory of this process so far (Linux `VmHWM`), or `None` where unavailable.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -73,6 +73,9 @@ pub fn run(a: Args) -> Result<()> {
                 "decode_seconds": s.decode_seconds,
                 "kv_cache_bytes": s.kv_cache_bytes,
                 "kv_cache": !a.run.no_kv_cache,
+                "peak_rss_bytes": frugal::bench::peak_rss_bytes(),
+                "model_file_bytes": model.file.file_len(),
+                "activations": model.activations,
                 "threads": rayon::current_num_threads(),
             }
         });
@@ -84,7 +87,7 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("note: stopped because the context of {ctx} tokens is full (raise --ctx)");
     }
     eprintln!(
-        "prompt {} tok | prefill {:.1} tok/s | decode {:.1} tok/s ({} generated, {}) | KV cache {} | {} threads",
+        "prompt {} tok | prefill {:.1} tok/s | decode {:.1} tok/s ({} generated, {}) | KV cache {} | peak RSS {} | {} threads",
         s.prompt_tokens,
         s.prefill_tokens_per_s(),
         s.decode_tokens_per_s(),
@@ -96,6 +99,7 @@ pub fn run(a: Args) -> Result<()> {
             StopReason::ContextFull => "context full",
         },
         common::human_bytes(s.kv_cache_bytes as u64),
+        frugal::bench::peak_rss_bytes().map_or("n/a".into(), common::human_bytes),
         rayon::current_num_threads(),
     );
     Ok(())

@@ -56,17 +56,15 @@ impl Model {
             return;
         }
         let file = &self.file;
-        let mut released = Vec::new();
         for m in self.weights.matrices_mut() {
             if m.packed.is_none()
                 && let Ok(p) = PackedMatrix::pack(&m.view(file))
             {
                 m.packed = Some(std::sync::Arc::new(p));
-                released.push(m.file_range());
+                // Release each matrix's pages as soon as its copy exists, so the peak stays
+                // near one copy of the weights rather than two.
+                file.release(m.file_range());
             }
-        }
-        for r in released {
-            self.file.release(r);
         }
     }
 
