@@ -45,6 +45,10 @@ pub fn causal_attention(
         let visible = pos0 + t + 1;
         SCORES.with_borrow_mut(|scores| {
             scores.clear();
+            // Grow in large steps so decode allocates at most once per doubling past 4096.
+            if scores.capacity() < visible {
+                scores.reserve(visible.max(4096).next_power_of_two());
+            }
             let mut max = f32::NEG_INFINITY;
             for j in 0..visible {
                 let kj = &k[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
