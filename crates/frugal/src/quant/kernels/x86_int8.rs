@@ -15,14 +15,17 @@ use crate::quant::packed::{GROUP, layout};
 
 #[target_feature(enable = "avx2")]
 #[inline]
-fn udot_avx2(u: __m256i, s: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+fn udot_avx2(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    _mm256_add_epi32(
+        acc,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
+    )
 }
 
 #[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
 #[inline]
-fn udot_vnni(u: __m256i, s: __m256i) -> __m256i {
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+fn udot_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, u, s)
 }
 
 macro_rules! dot_packed_kernel {
@@ -75,10 +78,7 @@ macro_rules! dot_packed_kernel {
                                     xp.add(4 * c) as *const i32
                                 ));
                                 // Signed x signed through unsigned x signed: |w| * (x * sign(w)).
-                                isum = _mm256_add_epi32(
-                                    isum,
-                                    $udot(wabs[c], _mm256_sign_epi8(xa, w[c])),
-                                );
+                                isum = $udot(isum, wabs[c], _mm256_sign_epi8(xa, w[c]));
                             }
                             let sc = _mm256_mul_ps(d8, _mm256_set1_ps(*xs[t].d.get_unchecked(b)));
                             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[t]);
@@ -108,8 +108,8 @@ macro_rules! dot_packed_kernel {
                                 let xb = _mm256_set1_epi32(std::ptr::read_unaligned(
                                     xp.add(8 * c + 4) as *const i32,
                                 ));
-                                isum = _mm256_add_epi32(isum, $udot(lo[c], xa));
-                                isum = _mm256_add_epi32(isum, $udot(hi[c], xb));
+                                isum = $udot(isum, lo[c], xa);
+                                isum = $udot(isum, hi[c], xb);
                             }
                             let sc = _mm256_mul_ps(d8, _mm256_set1_ps(*xs[t].d.get_unchecked(b)));
                             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[t]);
