@@ -93,31 +93,66 @@ pub fn matmul(w: &WeightMatrix, x: &[f32], n: usize, y: &mut [f32]) {
     }
     let isa = kernels::detect();
     let k = w.cols;
-    // Each task writes its tile transposed (rows x n); the tiles are then scattered into y.
-    let mut yt = vec![0f32; w.rows * n];
-    yt.par_chunks_mut(MATMUL_TILE * n)
-        .enumerate()
-        .for_each_init(
-            || vec![0f32; MATMUL_TILE * k],
-            |tile, (c, out)| {
-                let r0 = c * MATMUL_TILE;
-                let rows = out.len() / n;
-                for i in 0..rows {
-                    w.dequantize_row(r0 + i, &mut tile[i * k..(i + 1) * k]);
-                }
-                kernels::gemm_f32(isa, &tile[..rows * k], x, k, out);
-            },
-        );
-    scatter_transposed(&yt, n, w.rows, y);
+    par_row_tiles(w.rows, n, MATMUL_TILE, y, |r0, rows, out| {
+        // Dequantize the tile once (it stays in L2), then run every token over it.
+        TILE.with_borrow_mut(|tile| {
+            tile.resize(MATMUL_TILE * k, 0.0);
+            for i in 0..rows {
+                w.dequantize_row(r0 + i, &mut tile[i * k..(i + 1) * k]);
+            }
+            kernels::gemm_f32(isa, &tile[..rows * k], x, k, out);
+        });
+    });
 }
 
-/// `y[t][r] = yt[r][t]`.
-pub(super) fn scatter_transposed(yt: &[f32], n: usize, rows: usize, y: &mut [f32]) {
-    y.par_chunks_mut(rows).enumerate().for_each(|(t, yrow)| {
-        for (r, v) in yrow.iter_mut().enumerate() {
-            *v = yt[r * n + t];
-        }
-    });
+thread_local! {
+    /// Per-thread dequantized weight tile of `matmul`.
+    static TILE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread output tile of `par_row_tiles`.
+    static OUT_TILE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A pointer shared by tasks that write disjoint elements.
+#[derive(Copy, Clone)]
+struct SharedOut(*mut f32);
+// SAFETY: `par_row_tiles` hands each task a disjoint set of output elements.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
+/// Runs `tile(r0, rows, out)` in parallel for every tile of `tile_rows` weight rows, where `out`
+/// (`n x rows`, token-major) receives `y[t][r0 + i]` at `out[t * rows + i]`; then copies each
+/// token's run of `rows` outputs into `y` (`n x total_rows`). Tasks own disjoint row ranges, so
+/// each writes contiguous, disjoint runs of `y` with no transposition pass afterwards.
+pub(super) fn par_row_tiles(
+    total_rows: usize,
+    n: usize,
+    tile_rows: usize,
+    y: &mut [f32],
+    tile: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
+    assert_eq!(y.len(), total_rows * n);
+    let out = SharedOut(y.as_mut_ptr());
+    (0..total_rows.div_ceil(tile_rows))
+        .into_par_iter()
+        .for_each(|c| {
+            let r0 = c * tile_rows;
+            let rows = tile_rows.min(total_rows - r0);
+            OUT_TILE.with_borrow_mut(|buf| {
+                buf.resize(tile_rows * n, 0.0);
+                let buf = &mut buf[..rows * n];
+                tile(r0, rows, buf);
+                let out = out;
+                for t in 0..n {
+                    // SAFETY: y has total_rows * n elements; this task alone writes rows
+                    // r0..r0+rows of every token, and y is borrowed mutably for the whole call.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(out.0.add(t * total_rows + r0), rows)
+                    };
+                    dst.copy_from_slice(&buf[t * rows..(t + 1) * rows]);
+                }
+            });
+        });
 }
 
 #[cfg(test)]

@@ -177,21 +177,22 @@ pub unsafe fn gemm_f32(w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
                 }
                 for j in 0..4 {
                     let xt = &x[(t + j) * k..(t + j + 1) * k];
-                    out[r * n + t + j] = hsum(a0[j]) + tail(&w[r * k..(r + 1) * k], xt);
-                    out[(r + 1) * n + t + j] = hsum(a1[j]) + tail(&w[(r + 1) * k..(r + 2) * k], xt);
+                    out[(t + j) * rows + r] = hsum(a0[j]) + tail(&w[r * k..(r + 1) * k], xt);
+                    out[(t + j) * rows + r + 1] =
+                        hsum(a1[j]) + tail(&w[(r + 1) * k..(r + 2) * k], xt);
                 }
                 t += 4;
             }
             for t in t..n {
                 for rr in r..r + 2 {
-                    out[rr * n + t] = dot_f32(&w[rr * k..(rr + 1) * k], &x[t * k..(t + 1) * k]);
+                    out[t * rows + rr] = dot_f32(&w[rr * k..(rr + 1) * k], &x[t * k..(t + 1) * k]);
                 }
             }
             r += 2;
         }
         for rr in r..rows {
             for t in 0..n {
-                out[rr * n + t] = dot_f32(&w[rr * k..(rr + 1) * k], &x[t * k..(t + 1) * k]);
+                out[t * rows + rr] = dot_f32(&w[rr * k..(rr + 1) * k], &x[t * k..(t + 1) * k]);
             }
         }
     }

@@ -72,8 +72,8 @@ pub fn dot_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     }
 }
 
-/// `out[r * n + t] = dot(w[r], x[t])` for a tile of `rows` f32 weight rows of length `k` and `n`
-/// activation rows of length `k`.
+/// `out[t * rows + r] = dot(w[r], x[t])` for a tile of `rows` f32 weight rows of length `k` and
+/// `n` activation rows of length `k` (token-major output).
 #[inline]
 pub fn gemm_f32(isa: Isa, w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
     match isa {

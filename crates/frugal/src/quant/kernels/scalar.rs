@@ -27,10 +27,10 @@ pub fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
 
 /// Reference `gemm_f32`.
 pub fn gemm_f32(w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
-    let n = x.len() / k;
+    let rows = w.len() / k;
     for (r, wr) in w.chunks_exact(k).enumerate() {
         for (t, xt) in x.chunks_exact(k).enumerate() {
-            out[r * n + t] = wr.iter().zip(xt).map(|(a, b)| a * b).sum();
+            out[t * rows + r] = wr.iter().zip(xt).map(|(a, b)| a * b).sum();
         }
     }
 }
