@@ -120,6 +120,13 @@ unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}
 
+impl SharedOut {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not its field).
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Runs `tile(r0, rows, out)` in parallel for every tile of `tile_rows` weight rows, where `out`
 /// (`n x rows`, token-major) receives `y[t][r0 + i]` at `out[t * rows + i]`; then copies each
 /// token's run of `rows` outputs into `y` (`n x total_rows`). Tasks own disjoint row ranges, so
@@ -142,12 +149,11 @@ pub(super) fn par_row_tiles(
                 buf.resize(tile_rows * n, 0.0);
                 let buf = &mut buf[..rows * n];
                 tile(r0, rows, buf);
-                let out = out;
                 for t in 0..n {
                     // SAFETY: y has total_rows * n elements; this task alone writes rows
                     // r0..r0+rows of every token, and y is borrowed mutably for the whole call.
                     let dst = unsafe {
-                        std::slice::from_raw_parts_mut(out.0.add(t * total_rows + r0), rows)
+                        std::slice::from_raw_parts_mut(out.ptr().add(t * total_rows + r0), rows)
                     };
                     dst.copy_from_slice(&buf[t * rows..(t + 1) * rows]);
                 }
