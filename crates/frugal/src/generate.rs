@@ -165,7 +165,7 @@ impl<'m> Session<'m> {
             }
             generated.push(next);
             history.push(next);
-            let piece = decoder.push(&tok.token_bytes(next, false));
+            let piece = decoder.push(tok.token_bytes(next, false));
             let (emit, hit) = stop_filter.push(&piece);
             text.push_str(&emit);
             on_text(&emit);

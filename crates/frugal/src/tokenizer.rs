@@ -60,12 +60,13 @@ const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 pub struct Tokenizer {
     bpe: HfTokenizer,
     tokens: Vec<String>,
-    types: Vec<TokenType>,
     /// Token texts split out of the input even in plain text (user-defined tokens), and with
     /// `parse_special` also the control tokens; longest first.
     user_defined: Vec<(String, u32)>,
     control: Vec<(String, u32)>,
-    byte_decoder: HashMap<char, u8>,
+    /// The bytes each token stands for as plain text (empty for control tokens), decoded once
+    /// so streaming a token is a slice lookup.
+    pieces: Vec<Box<[u8]>>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
@@ -186,16 +187,30 @@ impl Tokenizer {
         );
         eog.sort_unstable();
         eog.dedup();
+        let byte_decoder: HashMap<char, u8> = bytes_to_unicode()
+            .into_iter()
+            .map(|(b, c)| (c, b))
+            .collect();
+        let pieces = tokens
+            .iter()
+            .zip(&types)
+            .map(|(text, ty)| match ty {
+                TokenType::Control | TokenType::Unknown | TokenType::Unused => Box::default(),
+                TokenType::UserDefined => text.as_bytes().into(),
+                _ => text
+                    .chars()
+                    .map(|c| byte_decoder.get(&c).copied())
+                    .collect::<Option<Vec<u8>>>()
+                    .unwrap_or_else(|| text.as_bytes().to_vec())
+                    .into(),
+            })
+            .collect();
         Ok(Tokenizer {
             bpe: hf,
             tokens,
-            types,
             user_defined,
             control,
-            byte_decoder: bytes_to_unicode()
-                .into_iter()
-                .map(|(b, c)| (c, b))
-                .collect(),
+            pieces,
             bos,
             eos,
             add_bos,
@@ -265,25 +280,13 @@ impl Tokenizer {
     }
 
     /// The raw bytes a token stands for. Control tokens render as nothing unless
-    /// `render_special` is set; unknown ids render as nothing.
-    pub fn token_bytes(&self, id: u32, render_special: bool) -> Vec<u8> {
-        let Some(text) = self.tokens.get(id as usize) else {
-            return Vec::new();
-        };
-        match self.types[id as usize] {
-            TokenType::Control | TokenType::Unknown | TokenType::Unused => {
-                if render_special {
-                    text.as_bytes().to_vec()
-                } else {
-                    Vec::new()
-                }
-            }
-            TokenType::UserDefined => text.as_bytes().to_vec(),
-            _ => text
-                .chars()
-                .map(|c| self.byte_decoder.get(&c).copied())
-                .collect::<Option<Vec<u8>>>()
-                .unwrap_or_else(|| text.as_bytes().to_vec()),
+    /// `render_special` is set (then as their text); unknown ids render as nothing.
+    pub fn token_bytes(&self, id: u32, render_special: bool) -> &[u8] {
+        let i = id as usize;
+        match self.pieces.get(i) {
+            Some(p) if p.is_empty() && render_special => self.tokens[i].as_bytes(),
+            Some(p) => p,
+            None => &[],
         }
     }
 
@@ -291,7 +294,7 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32]) -> String {
         let bytes: Vec<u8> = ids
             .iter()
-            .flat_map(|&i| self.token_bytes(i, false))
+            .flat_map(|&i| self.token_bytes(i, false).iter().copied())
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
