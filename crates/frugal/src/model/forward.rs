@@ -5,9 +5,9 @@
 //! values of the new tokens are appended to the cache; attention reads the whole cached prefix.
 
 use super::Model;
-use crate::attention::{AttnShape, causal_attention};
+use crate::attention::{AttnShape, AttnWorkspace, Attention, attend};
 use crate::error::Error;
-use crate::kv::KvCache;
+use crate::kv::KvSequence;
 use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};
 use crate::quant::matmul;
 
@@ -23,9 +23,12 @@ pub enum Logits {
 }
 
 /// Reusable activation buffers, grown to the largest batch seen, so steady-state decode does
-/// not allocate.
+/// not allocate; and the attention implementation with its workspace.
 #[derive(Default, Debug)]
 pub struct Scratch {
+    /// Which attention kernel the pass uses (both are exact).
+    pub attention: Attention,
+    attn_ws: AttnWorkspace,
     x: Vec<f32>,
     xb: Vec<f32>,
     q: Vec<f32>,
@@ -39,6 +42,16 @@ pub struct Scratch {
     rope: RopeTable,
 }
 
+impl Scratch {
+    /// Buffers for a pass that computes attention with `attention`.
+    pub fn new(attention: Attention) -> Self {
+        Scratch {
+            attention,
+            ..Default::default()
+        }
+    }
+}
+
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     v.resize(n, 0.0);
     &mut v[..n]
@@ -50,7 +63,7 @@ impl Model {
     pub fn forward<'s>(
         &self,
         tokens: &[u32],
-        kv: &mut KvCache,
+        kv: &mut dyn KvSequence,
         s: &'s mut Scratch,
         want: Logits,
     ) -> Result<&'s [f32], Error> {
@@ -60,13 +73,13 @@ impl Model {
         if n == 0 {
             return Err(Error::EmptyInput);
         }
-        kv.check_room(n)?;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
             return Err(Error::BadToken {
                 id: bad,
                 n_vocab: c.n_vocab,
             });
         }
+        kv.reserve(n)?;
         let pos0 = kv.len();
         let d = c.n_embd;
         let shape = AttnShape {
@@ -97,7 +110,8 @@ impl Model {
             s.rope.apply(k, c.n_head_kv, c.head_dim);
             kv.append(l, k, v);
             let att = sized(&mut s.att, n * c.q_dim());
-            causal_attention(shape, q, kv.keys(l), kv.values(l), pos0, att);
+            let (kl, vl) = kv.layer(l);
+            attend(s.attention, shape, q, kl, vl, pos0, att, &mut s.attn_ws);
             let proj = sized(&mut s.proj, n * d);
             matmul(&lw.wo.view(&self.file), att, n, proj);
             add_assign(&mut s.x, proj);
