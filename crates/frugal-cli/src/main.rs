@@ -3,6 +3,10 @@
 
 mod commands;
 
+/// Counts heap bytes so `frugal bench` can report measured peak memory (negligible overhead).
+#[global_allocator]
+static ALLOC: commands::bench::alloc::Counting = commands::bench::alloc::Counting;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -25,6 +29,9 @@ enum Command {
     /// Measure model quality on a text.
     #[command(subcommand)]
     Eval(commands::eval::EvalCommand),
+    /// Measure what the efficiency levers cost and save: tables and charts.
+    #[command(subcommand)]
+    Bench(commands::bench::BenchCommand),
     /// Describe a GGUF file: metadata, tensors, parameter and KV-cache sizes.
     Info(commands::info::Args),
     /// Download the default model (SmolLM2-135M-Instruct, Q4_1) into the cache.
@@ -55,6 +62,7 @@ fn main() {
         Command::Generate(a) => commands::generate::run(a),
         Command::Chat(a) => commands::chat::run(a),
         Command::Eval(c) => commands::eval::run(c),
+        Command::Bench(c) => commands::bench::run(c),
         Command::Info(a) => commands::info::run(a),
         Command::Fetch(a) => commands::fetch::run(a),
     };

@@ -32,14 +32,24 @@ fn write_model(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
 }
 
 fn tiny() -> Vec<u8> {
-    build(&SyntheticSpec { ty: GgmlType::Q8_0, n_ctx: 64, ..Default::default() })
+    build(&SyntheticSpec {
+        ty: GgmlType::Q8_0,
+        n_ctx: 64,
+        ..Default::default()
+    })
 }
 
 /// Asserts a clean failure: non-zero exit, a single `error:` line naming `needle`, no panic.
 fn assert_clean_error(out: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure, got success; stderr: {err}");
-    assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {err}"
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one line expected: {err}");
     assert!(lines[0].starts_with("error: "), "{err}");
@@ -51,21 +61,56 @@ fn generate_json_info_and_perplexity_on_a_synthetic_model() {
     let dir = tempfile::tempdir().unwrap();
     let m = write_model(dir.path(), "tiny.gguf", &tiny());
     let m = m.to_str().unwrap();
-    let out = frugal(&["generate", "hello", "-m", m, "-n", "6", "--temp", "0", "--json"], None);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = frugal(
+        &[
+            "generate", "hello", "-m", m, "-n", "6", "--temp", "0", "--json",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["prompt_token_ids"].as_array().unwrap().len(), 5);
     let stats = &v["stats"];
     assert!(stats["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert!(stats["kv_cache_bytes"].as_u64().unwrap() > 0);
     // Greedy is deterministic, and the no-cache path produces the same tokens.
-    let again = frugal(&["generate", "hello", "-m", m, "-n", "6", "--temp", "0", "--json", "--no-kv-cache"], None);
+    let again = frugal(
+        &[
+            "generate",
+            "hello",
+            "-m",
+            m,
+            "-n",
+            "6",
+            "--temp",
+            "0",
+            "--json",
+            "--no-kv-cache",
+        ],
+        None,
+    );
     let w: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(v["tokens"], w["tokens"]);
     // Same seed, same sampled text.
-    let s1 = frugal(&["generate", "hi", "-m", m, "-n", "8", "--seed", "5", "--json"], None);
-    let s2 = frugal(&["generate", "hi", "-m", m, "-n", "8", "--seed", "5", "--json"], None);
-    let t = |o: &Output| serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["tokens"].clone();
+    let s1 = frugal(
+        &[
+            "generate", "hi", "-m", m, "-n", "8", "--seed", "5", "--json",
+        ],
+        None,
+    );
+    let s2 = frugal(
+        &[
+            "generate", "hi", "-m", m, "-n", "8", "--seed", "5", "--json",
+        ],
+        None,
+    );
+    let t = |o: &Output| {
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["tokens"].clone()
+    };
     assert_eq!(t(&s1), t(&s2));
 
     let info = frugal(&["info", m, "--json"], None);
@@ -73,9 +118,32 @@ fn generate_json_info_and_perplexity_on_a_synthetic_model() {
     assert_eq!(v["config"]["n_head_kv"], 2);
     assert_eq!(v["kv_cache"]["elements_per_token"], 2 * 2 * 2 * 16);
 
-    let text = write_model(dir.path(), "text.txt", "The quick brown fox jumps over the lazy dog. ".repeat(4).as_bytes());
-    let ppl = frugal(&["eval", "perplexity", "-m", m, "--text", text.to_str().unwrap(), "--ctx", "32", "--json"], None);
-    assert!(ppl.status.success(), "{}", String::from_utf8_lossy(&ppl.stderr));
+    let text = write_model(
+        dir.path(),
+        "text.txt",
+        "The quick brown fox jumps over the lazy dog. "
+            .repeat(4)
+            .as_bytes(),
+    );
+    let ppl = frugal(
+        &[
+            "eval",
+            "perplexity",
+            "-m",
+            m,
+            "--text",
+            text.to_str().unwrap(),
+            "--ctx",
+            "32",
+            "--json",
+        ],
+        None,
+    );
+    assert!(
+        ppl.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ppl.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&ppl.stdout).unwrap();
     assert_eq!(v["windows"], 5);
     assert_eq!(v["tokens"], 5 * 15);
@@ -90,20 +158,33 @@ fn bad_model_files_fail_cleanly() {
 
     let good = tiny();
     let truncated = write_model(dir.path(), "trunc.gguf", &good[..good.len() / 2]);
-    assert_clean_error(&frugal(&["generate", "hi", "-m", truncated.to_str().unwrap()], None), "truncated");
+    assert_clean_error(
+        &frugal(&["generate", "hi", "-m", truncated.to_str().unwrap()], None),
+        "truncated",
+    );
 
     let mut corrupt = good.clone();
     corrupt[..4].copy_from_slice(b"GGML");
     let corrupt = write_model(dir.path(), "corrupt.gguf", &corrupt);
-    assert_clean_error(&frugal(&["info", corrupt.to_str().unwrap()], None), "not a GGUF file");
+    assert_clean_error(
+        &frugal(&["info", corrupt.to_str().unwrap()], None),
+        "not a GGUF file",
+    );
 
     let f = GgufFile::from_bytes(good).unwrap();
     let mut w = GgufWriter::from_file(&f);
-    let t = w.tensors.iter_mut().find(|t| t.name == "blk.1.ffn_up.weight").unwrap();
+    let t = w
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.1.ffn_up.weight")
+        .unwrap();
     t.ty = GgmlType::Q5_0;
     t.data = vec![0u8; 96 * 64 / 32 * 22].into();
     let unsupported = write_model(dir.path(), "q5.gguf", &w.to_bytes().unwrap());
-    let out = frugal(&["generate", "hi", "-m", unsupported.to_str().unwrap()], None);
+    let out = frugal(
+        &["generate", "hi", "-m", unsupported.to_str().unwrap()],
+        None,
+    );
     assert_clean_error(&out, "blk.1.ffn_up.weight");
     assert!(String::from_utf8_lossy(&out.stderr).contains("Q5_0"));
 }
@@ -114,17 +195,41 @@ fn bad_prompts_fail_cleanly() {
     let m = write_model(dir.path(), "tiny.gguf", &tiny());
     let m = m.to_str().unwrap();
     assert_clean_error(&frugal(&["generate", "", "-m", m], None), "empty");
-    assert_clean_error(&frugal(&["generate", "-", "-m", m], Some(&[b'a', 0xff, 0xfe])), "UTF-8");
+    assert_clean_error(
+        &frugal(&["generate", "-", "-m", m], Some(&[b'a', 0xff, 0xfe])),
+        "UTF-8",
+    );
     let long = "x".repeat(100);
-    assert_clean_error(&frugal(&["generate", &long, "-m", m, "-c", "16"], None), "context");
-    assert_clean_error(&frugal(&["generate", "hi", "-m", m, "--top-p", "0"], None), "top-p");
+    assert_clean_error(
+        &frugal(&["generate", &long, "-m", m, "-c", "16"], None),
+        "context",
+    );
+    assert_clean_error(
+        &frugal(&["generate", "hi", "-m", m, "--top-p", "0"], None),
+        "top-p",
+    );
 }
 
 #[test]
 fn context_full_stops_with_a_message() {
     let dir = tempfile::tempdir().unwrap();
     let m = write_model(dir.path(), "tiny.gguf", &tiny());
-    let out = frugal(&["generate", "hello", "-m", m.to_str().unwrap(), "-c", "12", "-n", "100", "--temp", "0", "--json"], None);
+    let out = frugal(
+        &[
+            "generate",
+            "hello",
+            "-m",
+            m.to_str().unwrap(),
+            "-c",
+            "12",
+            "-n",
+            "100",
+            "--temp",
+            "0",
+            "--json",
+        ],
+        None,
+    );
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     if v["stop_reason"] == "context_full" {
@@ -138,9 +243,19 @@ fn context_full_stops_with_a_message() {
 
 #[test]
 fn every_command_has_help() {
-    for cmd in [&["--help"][..], &["generate", "--help"], &["chat", "--help"], &["eval", "perplexity", "--help"], &["info", "--help"], &["fetch", "--help"]] {
+    for cmd in [
+        &["--help"][..],
+        &["generate", "--help"],
+        &["chat", "--help"],
+        &["eval", "perplexity", "--help"],
+        &["info", "--help"],
+        &["fetch", "--help"],
+    ] {
         let out = frugal(cmd, None);
         assert!(out.status.success(), "{cmd:?}");
-        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"), "{cmd:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage"),
+            "{cmd:?}"
+        );
     }
 }

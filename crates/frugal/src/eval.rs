@@ -98,7 +98,12 @@ pub fn perplexity_with(
         let nv = model.config.n_vocab;
         if let Some((bkv, bscratch)) = &mut base {
             bkv.clear();
-            let blogits = model.forward(chunk, bkv as &mut dyn KvSequence, bscratch, Logits::From(first))?;
+            let blogits = model.forward(
+                chunk,
+                bkv as &mut dyn KvSequence,
+                bscratch,
+                Logits::From(first),
+            )?;
             for j in first..n_ctx - 1 {
                 let r = (j - first) * nv..(j - first + 1) * nv;
                 let (p, q) = (&blogits[r.clone()], &logits[r]);

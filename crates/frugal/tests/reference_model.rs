@@ -16,12 +16,21 @@ use frugal::tokenizer::Tokenizer;
 const PROMPT: &str = "The capital of France is";
 
 fn model_path() -> Option<PathBuf> {
-    let p = std::env::var_os("FRUGAL_MODEL").map(PathBuf::from).unwrap_or_else(frugal::fetch::default_model_path);
+    let p = std::env::var_os("FRUGAL_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(frugal::fetch::default_model_path);
     if p.exists() {
         return Some(p);
     }
-    assert!(std::env::var_os("FRUGAL_REQUIRE_MODEL").is_none(), "FRUGAL_REQUIRE_MODEL is set but {} is missing", p.display());
-    eprintln!("skipping: reference model not found at {} (run `frugal fetch`)", p.display());
+    assert!(
+        std::env::var_os("FRUGAL_REQUIRE_MODEL").is_none(),
+        "FRUGAL_REQUIRE_MODEL is set but {} is missing",
+        p.display()
+    );
+    eprintln!(
+        "skipping: reference model not found at {} (run `frugal fetch`)",
+        p.display()
+    );
     None
 }
 
@@ -34,7 +43,10 @@ fn load() -> Option<(Model, Tokenizer)> {
 #[test]
 fn tokenization_matches_llama_cpp() {
     let Some((_, tok)) = load() else { return };
-    assert_eq!(tok.encode(PROMPT, false).unwrap(), [504, 3575, 282, 4649, 314]);
+    assert_eq!(
+        tok.encode(PROMPT, false).unwrap(),
+        [504, 3575, 282, 4649, 314]
+    );
     // Special tokens are parsed only when asked for.
     let chat = "<|im_start|>user\nHi<|im_end|>\n";
     let special = tok.encode(chat, true).unwrap();
@@ -54,11 +66,16 @@ fn greedy_continuation_matches_llama_cpp_f32() {
     let Some((model, tok)) = load() else { return };
     let prompt = tok.encode(PROMPT, false).unwrap();
     let mut session = Session::new(&model, 256, true).unwrap();
-    let opts = GenerateOptions { max_tokens: 64, stop: vec![], sampler: SamplerParams::greedy() };
+    let opts = GenerateOptions {
+        max_tokens: 64,
+        stop: vec![],
+        sampler: SamplerParams::greedy(),
+    };
     let g = session.generate(&tok, &prompt, &opts, |_| {}).unwrap();
     // llama.cpp F32 / F16 / Q8_0: these 29 tokens, then EOS (id 2).
     let expected = [
-        7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33, 40, 29, 32, 33, 29, 34, 34, 216, 33, 34, 42, 33, 34, 42, 37, 35, 30,
+        7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33, 40, 29, 32, 33, 29, 34, 34, 216,
+        33, 34, 42, 33, 34, 42, 37, 35, 30,
     ];
     assert_eq!(g.tokens, expected);
     assert_eq!(g.stop_reason, StopReason::EndOfGeneration);
@@ -71,7 +88,9 @@ fn first_token_top10_logprobs_match_llama_cpp() {
     let prompt = tok.encode(PROMPT, false).unwrap();
     let mut kv = model.new_cache(64).unwrap();
     let mut s = Scratch::default();
-    let logits = model.forward(&prompt, &mut kv, &mut s, Logits::Last).unwrap();
+    let logits = model
+        .forward(&prompt, &mut kv, &mut s, Logits::Last)
+        .unwrap();
     let lse = log_sum_exp(logits);
     let expected = [
         (7042, -0.2578),
@@ -90,7 +109,10 @@ fn first_token_top10_logprobs_match_llama_cpp() {
     for (rank, &(id, lp)) in expected.iter().enumerate() {
         assert_eq!(order[rank], id, "rank {rank}");
         let got = f64::from(logits[id]) - lse;
-        assert!((got - lp).abs() < 0.01, "token {id}: {got:.4} vs llama.cpp {lp}");
+        assert!(
+            (got - lp).abs() < 0.01,
+            "token {id}: {got:.4} vs llama.cpp {lp}"
+        );
     }
 }
 
@@ -100,20 +122,38 @@ fn kv_cache_and_recompute_agree_on_the_real_model() {
     let mut seq = tok.encode(PROMPT, false).unwrap();
     let mut kv = model.new_cache(64).unwrap();
     let mut s = Scratch::default();
-    let mut cached = model.forward(&seq, &mut kv, &mut s, Logits::Last).unwrap().to_vec();
+    let mut cached = model
+        .forward(&seq, &mut kv, &mut s, Logits::Last)
+        .unwrap()
+        .to_vec();
     for step in 0..12 {
         let mut kv2 = model.new_cache(64).unwrap();
         let mut s2 = Scratch::default();
-        let full = model.forward(&seq, &mut kv2, &mut s2, Logits::Last).unwrap();
+        let full = model
+            .forward(&seq, &mut kv2, &mut s2, Logits::Last)
+            .unwrap();
         // Same math in a different order (matrix-matrix vs matrix-vector): 1e-4 relative.
         let scale = full.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let diff = cached.iter().zip(full).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(diff <= 1e-4 * scale, "step {step}: max diff {diff} vs scale {scale}");
-        let next = (0..full.len()).max_by(|&a, &b| full[a].total_cmp(&full[b])).unwrap() as u32;
-        let next_cached = (0..cached.len()).max_by(|&a, &b| cached[a].total_cmp(&cached[b])).unwrap() as u32;
+        let diff = cached
+            .iter()
+            .zip(full)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            diff <= 1e-4 * scale,
+            "step {step}: max diff {diff} vs scale {scale}"
+        );
+        let next = (0..full.len())
+            .max_by(|&a, &b| full[a].total_cmp(&full[b]))
+            .unwrap() as u32;
+        let next_cached = (0..cached.len())
+            .max_by(|&a, &b| cached[a].total_cmp(&cached[b]))
+            .unwrap() as u32;
         assert_eq!(next, next_cached, "step {step}");
         seq.push(next);
-        cached = model.forward(&[next], &mut kv, &mut s, Logits::Last).unwrap().to_vec();
+        cached = model
+            .forward(&[next], &mut kv, &mut s, Logits::Last)
+            .unwrap()
+            .to_vec();
     }
 }
 
@@ -126,14 +166,28 @@ fn perplexity_on_gpl3_matches_llama_cpp_f32() {
     };
     let Some((model, tok)) = load() else { return };
     let tokens = tok.encode(&text, false).unwrap();
-    assert_eq!(tokens.len(), 7639, "llama.cpp tokenizes this text to 7,639 tokens");
+    assert_eq!(
+        tokens.len(),
+        7639,
+        "llama.cpp tokenizes this text to 7,639 tokens"
+    );
     let r = frugal::eval::perplexity(&model, &tokens, 512, |_, _| {}).unwrap();
     assert_eq!((r.windows, r.tokens), (14, 3570));
     // llama.cpp F32: 18.2994; the issue allows 0.3%, overall and per window.
     assert!((r.ppl / 18.2994 - 1.0).abs() < 0.003, "PPL {}", r.ppl);
-    assert!((r.ppl_stderr - 0.859).abs() < 0.01, "stderr {}", r.ppl_stderr);
-    let per_window = [16.263, 19.233, 13.821, 25.370, 18.357, 17.274, 18.092, 20.351, 17.655, 20.975, 17.129, 19.181, 10.211, 29.681];
+    assert!(
+        (r.ppl_stderr - 0.859).abs() < 0.01,
+        "stderr {}",
+        r.ppl_stderr
+    );
+    let per_window = [
+        16.263, 19.233, 13.821, 25.370, 18.357, 17.274, 18.092, 20.351, 17.655, 20.975, 17.129,
+        19.181, 10.211, 29.681,
+    ];
     for (i, (got, want)) in r.window_ppl.iter().zip(per_window).enumerate() {
-        assert!((got / want - 1.0).abs() < 0.003, "window {i}: {got} vs {want}");
+        assert!(
+            (got / want - 1.0).abs() < 0.003,
+            "window {i}: {got} vs {want}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! One file per command; `common` holds the flags they share.
 
+pub mod bench;
 pub mod chat;
 pub mod common;
 pub mod eval;

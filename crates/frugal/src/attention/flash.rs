@@ -176,9 +176,8 @@ pub(super) fn flash_with(
             let part = |sp: usize| &parts[(kvh * nsplit + sp) * stride..][..stride];
             for r in 0..rows {
                 let (tok, h) = (r / group, kvh * group + r % group);
-                let mmax = (0..nsplit).fold(f32::NEG_INFINITY, |a, sp| {
-                    a.max(part(sp)[rows * hd + r])
-                });
+                let mmax =
+                    (0..nsplit).fold(f32::NEG_INFINITY, |a, sp| a.max(part(sp)[rows * hd + r]));
                 // SAFETY: sequential here; row (tok, h) is inside `out`.
                 let o = unsafe { optr.row(tok * q_dim + h * hd, hd) };
                 o.fill(0.0);
@@ -253,7 +252,14 @@ fn block(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f32], t
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f32], t: &mut Tiles) {
+unsafe fn block_avx2(
+    job: &Job,
+    span: Span,
+    acc: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+    t: &mut Tiles,
+) {
     block_body(job, span, acc, m, l, t)
 }
 
@@ -291,13 +297,15 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
     let mut j0 = span.lo;
     while j0 < hi {
         let nb = (hi - j0).min(bc);
-        job.k.decode_head(span.kvh, hd, j0, nb, &mut t.kraw[..nb * hd]);
+        job.k
+            .decode_head(span.kvh, hd, j0, nb, &mut t.kraw[..nb * hd]);
         for j in 0..nb {
             for c in 0..hd {
                 t.kt[c * bc + j] = t.kraw[j * hd + c];
             }
         }
-        job.v.decode_head(span.kvh, hd, j0, nb, &mut t.vt[..nb * hd]);
+        job.v
+            .decode_head(span.kvh, hd, j0, nb, &mut t.vt[..nb * hd]);
         for r in 0..rows {
             let visible = job.pos0 + span.t0 + r / group + 1;
             if visible <= j0 {

@@ -60,7 +60,10 @@ fn case(s: AttnShape, len: usize, n: usize, amp: f32, seed: u64) -> Case {
 /// Runs naive, flash (dispatched) and flash (portable); returns the two flash errors.
 fn compare(c: &Case) -> (f32, f32) {
     let kv_dim = c.s.n_head_kv * c.s.head_dim;
-    let (k, v) = (KvView::from_f32(&c.k, kv_dim), KvView::from_f32(&c.v, kv_dim));
+    let (k, v) = (
+        KvView::from_f32(&c.k, kv_dim),
+        KvView::from_f32(&c.v, kv_dim),
+    );
     let mut want = vec![0f32; c.q.len()];
     naive(c.s, &c.q, k, v, c.pos0, &mut want);
     let mut ws = AttnWorkspace::default();
@@ -88,7 +91,15 @@ fn single_key_returns_its_value() {
     causal_attention(s, &q, &k, &v, 0, &mut out);
     assert_eq!(out, [5.0, -1.0, 5.0, -1.0]);
     let mut out = [0.0; 4];
-    flash(s, &q, KvView::from_f32(&k, 2), KvView::from_f32(&v, 2), 0, &mut out, &mut AttnWorkspace::default());
+    flash(
+        s,
+        &q,
+        KvView::from_f32(&k, 2),
+        KvView::from_f32(&v, 2),
+        0,
+        &mut out,
+        &mut AttnWorkspace::default(),
+    );
     assert_eq!(out, [5.0, -1.0, 5.0, -1.0]);
 }
 

@@ -125,7 +125,10 @@ impl KvCache {
     /// Drops every position from `n` on (used to rewind or reuse a cache).
     pub fn truncate(&mut self, n: usize) {
         let n = n.min(self.len);
-        let (kb, vb) = (self.format.k.bytes(self.kv_dim), self.format.v.bytes(self.kv_dim));
+        let (kb, vb) = (
+            self.format.k.bytes(self.kv_dim),
+            self.format.v.bytes(self.kv_dim),
+        );
         for l in 0..self.n_layers {
             self.k[l].truncate(n * kb);
             self.v[l].truncate(n * vb);
@@ -154,7 +157,10 @@ fn push_encoded(buf: &mut Vec<u8>, ty: KvType, kv_dim: usize, src: &[f32]) {
     let start = buf.len();
     // Within the capacity reserved at construction: never reallocates.
     buf.resize(start + src.len() / kv_dim * rb, 0);
-    for (dst, row) in buf[start..].chunks_exact_mut(rb).zip(src.chunks_exact(kv_dim)) {
+    for (dst, row) in buf[start..]
+        .chunks_exact_mut(rb)
+        .zip(src.chunks_exact(kv_dim))
+    {
         ty.encode(row, dst);
     }
 }
@@ -185,7 +191,10 @@ impl KvSequence for KvCache {
     }
 
     fn layer(&self, layer: usize) -> (KvView<'_>, KvView<'_>) {
-        let (kb, vb) = (self.format.k.bytes(self.kv_dim), self.format.v.bytes(self.kv_dim));
+        let (kb, vb) = (
+            self.format.k.bytes(self.kv_dim),
+            self.format.v.bytes(self.kv_dim),
+        );
         let k = &self.k[layer];
         let v = &self.v[layer];
         (

@@ -234,6 +234,9 @@ mod tests {
         // 30 layers, 3 KV heads x 64.
         assert_eq!(KvFormat::both(KvType::F32).bytes_per_token(30, 192), 46_080);
         assert_eq!(KvFormat::both(KvType::F16).bytes_per_token(30, 192), 23_040);
-        assert_eq!(KvFormat::both(KvType::Q8_0).bytes_per_token(30, 192), 12_240);
+        assert_eq!(
+            KvFormat::both(KvType::Q8_0).bytes_per_token(30, 192),
+            12_240
+        );
     }
 }

@@ -48,7 +48,9 @@ pub enum KvError {
         free: usize,
         total: usize,
     },
-    #[error("KV type {ty} stores blocks of {granule} values; the head dimension {head_dim} is not a multiple")]
+    #[error(
+        "KV type {ty} stores blocks of {granule} values; the head dimension {head_dim} is not a multiple"
+    )]
     Format {
         ty: KvType,
         granule: usize,
@@ -66,7 +68,9 @@ pub enum KvError {
 pub enum KvLayout {
     Contiguous,
     /// Blocks of `block_size` positions from a pool.
-    Paged { block_size: usize },
+    Paged {
+        block_size: usize,
+    },
 }
 
 impl Default for KvLayout {
@@ -154,7 +158,8 @@ impl<'a> KvView<'a> {
         // SAFETY: any initialized f32 is 4 initialized bytes, u8 has alignment 1, and the
         // length is the same memory measured in bytes. Rows are read back with from_le_bytes,
         // which is the identity on the little-endian targets frugal supports.
-        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
         Self::contiguous(KvType::F32, kv_dim * 4, data.len() / kv_dim.max(1), bytes)
     }
 
@@ -198,7 +203,14 @@ impl<'a> KvView<'a> {
     /// (`n x head_dim`, row-major). This is the only way attention reads the cache: a tile at a
     /// time, straight from the stored format.
     #[inline]
-    pub fn decode_head(&self, head: usize, head_dim: usize, start: usize, n: usize, out: &mut [f32]) {
+    pub fn decode_head(
+        &self,
+        head: usize,
+        head_dim: usize,
+        start: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
         let hb = self.ty.bytes(head_dim);
         let off = head * hb;
         let mut done = 0;
@@ -219,7 +231,10 @@ impl<'a> KvView<'a> {
 pub enum SeqCache {
     Contiguous(KvCache),
     /// A pool sized for this one sequence (a server would share one pool among many).
-    Paged { pool: KvPool, seq: SeqId },
+    Paged {
+        pool: KvPool,
+        seq: SeqId,
+    },
 }
 
 impl SeqCache {
@@ -233,12 +248,21 @@ impl SeqCache {
     ) -> Result<Self, KvError> {
         match opts.layout {
             KvLayout::Contiguous => Ok(SeqCache::Contiguous(KvCache::with_format(
-                n_layers, n_head_kv, head_dim, capacity, opts.format,
+                n_layers,
+                n_head_kv,
+                head_dim,
+                capacity,
+                opts.format,
             )?)),
             KvLayout::Paged { block_size } => {
                 let blocks = capacity.div_ceil(block_size.max(1));
                 let mut pool = KvPool::new(
-                    n_layers, n_head_kv, head_dim, opts.format, block_size, blocks,
+                    n_layers,
+                    n_head_kv,
+                    head_dim,
+                    opts.format,
+                    block_size,
+                    blocks,
                 )?;
                 let seq = pool.add_sequence(capacity);
                 Ok(SeqCache::Paged { pool, seq })
@@ -273,7 +297,6 @@ impl SeqCache {
             SeqCache::Paged { pool, .. } => pool.bytes_in_use(),
         }
     }
-
 }
 
 impl KvSequence for SeqCache {

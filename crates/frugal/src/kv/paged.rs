@@ -330,7 +330,11 @@ impl KvPool {
         debug_assert_eq!(k.len(), s.pending * kv_dim);
         debug_assert_eq!(v.len(), k.len());
         let (kd, vd) = (&mut self.k[layer], &mut self.v[layer]);
-        for (i, (kr, vr)) in k.chunks_exact(kv_dim).zip(v.chunks_exact(kv_dim)).enumerate() {
+        for (i, (kr, vr)) in k
+            .chunks_exact(kv_dim)
+            .zip(v.chunks_exact(kv_dim))
+            .enumerate()
+        {
             let pos = s.len + i;
             let row = s.table[pos / bs] as usize * bs + pos % bs;
             self.format
@@ -464,14 +468,22 @@ mod tests {
         let before = read_all(pool.layer(a, 0).0, 8);
         push(&mut pool.slot(b), 1, 1, 8, 9.0); // b writes into the shared half block: copied
         assert_eq!(pool.blocks_in_use(), 3);
-        assert_eq!(pool.block_table(a)[0], pool.block_table(b)[0], "full block still shared");
+        assert_eq!(
+            pool.block_table(a)[0],
+            pool.block_table(b)[0],
+            "full block still shared"
+        );
         assert_ne!(pool.block_table(a)[1], pool.block_table(b)[1]);
         assert_eq!(read_all(pool.layer(a, 0).0, 8), before, "a is unchanged");
         assert_eq!(&read_all(pool.layer(b, 0).0, 8)[..6 * 8], &before[..]);
         push(&mut pool.slot(a), 1, 1, 8, 5.0); // a now owns its half block alone: no copy
         assert_eq!(pool.blocks_in_use(), 3);
         pool.remove(a).unwrap();
-        assert_eq!(pool.blocks_in_use(), 2, "a's own block returned, shared one kept");
+        assert_eq!(
+            pool.blocks_in_use(),
+            2,
+            "a's own block returned, shared one kept"
+        );
         assert_eq!(pool.remove(a), Err(KvError::NoSequence(a.index())));
         pool.truncate(b, 2);
         assert_eq!(pool.blocks_in_use(), 1);
@@ -487,10 +499,17 @@ mod tests {
         push(&mut pool.slot(a), 1, 5, 8, 0.0);
         assert!(matches!(
             pool.reserve(b, 1),
-            Err(KvError::PoolExhausted { needed: 1, free: 0, total: 2 })
+            Err(KvError::PoolExhausted {
+                needed: 1,
+                free: 0,
+                total: 2
+            })
         ));
         pool.remove(a).unwrap();
-        assert!(matches!(pool.reserve(b, 5), Err(KvError::ContextFull { .. })));
+        assert!(matches!(
+            pool.reserve(b, 5),
+            Err(KvError::ContextFull { .. })
+        ));
         assert_eq!(pool.blocks_in_use(), 0);
         assert!(KvPool::new(1, 1, 8, KvFormat::default(), 0, 2).is_err());
     }

@@ -5,7 +5,7 @@
 //! values of the new tokens are appended to the cache; attention reads the whole cached prefix.
 
 use super::Model;
-use crate::attention::{AttnShape, AttnWorkspace, Attention, attend};
+use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
 use crate::kv::KvSequence;
 use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};

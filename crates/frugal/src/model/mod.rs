@@ -56,7 +56,14 @@ impl Model {
         n_blocks: usize,
     ) -> Result<KvPool, KvError> {
         let c = &self.config;
-        KvPool::new(c.n_layers, c.n_head_kv, c.head_dim, format, block_size, n_blocks)
+        KvPool::new(
+            c.n_layers,
+            c.n_head_kv,
+            c.head_dim,
+            format,
+            block_size,
+            n_blocks,
+        )
     }
 
     /// Total number of weights.

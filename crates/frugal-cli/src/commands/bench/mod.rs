@@ -1,0 +1,60 @@
+//! `frugal bench`: measurements that print tables and write log-log charts (SVG and PNG).
+//!
+//! A group of subcommands, one file each: `kv` (the cost the KV cache removes), `attention`
+//! (naive vs flash kernels), `context` (KV bytes against the weights as the context grows).
+//! Model-throughput benchmarks can sit beside them.
+
+pub mod alloc;
+mod attention;
+mod context;
+mod kv;
+mod plot;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Time per generated token with and without the KV cache as the sequence grows.
+    Kv(kv::Args),
+    /// Naive vs flash attention: time and peak extra memory per call, prefill and decode.
+    Attention(attention::Args),
+    /// KV-cache bytes against context length for each KV type, against the weight bytes.
+    Context(context::Args),
+}
+
+/// Where charts go.
+#[derive(clap::Args, Clone, Debug)]
+pub struct OutputArgs {
+    /// Directory for the charts (NAME.svg and NAME.png)
+    #[arg(long = "out", default_value = ".")]
+    pub out: PathBuf,
+    /// Print the table only, write no chart
+    #[arg(long = "no-plot")]
+    pub no_plot: bool,
+    /// Print one JSON object instead of the table
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl OutputArgs {
+    /// Writes the chart unless --no-plot; reports the files on stderr.
+    fn chart(&self, chart: &plot::Chart, stem: &str) -> Result<()> {
+        if self.no_plot {
+            return Ok(());
+        }
+        for p in plot::write(chart, &self.out, stem)? {
+            eprintln!("wrote {}", p.display());
+        }
+        Ok(())
+    }
+}
+
+pub fn run(c: BenchCommand) -> Result<()> {
+    match c {
+        BenchCommand::Kv(a) => kv::run(a),
+        BenchCommand::Attention(a) => attention::run(a),
+        BenchCommand::Context(a) => context::run(a),
+    }
+}
