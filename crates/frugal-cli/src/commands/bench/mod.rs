@@ -39,13 +39,20 @@ pub struct OutputArgs {
 }
 
 impl OutputArgs {
-    /// Writes the chart unless --no-plot; reports the files on stderr.
+    /// Writes the chart unless --no-plot; reports the files on stderr. A machine without a
+    /// font still gets the table (the measurement), with a note instead of the chart.
     fn chart(&self, chart: &plot::Chart, stem: &str) -> Result<()> {
         if self.no_plot {
             return Ok(());
         }
-        for p in plot::write(chart, &self.out, stem)? {
-            eprintln!("wrote {}", p.display());
+        match plot::write(chart, &self.out, stem) {
+            Ok(paths) => {
+                for p in paths {
+                    eprintln!("wrote {}", p.display());
+                }
+            }
+            Err(e) if e.to_string().contains("font") => eprintln!("note: no chart: {e}"),
+            Err(e) => return Err(e),
         }
         Ok(())
     }
