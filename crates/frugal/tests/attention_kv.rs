@@ -89,7 +89,8 @@ fn naive_and_flash_agree_through_the_model() {
         let flash = run(&m, &mut b, Attention::Flash, &seq, 128);
         // Attention agrees to ~1e-6; the rest of the pass only propagates that.
         let e = rel_err(&flash, &naive);
-        assert!(e < 1e-5, "heads {h}/{kvh}: {e}");
+        // Not bitwise equal: the kernels sum in different orders (so both really ran).
+        assert!(e < 1e-5 && e > 0.0, "heads {h}/{kvh}: {e}");
     }
 }
 

@@ -94,7 +94,7 @@ pub fn attend(
     ws: &mut AttnWorkspace,
 ) {
     debug_assert_eq!(q.len(), out.len());
-    debug_assert!(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0);
+    debug_assert!(s.n_head_kv > 0 && s.n_head.is_multiple_of(s.n_head_kv));
     debug_assert!(k.len() >= pos0 + q.len() / (s.n_head * s.head_dim));
     match kind {
         Attention::Naive => naive(s, q, k, v, pos0, out),

@@ -19,7 +19,7 @@ pub struct KvCache {
 
 /// Checks that a head of `head_dim` values can be stored (and decoded on its own) as `ty`.
 pub(super) fn check_format(ty: KvType, head_dim: usize) -> Result<(), KvError> {
-    if head_dim % ty.granule() != 0 {
+    if !head_dim.is_multiple_of(ty.granule()) {
         return Err(KvError::Format {
             ty,
             granule: ty.granule(),

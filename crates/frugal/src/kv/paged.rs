@@ -291,7 +291,7 @@ impl KvPool {
                 capacity: s.max_len,
             });
         }
-        let partial = s.len % bs != 0 && n > 0;
+        let partial = !s.len.is_multiple_of(bs) && n > 0;
         let cow = partial && self.refs[s.table[s.len / bs] as usize] > 1;
         let needed = (s.len + n).div_ceil(bs).saturating_sub(s.table.len()) + usize::from(cow);
         if needed > self.free_blocks() {

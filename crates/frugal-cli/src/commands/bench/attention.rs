@@ -74,7 +74,7 @@ pub fn run(a: Args) -> Result<()> {
         "--seq needs positive lengths"
     );
     ensure!(
-        a.kv_heads > 0 && a.heads % a.kv_heads == 0,
+        a.kv_heads > 0 && a.heads.is_multiple_of(a.kv_heads),
         "--heads must be a multiple of --kv-heads"
     );
     ensure!(a.head_dim > 0, "--head-dim must be at least 1");

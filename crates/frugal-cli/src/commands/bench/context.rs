@@ -40,7 +40,7 @@ pub fn run(a: Args) -> Result<()> {
     ctxs.push(max);
     let types: Vec<KvType> = KvType::ALL
         .into_iter()
-        .filter(|t| c.head_dim % t.granule() == 0)
+        .filter(|t| c.head_dim.is_multiple_of(t.granule()))
         .collect();
     let mut table: Vec<Vec<usize>> = Vec::new();
     for &t in &types {
