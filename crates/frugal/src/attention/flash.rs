@@ -58,6 +58,7 @@ struct Tiles {
     kt: Vec<f32>,
     vt: Vec<f32>,
     s: Vec<f32>,
+    pv: Vec<f32>,
 }
 
 thread_local! {
@@ -278,6 +279,7 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
     grow(&mut t.kt, bc * hd);
     grow(&mut t.vt, bc * hd);
     grow(&mut t.s, bc);
+    grow(&mut t.pv, hd);
     // Queries of the block, pre-scaled by 1/sqrt(d): row r = token (r / group), head (r % group).
     for tok in span.t0..span.t1 {
         for g in 0..group {
@@ -330,14 +332,18 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
             }
             l[r] = l[r] * corr + sum;
             m[r] = m_new;
-            let ar = &mut acc[r * hd..][..hd];
-            if corr != 1.0 {
-                ar.iter_mut().for_each(|a| *a *= corr);
-            }
+            // The tile's p.v is summed on its own, then added: two-level summation keeps the
+            // rounding error growing with (tile + tiles) rather than with every key.
+            let pv = &mut t.pv[..hd];
+            pv.fill(0.0);
             for (j, &p) in sr.iter().enumerate() {
-                for (a, &b) in ar.iter_mut().zip(&t.vt[j * hd..][..hd]) {
+                for (a, &b) in pv.iter_mut().zip(&t.vt[j * hd..][..hd]) {
                     *a += p * b;
                 }
+            }
+            let ar = &mut acc[r * hd..][..hd];
+            for (a, &b) in ar.iter_mut().zip(pv.iter()) {
+                *a = *a * corr + b;
             }
         }
         j0 += nb;

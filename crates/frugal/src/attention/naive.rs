@@ -13,6 +13,7 @@ use crate::kv::KvView;
 struct Buffers {
     scores: Vec<f32>,
     row: Vec<f32>,
+    part: Vec<f32>,
 }
 
 thread_local! {
@@ -49,14 +50,15 @@ pub fn naive(s: AttnShape, q: &[f32], k: KvView, v: KvView, pos0: usize, out: &m
                 }
             }
             // P = softmax(S) row by row.
+            // The normalizer is summed in f64: thousands of terms, and this is the reference.
             for srow in sc.chunks_exact_mut(len) {
                 let max = srow.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-                let mut sum = 0f32;
+                let mut sum = 0f64;
                 for x in srow.iter_mut() {
                     *x = (*x - max).exp();
-                    sum += *x;
+                    sum += f64::from(*x);
                 }
-                let inv = 1.0 / sum;
+                let inv = (1.0 / sum) as f32;
                 srow.iter_mut().for_each(|x| *x *= inv);
             }
             // O = P v.
@@ -65,14 +67,26 @@ pub fn naive(s: AttnShape, q: &[f32], k: KvView, v: KvView, pos0: usize, out: &m
                 // SAFETY: head h's slice of row t belongs to this task alone.
                 unsafe { optr.row(t * q_dim + h * hd, hd) }.fill(0.0);
             }
-            for j in 0..len {
-                v.decode_head(kvh, hd, j, 1, row);
-                for t in j.saturating_sub(pos0)..n {
-                    let p = sc[t * len + j];
+            // Summed in blocks of keys, each block's sum then added to the output (two-level
+            // summation: the rounding error grows with block + blocks, not with every key).
+            b.part.resize(n * hd, 0.0);
+            let part = &mut b.part;
+            for j0 in (0..len).step_by(SUM_BLOCK) {
+                part.fill(0.0);
+                for j in j0..(j0 + SUM_BLOCK).min(len) {
+                    v.decode_head(kvh, hd, j, 1, row);
+                    for t in j.saturating_sub(pos0)..n {
+                        let p = sc[t * len + j];
+                        for (a, &b) in part[t * hd..][..hd].iter_mut().zip(row.iter()) {
+                            *a += p * b;
+                        }
+                    }
+                }
+                for t in j0.saturating_sub(pos0)..n {
                     // SAFETY: as above.
                     let o = unsafe { optr.row(t * q_dim + h * hd, hd) };
-                    for (a, &b) in o.iter_mut().zip(row.iter()) {
-                        *a += p * b;
+                    for (a, &b) in o.iter_mut().zip(&part[t * hd..][..hd]) {
+                        *a += b;
                     }
                 }
             }
@@ -80,9 +94,15 @@ pub fn naive(s: AttnShape, q: &[f32], k: KvView, v: KvView, pos0: usize, out: &m
             if b.scores.capacity() > KEEP_FLOATS {
                 b.scores = Vec::new();
             }
+            if b.part.capacity() > KEEP_FLOATS {
+                b.part = Vec::new();
+            }
         });
     });
 }
+
+/// Keys per partial sum of the output.
+const SUM_BLOCK: usize = 64;
 
 /// Score buffers up to this many floats (4 MiB) stay allocated between calls.
 const KEEP_FLOATS: usize = 1 << 20;
