@@ -3,6 +3,10 @@
 
 mod commands;
 
+/// Counts heap bytes so `frugal bench` can report measured peak memory (negligible overhead).
+#[global_allocator]
+static ALLOC: commands::bench::alloc::Counting = commands::bench::alloc::Counting;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -30,7 +34,8 @@ enum Command {
     Eval(commands::eval::EvalCommand),
     /// Describe a GGUF file: metadata, tensors, parameter and KV-cache sizes.
     Info(commands::info::Args),
-    /// Measure prefill and decode throughput (pp N / tg N, as llama-bench).
+    /// Measure throughput (pp N / tg N, as llama-bench) or, with a subcommand, what a lever
+    /// costs and saves (kv, attention, context): tables and charts.
     Bench(commands::bench::Args),
     /// Estimate KV-cache and memory needs for a model at a context length.
     Estimate(commands::estimate::Args),

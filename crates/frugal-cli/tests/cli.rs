@@ -249,6 +249,10 @@ fn every_command_has_help() {
         &["chat", "--help"],
         &["eval", "perplexity", "--help"],
         &["info", "--help"],
+        &["bench", "--help"],
+        &["bench", "kv", "--help"],
+        &["bench", "attention", "--help"],
+        &["bench", "context", "--help"],
         &["fetch", "--help"],
     ] {
         let out = frugal(cmd, None);
@@ -316,4 +320,153 @@ fn resident_memory_stays_under_twice_the_file_plus_the_kv_cache() {
             "{act}: peak RSS {rss} >= 2 x {file} + {kv}"
         );
     }
+}
+
+fn greedy_tokens(m: &str, extra: &[&str]) -> Vec<u64> {
+    let mut args = vec![
+        "generate", "hello", "-m", m, "-n", "8", "--temp", "0", "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = frugal(&args, None);
+    assert!(
+        out.status.success(),
+        "{extra:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn attention_and_kv_switches_work_and_bad_values_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write_model(dir.path(), "tiny.gguf", &tiny());
+    let m = m.to_str().unwrap();
+    let base = greedy_tokens(m, &[]);
+    for extra in [
+        &["--attention", "naive"][..],
+        &["--kv-layout", "contiguous"],
+        &[
+            "--attention",
+            "naive",
+            "--kv-layout",
+            "contiguous",
+            "--kv-block",
+            "3",
+        ],
+    ] {
+        assert_eq!(greedy_tokens(m, extra), base, "{extra:?}");
+    }
+    greedy_tokens(m, &["--kv-type", "f16", "--kv-type-v", "bf16"]);
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["generate", "hi", "-m", m];
+        args.extend_from_slice(extra);
+        frugal(&args, None)
+    };
+    assert_clean_error(&generate(&["--kv-type", "q4"]), "\"q4\"");
+    assert_clean_error(&generate(&["--kv-type-k", "int8"]), "int8");
+    assert_clean_error(&generate(&["--attention", "fast"]), "naive or flash");
+    assert_clean_error(&generate(&["--kv-layout", "ring"]), "paged or contiguous");
+    assert_clean_error(&generate(&["--kv-block", "0"]), "--kv-block");
+    // Q8_0 stores blocks of 32 values per head; this model's heads have 16.
+    assert_clean_error(&generate(&["--kv-type", "q8_0"]), "multiple");
+    let text = write_model(
+        dir.path(),
+        "text.txt",
+        "hello world, hello frugal. ".repeat(8).as_bytes(),
+    );
+    assert_clean_error(
+        &frugal(
+            &[
+                "eval",
+                "perplexity",
+                "--text",
+                text.to_str().unwrap(),
+                "-m",
+                m,
+                "--kv-type",
+                "f8",
+            ],
+            None,
+        ),
+        "f8",
+    );
+}
+
+#[test]
+fn bench_commands_print_tables_and_write_charts() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write_model(dir.path(), "tiny.gguf", &tiny());
+    let m = m.to_str().unwrap();
+    let out_dir = dir.path().join("charts");
+    let o = out_dir.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let out = frugal(args, None);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let t = run(&[
+        "bench",
+        "attention",
+        "--seq",
+        "16,40",
+        "--heads",
+        "2",
+        "--kv-heads",
+        "1",
+        "--head-dim",
+        "32",
+        "--budget",
+        "0.01",
+        "--out",
+        o,
+    ]);
+    assert!(t.contains("speedup") && t.lines().count() >= 4, "{t}");
+    let t = run(&["bench", "context", "-m", m, "--out", o]);
+    assert!(t.contains("outgrows"), "{t}");
+    let t = run(&[
+        "bench", "kv", "-m", m, "--points", "4,8,16", "--reps", "1", "--out", o,
+    ]);
+    assert!(t.contains("fitted exponents"), "{t}");
+    let j = run(&[
+        "bench",
+        "kv",
+        "-m",
+        m,
+        "--points",
+        "4,8",
+        "--reps",
+        "1",
+        "--json",
+        "--no-plot",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 2);
+    // Charts need a system font; where there is one, all three pairs are written.
+    if std::path::Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists() {
+        for stem in [
+            "attention-time",
+            "attention-memory",
+            "kv-context",
+            "kv-cache",
+        ] {
+            for ext in ["svg", "png"] {
+                assert!(
+                    out_dir.join(format!("{stem}.{ext}")).exists(),
+                    "{stem}.{ext}"
+                );
+            }
+        }
+    }
+    let bad = frugal(&["bench", "attention", "--seq", "0"], None);
+    assert_clean_error(&bad, "--seq");
 }

@@ -6,8 +6,9 @@
 
 use std::time::Instant;
 
+use crate::attention::Attention;
 use crate::error::{Error, Result};
-use crate::kv::KvCache;
+use crate::kv::{KvOptions, SeqCache};
 use crate::model::{Logits, Model, Scratch};
 use crate::sample::{Sampler, SamplerParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -64,7 +65,7 @@ pub struct Generation {
 
 pub struct Session<'m> {
     model: &'m Model,
-    kv: KvCache,
+    kv: SeqCache,
     scratch: Scratch,
     /// Tokens whose keys and values are in `kv`.
     cached: Vec<u32>,
@@ -75,10 +76,28 @@ impl<'m> Session<'m> {
     /// A session with room for `ctx` tokens. Without the KV cache, every step recomputes the
     /// whole sequence (the cache is then only the scratch space of a single pass).
     pub fn new(model: &'m Model, ctx: usize, use_kv_cache: bool) -> Result<Self> {
+        Self::with_options(
+            model,
+            ctx,
+            use_kv_cache,
+            &KvOptions::default(),
+            Attention::default(),
+        )
+    }
+
+    /// A session whose cache stores keys and values as `kv` says and whose attention is
+    /// `attention`.
+    pub fn with_options(
+        model: &'m Model,
+        ctx: usize,
+        use_kv_cache: bool,
+        kv: &KvOptions,
+        attention: Attention,
+    ) -> Result<Self> {
         Ok(Session {
             model,
-            kv: model.new_cache(ctx)?,
-            scratch: Scratch::default(),
+            kv: model.new_seq_cache(ctx, kv)?,
+            scratch: Scratch::new(attention),
             cached: Vec::new(),
             use_kv_cache,
         })

@@ -7,7 +7,10 @@
 
 use std::path::PathBuf;
 
+use frugal::attention::Attention;
+use frugal::eval::EvalOptions;
 use frugal::generate::{GenerateOptions, Session, StopReason};
+use frugal::kv::{KvFormat, KvLayout, KvOptions};
 use frugal::model::{Logits, Model, Scratch};
 use frugal::ops::log_sum_exp;
 use frugal::sample::SamplerParams;
@@ -171,8 +174,30 @@ fn perplexity_on_gpl3_matches_llama_cpp_f32() {
         7639,
         "llama.cpp tokenizes this text to 7,639 tokens"
     );
+    // The default path: flash attention over a paged f32 cache.
     let r = frugal::eval::perplexity(&model, &tokens, 512, |_, _| {}).unwrap();
     assert_eq!((r.windows, r.tokens), (14, 3570));
+    // The reference path (naive attention, contiguous cache) on the first three windows (the
+    // whole text would double this test's time; `frugal eval perplexity --attention naive`
+    // gives the full figure): the same PPL to 1e-4.
+    let first3 = &tokens[..3 * 512];
+    let flash3 = frugal::eval::perplexity(&model, first3, 512, |_, _| {}).unwrap();
+    let naive_opts = EvalOptions {
+        kv: KvOptions {
+            layout: KvLayout::Contiguous,
+            ..KvOptions::default()
+        },
+        attention: Attention::Naive,
+        baseline: None,
+    };
+    let naive3 =
+        frugal::eval::perplexity_with(&model, first3, 512, &naive_opts, |_, _| {}).unwrap();
+    assert!(
+        (flash3.ppl - naive3.ppl).abs() < 1e-4,
+        "flash {} vs naive {}",
+        flash3.ppl,
+        naive3.ppl
+    );
     // llama.cpp F32: 18.2994; the issue allows 0.3%, overall and per window.
     assert!((r.ppl / 18.2994 - 1.0).abs() < 0.003, "PPL {}", r.ppl);
     assert!(
@@ -213,4 +238,64 @@ fn eight_bit_activations_cost_no_more_quality_than_llama_cpp() {
         "PPL {} is suspiciously close to the exact figure",
         r.ppl
     );
+}
+
+/// The paged cache over more than half the model's 8192-token context: a long real text is
+/// prefilled in chunks with flash attention, and at a few positions (one past 4096) the next
+/// token (split-KV decode) and the next 15 (tiled prefill) are computed both by flash and by
+/// the naive kernel on a fork of the same cache.
+#[test]
+fn paged_flash_past_4096_tokens_matches_naive() {
+    let Some((model, tok)) = load() else { return };
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3")
+        .unwrap_or_else(|_| format!("{PROMPT} Paris. ").repeat(800));
+    let base = tok.encode(&text, false).unwrap();
+    let total = 4096 + 64;
+    let seq: Vec<u32> = base.iter().cycle().take(total + 16).copied().collect();
+    let ctx = model.config.n_ctx_train;
+    let mut pool = model
+        .new_kv_pool(KvFormat::default(), 16, ctx / 16)
+        .unwrap();
+    let id = pool.add_sequence(ctx);
+    let mut flash = Scratch::new(Attention::Flash);
+    let mut naive = Scratch::new(Attention::Naive);
+    let mut pos = 0;
+    for checkpoint in [1000, 4097, total] {
+        while pos < checkpoint {
+            let end = (pos + 512).min(checkpoint);
+            model
+                .forward(&seq[pos..end], &mut pool.slot(id), &mut flash, Logits::Last)
+                .unwrap();
+            pos = end;
+        }
+        for (n, want) in [(1, Logits::Last), (15, Logits::All)] {
+            let fork = pool.fork(id).unwrap();
+            let chunk = &seq[pos..pos + n];
+            let a = model
+                .forward(chunk, &mut pool.slot(id), &mut flash, want)
+                .unwrap()
+                .to_vec();
+            let b = model
+                .forward(chunk, &mut pool.slot(fork), &mut naive, want)
+                .unwrap()
+                .to_vec();
+            pool.remove(fork).unwrap();
+            let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let diff = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(
+                diff <= 1e-4 * scale,
+                "position {pos} (+{n}): max diff {diff} vs scale {scale}"
+            );
+            let nv = model.config.n_vocab;
+            for (ra, rb) in a.chunks_exact(nv).zip(b.chunks_exact(nv)) {
+                let top = |r: &[f32]| (0..nv).max_by(|&i, &j| r[i].total_cmp(&r[j])).unwrap();
+                assert_eq!(top(ra), top(rb), "position {pos}");
+            }
+            pos += n;
+        }
+    }
+    assert!(pool.seq_len(id) > 4096);
 }

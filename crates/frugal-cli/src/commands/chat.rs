@@ -23,10 +23,12 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    // Flags first: a typo fails before the model loads.
+    let (kv_opts, attention) = (a.run.engine.kv_options()?, a.run.engine.attention()?);
     let (model, tok) = common::load(&a.model)?;
     let template = ChatTemplate::from_gguf(&model.file)?;
     let ctx = common::context_len(&a.run, &model)?;
-    let mut session = Session::new(&model, ctx, !a.run.no_kv_cache)?;
+    let mut session = Session::with_options(&model, ctx, !a.run.no_kv_cache, &kv_opts, attention)?;
     let opts = GenerateOptions {
         max_tokens: a.sampling.max_tokens,
         stop: a.sampling.stop.clone(),

@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use frugal::attention::Attention;
+use frugal::kv::{KvFormat, KvLayout, KvOptions, KvType};
 use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::sample::SamplerParams;
@@ -28,6 +30,64 @@ pub struct RunArgs {
     /// (shows the quadratic cost the KV cache removes)
     #[arg(long = "no-kv-cache")]
     pub no_kv_cache: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// How attention is computed and how the KV cache stores keys and values.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Attention kernel: flash (tiled, online softmax) or naive (full score matrix); both exact
+    #[arg(long = "attention", default_value = "flash")]
+    pub attention: String,
+    /// Storage format of cached keys and values: f32, f16, bf16 or q8_0
+    #[arg(long = "kv-type", default_value = "f32")]
+    pub kv_type: String,
+    /// Format of cached keys only (overrides --kv-type)
+    #[arg(long = "kv-type-k")]
+    pub kv_type_k: Option<String>,
+    /// Format of cached values only (overrides --kv-type)
+    #[arg(long = "kv-type-v")]
+    pub kv_type_v: Option<String>,
+    /// KV cache layout: paged (blocks from a pool) or contiguous
+    #[arg(long = "kv-layout", default_value = "paged")]
+    pub kv_layout: String,
+    /// Positions per block of the paged KV cache
+    #[arg(long = "kv-block", default_value_t = 16)]
+    pub kv_block: usize,
+}
+
+impl EngineArgs {
+    pub fn attention(&self) -> Result<Attention> {
+        Ok(self.attention.parse::<Attention>()?)
+    }
+
+    /// The KV formats and layout the flags ask for; unknown names are errors naming the choices.
+    pub fn kv_options(&self) -> Result<KvOptions> {
+        let both: KvType = self.kv_type.parse()?;
+        let k = match &self.kv_type_k {
+            Some(t) => t.parse()?,
+            None => both,
+        };
+        let v = match &self.kv_type_v {
+            Some(t) => t.parse()?,
+            None => both,
+        };
+        let layout = match self.kv_layout.to_ascii_lowercase().as_str() {
+            "paged" => {
+                anyhow::ensure!(self.kv_block > 0, "--kv-block must be at least 1");
+                KvLayout::Paged {
+                    block_size: self.kv_block,
+                }
+            }
+            "contiguous" => KvLayout::Contiguous,
+            other => anyhow::bail!("unknown KV layout {other:?}: expected paged or contiguous"),
+        };
+        Ok(KvOptions {
+            format: KvFormat { k, v },
+            layout,
+        })
+    }
 }
 
 #[derive(clap::Args, Clone, Debug)]

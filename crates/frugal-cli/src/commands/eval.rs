@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::common::{self, ModelArgs};
+use frugal::attention::Attention;
+use frugal::eval::EvalOptions;
+use frugal::kv::{KvLayout, KvOptions};
+
+use super::common::{self, EngineArgs, ModelArgs};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum EvalCommand {
@@ -22,11 +26,17 @@ pub struct PerplexityArgs {
     /// Window length in tokens
     #[arg(short = 'c', long = "ctx", default_value_t = 512)]
     pub ctx: usize,
+    /// Also run the reference path (f32 KV cache, naive attention) on every window and report
+    /// the KL divergence of this configuration from it
+    #[arg(long)]
+    pub kld: bool,
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 pub fn run(c: EvalCommand) -> Result<()> {
@@ -44,6 +54,17 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
             e.utf8_error().valid_up_to()
         )
     })?;
+    let opts = EvalOptions {
+        kv: a.engine.kv_options()?,
+        attention: a.engine.attention()?,
+        baseline: a.kld.then_some((
+            KvOptions {
+                layout: KvLayout::Contiguous,
+                ..KvOptions::default()
+            },
+            Attention::Naive,
+        )),
+    };
     let (model, tok) = common::load(&a.model)?;
     let tokens = tok.encode(&text, false)?;
     let bar = ProgressBar::new((tokens.len() / a.ctx.max(1)) as u64);
@@ -53,7 +74,7 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     );
     bar.set_message("perplexity");
     let t0 = std::time::Instant::now();
-    let r = frugal::eval::perplexity(&model, &tokens, a.ctx, |done, _| {
+    let r = frugal::eval::perplexity_with(&model, &tokens, a.ctx, &opts, |done, _| {
         bar.set_position(done as u64)
     })?;
     bar.finish_and_clear();
@@ -63,6 +84,13 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
         v["text_tokens"] = tokens.len().into();
         v["seconds"] = secs.into();
         v["tokens_per_s"] = ((r.windows * r.ctx) as f64 / secs).into();
+        v["attention"] = serde_json::to_value(opts.attention)?;
+        v["kv"] = serde_json::to_value(opts.kv)?;
+        v["kv_bytes_per_token"] = opts
+            .kv
+            .format
+            .bytes_per_token(model.config.n_layers, model.config.kv_dim())
+            .into();
         println!("{v}");
     } else {
         let windows: Vec<String> = r.window_ppl.iter().map(|p| format!("{p:.3}")).collect();
@@ -78,6 +106,24 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
             secs,
             (r.windows * r.ctx) as f64 / secs
         );
+        println!(
+            "attention {}, KV cache {} ({} B per token)",
+            opts.attention,
+            opts.kv.format,
+            opts.kv
+                .format
+                .bytes_per_token(model.config.n_layers, model.config.kv_dim())
+        );
+        if let Some(kl) = &r.kl {
+            println!(
+                "vs f32 KV + naive attention (PPL {:.4}): mean KLD {:.6}, 99% KLD {:.6}, max KLD {:.6}, same top token {:.2}%",
+                kl.baseline_ppl,
+                kl.mean_kld,
+                kl.p99_kld,
+                kl.max_kld,
+                100.0 * kl.same_top
+            );
+        }
     }
     Ok(())
 }

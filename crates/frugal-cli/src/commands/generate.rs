@@ -27,6 +27,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    // Flags first: a typo fails before the model loads.
+    let (kv_opts, attention) = (a.run.engine.kv_options()?, a.run.engine.attention()?);
     let prompt = if a.prompt == "-" {
         common::read_stdin()?
     } else {
@@ -42,7 +44,7 @@ pub fn run(a: Args) -> Result<()> {
         tok.encode(&prompt, false)?
     };
     let ctx = common::context_len(&a.run, &model)?;
-    let mut session = Session::new(&model, ctx, !a.run.no_kv_cache)?;
+    let mut session = Session::with_options(&model, ctx, !a.run.no_kv_cache, &kv_opts, attention)?;
     let opts = GenerateOptions {
         max_tokens: a.sampling.max_tokens,
         stop: a.sampling.stop.clone(),
@@ -76,6 +78,8 @@ pub fn run(a: Args) -> Result<()> {
                 "peak_rss_bytes": frugal::bench::peak_rss_bytes(),
                 "model_file_bytes": model.file.file_len(),
                 "activations": model.activations,
+                "kv": kv_opts,
+                "attention": attention,
                 "threads": rayon::current_num_threads(),
             }
         });

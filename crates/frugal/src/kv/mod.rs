@@ -1,9 +1,26 @@
 //! The KV cache: keys and values of every processed position, per layer, so each new token
 //! attends to the prefix without recomputing it.
 //!
-//! This is the contiguous f32 cache: per layer, a `[position][kv_head][head_dim]` array for K and
-//! one for V. Storage is reserved for the whole context up front but only pages that hold tokens
-//! are touched, so resident memory grows with the tokens actually cached.
+//! Two storages, one interface ([`KvSequence`], what the forward pass writes to and attention
+//! reads from through a [`KvView`]):
+//! - [`KvCache`]: contiguous, one array per layer reserved for the whole context. Simple and the
+//!   fastest to read; right for one sequence at a time.
+//! - [`KvPool`]: paged. Fixed-size blocks (default 16 positions) shared by many sequences; each
+//!   sequence maps its positions to blocks through a block table. Memory is allocated per block
+//!   as sequences grow, sequences can fork and share their prefix copy-on-write, and the blocks
+//!   of a finished sequence go back to the pool. This is the storage a server batching many
+//!   requests needs.
+//!
+//! Keys and values are stored in a [`KvType`] each (f32, f16, bf16, q8_0), chosen separately.
+//! Both storages give bit-identical logits for the same format (tested).
+
+mod contiguous;
+mod format;
+mod paged;
+
+pub use contiguous::KvCache;
+pub use format::{KvFormat, KvType, Q8_0_BLOCK, UnknownKvType};
+pub use paged::{KvPool, PagedSeq, SeqId};
 
 /// Errors from cache operations.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -25,56 +42,132 @@ pub enum KvError {
         adding: usize,
         capacity: usize,
     },
+    #[error("KV pool exhausted: {needed} more blocks needed, {free} free of {total}")]
+    PoolExhausted {
+        needed: usize,
+        free: usize,
+        total: usize,
+    },
+    #[error(
+        "KV type {ty} stores blocks of {granule} values; the head dimension {head_dim} is not a multiple"
+    )]
+    Format {
+        ty: KvType,
+        granule: usize,
+        head_dim: usize,
+    },
+    #[error("KV block size must be at least 1")]
+    BlockSize,
+    #[error("no sequence {0} in the KV pool")]
+    NoSequence(u32),
 }
 
-#[derive(Debug)]
-pub struct KvCache {
-    n_layers: usize,
-    kv_dim: usize,
-    capacity: usize,
-    len: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+/// How a cache is laid out in memory.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvLayout {
+    Contiguous,
+    /// Blocks of `block_size` positions from a pool.
+    Paged {
+        block_size: usize,
+    },
 }
 
-impl KvCache {
-    /// A cache for `capacity` positions of `n_layers` layers with `kv_dim` = KV heads x head_dim.
-    /// Fails cleanly (instead of aborting) when the sizes overflow or memory cannot be reserved.
-    pub fn new(n_layers: usize, kv_dim: usize, capacity: usize) -> Result<Self, KvError> {
-        let err = |reason: String| KvError::Reserve {
-            positions: capacity,
-            kv_dim,
-            n_layers,
-            reason,
-        };
-        let per_layer = capacity
-            .checked_mul(kv_dim)
-            .filter(|n| {
-                n.checked_mul(2 * n_layers * std::mem::size_of::<f32>())
-                    .is_some()
-            })
-            .ok_or_else(|| err("the size overflows".into()))?;
-        let mut k = Vec::new();
-        let mut v = Vec::new();
-        for _ in 0..n_layers {
-            for side in [&mut k, &mut v] {
-                let mut buf: Vec<f32> = Vec::new();
-                buf.try_reserve_exact(per_layer)
-                    .map_err(|e| err(e.to_string()))?;
-                side.push(buf);
-            }
+impl Default for KvLayout {
+    fn default() -> Self {
+        KvLayout::Paged {
+            block_size: paged::DEFAULT_BLOCK,
         }
-        Ok(KvCache {
-            n_layers,
-            kv_dim,
-            capacity,
-            len: 0,
-            k,
-            v,
-        })
+    }
+}
+
+/// Everything that decides how keys and values are stored.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KvOptions {
+    pub format: KvFormat,
+    pub layout: KvLayout,
+}
+
+/// What the forward pass needs from a cache: append the keys and values of new positions layer
+/// by layer, then read every cached position of a layer. Implemented by [`KvCache`],
+/// [`PagedSeq`] (one sequence of a [`KvPool`]) and [`SeqCache`].
+pub trait KvSequence {
+    /// Positions cached (the position of the next token).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Makes room for `n` more positions; fails cleanly when the context or the pool is full.
+    /// Must precede the [`KvSequence::append`] calls for those positions.
+    fn reserve(&mut self, n: usize) -> Result<(), KvError>;
+    /// Stores `k` and `v` (each `n x kv_dim` f32) of the `n` reserved positions for `layer`,
+    /// converting them to the cache's formats.
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]);
+    /// Marks `n` appended positions as cached in every layer.
+    fn commit(&mut self, n: usize);
+    /// Keys and values of `layer`: every committed position plus those appended since.
+    fn layer(&self, layer: usize) -> (KvView<'_>, KvView<'_>);
+}
+
+/// Read access to the cached keys (or values) of one layer, whatever the layout: rows are
+/// reached through an optional block table. Cheap to copy; attention holds one per side.
+#[derive(Copy, Clone, Debug)]
+pub struct KvView<'a> {
+    ty: KvType,
+    row_bytes: usize,
+    len: usize,
+    data: &'a [u8],
+    /// Physical block of each logical block, and the block size, for a paged cache.
+    table: Option<(&'a [u32], usize)>,
+}
+
+impl<'a> KvView<'a> {
+    /// A contiguous view of `len` rows of `row_bytes` each.
+    pub fn contiguous(ty: KvType, row_bytes: usize, len: usize, data: &'a [u8]) -> Self {
+        debug_assert!(data.len() >= len * row_bytes);
+        KvView {
+            ty,
+            row_bytes,
+            len,
+            data,
+            table: None,
+        }
     }
 
-    /// Positions cached so far (the position of the next token).
+    /// A paged view: logical row `j` lives in physical block `table[j / block_size]`.
+    pub fn paged(
+        ty: KvType,
+        row_bytes: usize,
+        len: usize,
+        data: &'a [u8],
+        table: &'a [u32],
+        block_size: usize,
+    ) -> Self {
+        debug_assert!(table.len() * block_size >= len);
+        KvView {
+            ty,
+            row_bytes,
+            len,
+            data,
+            table: Some((table, block_size)),
+        }
+    }
+
+    /// A view of plain f32 rows (`len x kv_dim`), for tests and benchmarks.
+    pub fn from_f32(data: &'a [f32], kv_dim: usize) -> Self {
+        // SAFETY: any initialized f32 is 4 initialized bytes, u8 has alignment 1, and the
+        // length is the same memory measured in bytes. Rows are read back with from_le_bytes,
+        // which is the identity on the little-endian targets frugal supports.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
+        Self::contiguous(KvType::F32, kv_dim * 4, data.len() / kv_dim.max(1), bytes)
+    }
+
+    pub fn ty(&self) -> KvType {
+        self.ty
+    }
+
+    /// Rows visible.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -83,96 +176,158 @@ impl KvCache {
         self.len == 0
     }
 
+    /// The bytes of rows `start..start+m`, with `1 <= m <= max`, stored contiguously (a paged
+    /// view stops at the end of a block).
+    #[inline]
+    pub fn run(&self, start: usize, max: usize) -> (&'a [u8], usize) {
+        debug_assert!(start < self.len);
+        let max = max.min(self.len - start);
+        match self.table {
+            None => (
+                &self.data[start * self.row_bytes..(start + max) * self.row_bytes],
+                max,
+            ),
+            Some((table, bs)) => {
+                let (blk, off) = (start / bs, start % bs);
+                let m = max.min(bs - off);
+                let row0 = table[blk] as usize * bs + off;
+                (
+                    &self.data[row0 * self.row_bytes..(row0 + m) * self.row_bytes],
+                    m,
+                )
+            }
+        }
+    }
+
+    /// Decodes head `head` (of `head_dim` values) of rows `start..start+n` into `out`
+    /// (`n x head_dim`, row-major). This is the only way attention reads the cache: a tile at a
+    /// time, straight from the stored format.
+    #[inline]
+    pub fn decode_head(
+        &self,
+        head: usize,
+        head_dim: usize,
+        start: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let hb = self.ty.bytes(head_dim);
+        let off = head * hb;
+        let mut done = 0;
+        while done < n {
+            let (bytes, m) = self.run(start + done, n - done);
+            for (r, row) in bytes.chunks_exact(self.row_bytes).enumerate() {
+                let o = &mut out[(done + r) * head_dim..(done + r + 1) * head_dim];
+                self.ty.decode(&row[off..off + hb], o);
+            }
+            done += m;
+        }
+    }
+}
+
+/// The cache a single-sequence user (a generation session, perplexity) holds: either layout
+/// behind one type, chosen by [`KvOptions`].
+#[derive(Debug)]
+pub enum SeqCache {
+    Contiguous(KvCache),
+    /// A pool sized for this one sequence (a server would share one pool among many).
+    Paged {
+        pool: KvPool,
+        seq: SeqId,
+    },
+}
+
+impl SeqCache {
+    /// A cache for up to `capacity` positions of a model with these dimensions.
+    pub fn new(
+        n_layers: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        capacity: usize,
+        opts: &KvOptions,
+    ) -> Result<Self, KvError> {
+        match opts.layout {
+            KvLayout::Contiguous => Ok(SeqCache::Contiguous(KvCache::with_format(
+                n_layers,
+                n_head_kv,
+                head_dim,
+                capacity,
+                opts.format,
+            )?)),
+            KvLayout::Paged { block_size } => {
+                let blocks = capacity.div_ceil(block_size.max(1));
+                let mut pool = KvPool::new(
+                    n_layers,
+                    n_head_kv,
+                    head_dim,
+                    opts.format,
+                    block_size,
+                    blocks,
+                )?;
+                let seq = pool.add_sequence(capacity);
+                Ok(SeqCache::Paged { pool, seq })
+            }
+        }
+    }
+
     /// Most positions the cache can hold.
     pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Checks that `n` more positions fit.
-    pub fn check_room(&self, n: usize) -> Result<(), KvError> {
-        if self.len + n > self.capacity {
-            return Err(KvError::ContextFull {
-                len: self.len,
-                adding: n,
-                capacity: self.capacity,
-            });
+        match self {
+            SeqCache::Contiguous(c) => c.capacity(),
+            SeqCache::Paged { pool, seq } => pool.max_len(*seq),
         }
-        Ok(())
     }
 
-    /// Appends `k` and `v` (each `n x kv_dim`) for `layer`. All layers must be appended before
-    /// [`KvCache::commit`] advances the length by `n`.
-    pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        debug_assert_eq!(k.len(), v.len());
-        debug_assert_eq!(self.k[layer].len(), self.len * self.kv_dim);
-        self.k[layer].extend_from_slice(k);
-        self.v[layer].extend_from_slice(v);
-    }
-
-    /// Marks `n` appended positions as cached in every layer.
-    pub fn commit(&mut self, n: usize) {
-        self.len += n;
-        debug_assert!(self.k.iter().all(|l| l.len() == self.len * self.kv_dim));
-    }
-
-    /// Keys of `layer` for every position appended so far (`positions x kv_dim`).
-    pub fn keys(&self, layer: usize) -> &[f32] {
-        &self.k[layer]
-    }
-
-    pub fn values(&self, layer: usize) -> &[f32] {
-        &self.v[layer]
-    }
-
-    /// Drops every position from `n` on (used to rewind or reuse a cache).
+    /// Drops every position from `n` on.
     pub fn truncate(&mut self, n: usize) {
-        let n = n.min(self.len);
-        for l in 0..self.n_layers {
-            self.k[l].truncate(n * self.kv_dim);
-            self.v[l].truncate(n * self.kv_dim);
+        match self {
+            SeqCache::Contiguous(c) => c.truncate(n),
+            SeqCache::Paged { pool, seq } => pool.truncate(*seq, n),
         }
-        self.len = n;
     }
 
     pub fn clear(&mut self) {
         self.truncate(0);
     }
 
-    /// Bytes holding cached keys and values right now.
+    /// Bytes holding this sequence's keys and values (whole blocks for a paged cache).
     pub fn bytes_in_use(&self) -> usize {
-        2 * self.n_layers * self.len * self.kv_dim * std::mem::size_of::<f32>()
-    }
-
-    /// Bytes the cache would hold at full context.
-    pub fn bytes_at_capacity(&self) -> usize {
-        2 * self.n_layers * self.capacity * self.kv_dim * std::mem::size_of::<f32>()
+        match self {
+            SeqCache::Contiguous(c) => c.bytes_in_use(),
+            SeqCache::Paged { pool, .. } => pool.bytes_in_use(),
+        }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn append_commit_truncate() {
-        let mut c = KvCache::new(2, 4, 3).unwrap();
-        assert!(KvCache::new(2, usize::MAX / 2, 3).is_err());
-        for l in 0..2 {
-            c.append(l, &[1.0; 8], &[2.0; 8]);
+impl KvSequence for SeqCache {
+    fn len(&self) -> usize {
+        match self {
+            SeqCache::Contiguous(c) => c.len(),
+            SeqCache::Paged { pool, seq } => pool.seq_len(*seq),
         }
-        c.commit(2);
-        assert_eq!(c.len(), 2);
-        assert_eq!(c.bytes_in_use(), 2 * 2 * 2 * 4 * 4);
-        assert_eq!(
-            c.check_room(2),
-            Err(KvError::ContextFull {
-                len: 2,
-                adding: 2,
-                capacity: 3
-            })
-        );
-        c.truncate(1);
-        assert_eq!(c.keys(1).len(), 4);
-        assert!(c.check_room(2).is_ok());
+    }
+    fn reserve(&mut self, n: usize) -> Result<(), KvError> {
+        match self {
+            SeqCache::Contiguous(c) => c.reserve(n),
+            SeqCache::Paged { pool, seq } => pool.reserve(*seq, n),
+        }
+    }
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        match self {
+            SeqCache::Contiguous(c) => c.append(layer, k, v),
+            SeqCache::Paged { pool, seq } => pool.append(*seq, layer, k, v),
+        }
+    }
+    fn commit(&mut self, n: usize) {
+        match self {
+            SeqCache::Contiguous(c) => c.commit(n),
+            SeqCache::Paged { pool, seq } => pool.commit(*seq, n),
+        }
+    }
+    fn layer(&self, layer: usize) -> (KvView<'_>, KvView<'_>) {
+        match self {
+            SeqCache::Contiguous(c) => c.layer(layer),
+            SeqCache::Paged { pool, seq } => pool.layer(*seq, layer),
+        }
     }
 }

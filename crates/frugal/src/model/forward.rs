@@ -6,9 +6,9 @@
 
 use super::Linear;
 use super::Model;
-use crate::attention::{AttnShape, causal_attention};
+use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
-use crate::kv::KvCache;
+use crate::kv::KvSequence;
 use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};
 use crate::quant::act::{Activations, Q8Acts};
 use crate::quant::matmul;
@@ -26,9 +26,12 @@ pub enum Logits {
 }
 
 /// Reusable activation buffers, grown to the largest batch seen, so steady-state decode does
-/// not allocate.
+/// not allocate; and the attention implementation with its workspace.
 #[derive(Default, Debug)]
 pub struct Scratch {
+    /// Which attention kernel the pass uses (both are exact).
+    pub attention: Attention,
+    attn_ws: AttnWorkspace,
     x: Vec<f32>,
     xb: Vec<f32>,
     q: Vec<f32>,
@@ -43,6 +46,16 @@ pub struct Scratch {
     acts: Q8Acts,
 }
 
+impl Scratch {
+    /// Buffers for a pass that computes attention with `attention`.
+    pub fn new(attention: Attention) -> Self {
+        Scratch {
+            attention,
+            ..Default::default()
+        }
+    }
+}
+
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     v.resize(n, 0.0);
     &mut v[..n]
@@ -54,7 +67,7 @@ impl Model {
     pub fn forward<'s>(
         &self,
         tokens: &[u32],
-        kv: &mut KvCache,
+        kv: &mut dyn KvSequence,
         s: &'s mut Scratch,
         want: Logits,
     ) -> Result<&'s [f32], Error> {
@@ -64,13 +77,13 @@ impl Model {
         if n == 0 {
             return Err(Error::EmptyInput);
         }
-        kv.check_room(n)?;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
             return Err(Error::BadToken {
                 id: bad,
                 n_vocab: c.n_vocab,
             });
         }
+        kv.reserve(n)?;
         let pos0 = kv.len();
         let d = c.n_embd;
         let shape = AttnShape {
@@ -103,7 +116,8 @@ impl Model {
             s.rope.apply(k, c.n_head_kv, c.head_dim);
             kv.append(l, k, v);
             let att = sized(&mut s.att, n * c.q_dim());
-            causal_attention(shape, q, kv.keys(l), kv.values(l), pos0, att);
+            let (kl, vl) = kv.layer(l);
+            attend(s.attention, shape, q, kl, vl, pos0, att, &mut s.attn_ws);
             let proj = sized(&mut s.proj, n * d);
             let attq = quantize_input(act, att, c.q_dim(), &mut s.acts);
             self.linear(&lw.wo, att, attq, proj);

@@ -12,7 +12,7 @@ pub use weights::{LayerWeights, Linear, Weights};
 use std::path::Path;
 
 use crate::gguf::{GgufError, GgufFile};
-use crate::kv::{KvCache, KvError};
+use crate::kv::{KvCache, KvError, KvFormat, KvOptions, KvPool, SeqCache};
 use crate::quant::act::Activations;
 use crate::quant::packed::PackedMatrix;
 
@@ -42,7 +42,7 @@ impl Model {
         })
     }
 
-    /// An empty KV cache for `ctx` positions.
+    /// An empty contiguous f32 KV cache for `ctx` positions.
     pub fn new_cache(&self, ctx: usize) -> Result<KvCache, KvError> {
         KvCache::new(self.config.n_layers, self.config.kv_dim(), ctx)
     }
@@ -80,6 +80,30 @@ impl Model {
             .filter(|p| seen.insert(std::sync::Arc::as_ptr(p)))
             .map(|p| p.bytes())
             .sum()
+    }
+
+    /// An empty KV cache for `ctx` positions with the given formats and layout.
+    pub fn new_seq_cache(&self, ctx: usize, opts: &KvOptions) -> Result<SeqCache, KvError> {
+        let c = &self.config;
+        SeqCache::new(c.n_layers, c.n_head_kv, c.head_dim, ctx, opts)
+    }
+
+    /// A pool of `n_blocks` blocks of `block_size` positions, for many sequences at once.
+    pub fn new_kv_pool(
+        &self,
+        format: KvFormat,
+        block_size: usize,
+        n_blocks: usize,
+    ) -> Result<KvPool, KvError> {
+        let c = &self.config;
+        KvPool::new(
+            c.n_layers,
+            c.n_head_kv,
+            c.head_dim,
+            format,
+            block_size,
+            n_blocks,
+        )
     }
 
     /// Total number of weights.

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 
-use super::common::{self, ModelArgs};
+use crate::commands::common::{self, ModelArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -1,0 +1,200 @@
+//! Flash against naive (and both against hand-computed cases).
+//!
+//! Tolerance: both are exact attention and differ only in the order of f32 additions (online vs
+//! two-pass softmax, tiled vs row sums). Each output is a convex combination of value rows, so
+//! the rounding error is bounded by a few ulps times log2/sqrt of the number of terms relative
+//! to the row's magnitude; over up to 8192 keys that stays below 1e-6 in practice, and the
+//! property asserts 1e-5 of each output row's largest magnitude (a per-element relative bound is
+//! meaningless for outputs that average to near zero).
+//!
+//! Inputs are uniform in `[-amp, amp]` with amp up to 2, i.e. scores `q.k/sqrt(d)` with a
+//! standard deviation up to ~1.3 and maxima around 5 over thousands of keys (real models are in
+//! that range). With much larger scores (amp 4: |s| ~ 40) f32 itself no longer pins the output
+//! to 1e-5: one rounding of a score of 40 moves its softmax weight by ~40 x 2^-24 x sqrt(64) ~
+//! 2e-5 relative, whichever implementation computes it.
+
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::flash::flash_with;
+use super::*;
+use crate::kv::{KvFormat, KvPool, KvSequence, KvType};
+
+fn random(n: usize, amp: f32, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-amp..amp)).collect()
+}
+
+/// Largest `max|a - b| / max|b|` over the (token, head) rows.
+pub(crate) fn max_row_rel_err(a: &[f32], b: &[f32], hd: usize) -> f32 {
+    a.chunks_exact(hd)
+        .zip(b.chunks_exact(hd))
+        .map(|(x, y)| {
+            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+            let d = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+            d / scale
+        })
+        .fold(0f32, f32::max)
+}
+
+struct Case {
+    s: AttnShape,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    pos0: usize,
+}
+
+fn case(s: AttnShape, len: usize, n: usize, amp: f32, seed: u64) -> Case {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let kv_dim = s.n_head_kv * s.head_dim;
+    Case {
+        s,
+        q: random(n * s.n_head * s.head_dim, amp, &mut rng),
+        k: random(len * kv_dim, amp, &mut rng),
+        v: random(len * kv_dim, 1.0, &mut rng),
+        pos0: len - n,
+    }
+}
+
+/// Runs naive, flash (dispatched) and flash (portable); returns the two flash errors.
+fn compare(c: &Case) -> (f32, f32) {
+    let kv_dim = c.s.n_head_kv * c.s.head_dim;
+    let (k, v) = (
+        KvView::from_f32(&c.k, kv_dim),
+        KvView::from_f32(&c.v, kv_dim),
+    );
+    let mut want = vec![0f32; c.q.len()];
+    naive(c.s, &c.q, k, v, c.pos0, &mut want);
+    let mut ws = AttnWorkspace::default();
+    let mut got = vec![0f32; c.q.len()];
+    flash(c.s, &c.q, k, v, c.pos0, &mut got, &mut ws);
+    let mut portable = vec![0f32; c.q.len()];
+    flash_with(c.s, &c.q, k, v, c.pos0, &mut portable, &mut ws, false);
+    (
+        max_row_rel_err(&got, &want, c.s.head_dim),
+        max_row_rel_err(&portable, &want, c.s.head_dim),
+    )
+}
+
+#[test]
+fn single_key_returns_its_value() {
+    let s = AttnShape {
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim: 2,
+    };
+    let q = [1.0, 0.0, 0.0, 1.0];
+    let k = [0.3, 0.4];
+    let v = [5.0, -1.0];
+    let mut out = [0.0; 4];
+    causal_attention(s, &q, &k, &v, 0, &mut out);
+    assert_eq!(out, [5.0, -1.0, 5.0, -1.0]);
+    let mut out = [0.0; 4];
+    flash(
+        s,
+        &q,
+        KvView::from_f32(&k, 2),
+        KvView::from_f32(&v, 2),
+        0,
+        &mut out,
+        &mut AttnWorkspace::default(),
+    );
+    assert_eq!(out, [5.0, -1.0, 5.0, -1.0]);
+}
+
+#[test]
+fn equal_scores_average_the_values_and_mask_the_future() {
+    // Two positions, zero queries: query 0 sees only v0, query 1 averages v0 and v1.
+    let s = AttnShape {
+        n_head: 1,
+        n_head_kv: 1,
+        head_dim: 1,
+    };
+    for kind in [Attention::Naive, Attention::Flash] {
+        let mut out = [0.0; 2];
+        attend(
+            kind,
+            s,
+            &[0.0, 0.0],
+            KvView::from_f32(&[1.0, 2.0], 1),
+            KvView::from_f32(&[4.0, 8.0], 1),
+            0,
+            &mut out,
+            &mut AttnWorkspace::default(),
+        );
+        assert_eq!(out, [4.0, 6.0], "{kind}");
+    }
+}
+
+#[test]
+fn names_parse_and_unknown_names_are_typed_errors() {
+    assert_eq!("flash".parse::<Attention>(), Ok(Attention::Flash));
+    assert_eq!("NAIVE".parse::<Attention>(), Ok(Attention::Naive));
+    let e = "fast".parse::<Attention>().unwrap_err();
+    assert!(e.to_string().contains("\"fast\""));
+}
+
+#[test]
+fn full_prefill_and_long_decode_agree() {
+    let gqa = AttnShape {
+        n_head: 9,
+        n_head_kv: 3,
+        head_dim: 64,
+    };
+    // A full causal prefill (several query blocks, partial last tile) and a decode step over a
+    // long context (split-KV path), with large scores that force frequent max rescaling.
+    for (len, n, amp) in [(1000, 1000, 1.0), (4100, 1, 3.0), (777, 5, 3.0)] {
+        let (e, ep) = compare(&case(gqa, len, n, amp, len as u64));
+        assert!(e < 1e-5 && ep < 1e-5, "len {len} n {n}: {e} {ep}");
+    }
+}
+
+#[test]
+fn flash_reads_a_paged_quantized_cache_like_naive() {
+    // Same stored bytes through a block table: the two differ only in summation order.
+    let s = AttnShape {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+    };
+    let c = case(s, 300, 300, 1.0, 7);
+    for ty in [KvType::Q8_0, KvType::F16, KvType::Bf16] {
+        let mut pool = KvPool::new(1, 2, 64, KvFormat::both(ty), 16, 32).unwrap();
+        let id = pool.add_sequence(400);
+        let mut seq = pool.slot(id);
+        seq.reserve(300).unwrap();
+        seq.append(0, &c.k, &c.v);
+        seq.commit(300);
+        let (k, v) = pool.layer(id, 0);
+        let mut want = vec![0f32; c.q.len()];
+        naive(s, &c.q, k, v, 0, &mut want);
+        let mut got = vec![0f32; c.q.len()];
+        flash(s, &c.q, k, v, 0, &mut got, &mut AttnWorkspace::default());
+        let e = max_row_rel_err(&got, &want, 64);
+        assert!(e < 1e-5, "{ty}: {e}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Any total length 1..=8192, head_dim 64 or 128, MHA/GQA/MQA, any number of new queries
+    /// (capped so the naive reference stays quick): flash equals naive within 1e-5.
+    #[test]
+    fn flash_equals_naive(
+        len in 1usize..=8192,
+        n_frac in 0.0f64..1.0,
+        hd in prop::sample::select(vec![64usize, 128]),
+        n_head_kv in 1usize..=2,
+        group in 1usize..=3,
+        amp in prop::sample::select(vec![0.5f32, 1.0, 2.0]),
+        seed in any::<u64>(),
+    ) {
+        let n = ((len.min(96) as f64 * n_frac) as usize).max(1);
+        let s = AttnShape { n_head: n_head_kv * group, n_head_kv, head_dim: hd };
+        let (e, ep) = compare(&case(s, len, n, amp, seed));
+        prop_assert!(e < 1e-5, "dispatched: {e}");
+        prop_assert!(ep < 1e-5, "portable: {ep}");
+    }
+}

@@ -1,0 +1,241 @@
+//! The contiguous cache: per layer, one `[position][kv_head][head_dim]` array for K and one for
+//! V, in their stored formats. Storage is reserved for the whole context up front but only pages
+//! that hold tokens are touched, so resident memory grows with the tokens actually cached.
+
+use super::{KvError, KvFormat, KvSequence, KvType, KvView};
+
+#[derive(Debug)]
+pub struct KvCache {
+    n_layers: usize,
+    kv_dim: usize,
+    format: KvFormat,
+    capacity: usize,
+    len: usize,
+    /// Positions reserved (and possibly appended) beyond `len`.
+    pending: usize,
+    k: Vec<Vec<u8>>,
+    v: Vec<Vec<u8>>,
+}
+
+/// Checks that a head of `head_dim` values can be stored (and decoded on its own) as `ty`.
+pub(super) fn check_format(ty: KvType, head_dim: usize) -> Result<(), KvError> {
+    if !head_dim.is_multiple_of(ty.granule()) {
+        return Err(KvError::Format {
+            ty,
+            granule: ty.granule(),
+            head_dim,
+        });
+    }
+    Ok(())
+}
+
+impl KvCache {
+    /// An f32 cache for `capacity` positions of `n_layers` layers with `kv_dim` = KV heads x
+    /// head_dim. Fails cleanly (instead of aborting) when the sizes overflow or memory cannot be
+    /// reserved.
+    pub fn new(n_layers: usize, kv_dim: usize, capacity: usize) -> Result<Self, KvError> {
+        Self::with_format(n_layers, 1, kv_dim, capacity, KvFormat::default())
+    }
+
+    /// A cache storing keys and values in `format`.
+    pub fn with_format(
+        n_layers: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        capacity: usize,
+        format: KvFormat,
+    ) -> Result<Self, KvError> {
+        let kv_dim = n_head_kv.saturating_mul(head_dim);
+        let err = |reason: String| KvError::Reserve {
+            positions: capacity,
+            kv_dim,
+            n_layers,
+            reason,
+        };
+        check_format(format.k, head_dim)?;
+        check_format(format.v, head_dim)?;
+        // f32 (4 bytes a value) is the widest format: if its total fits, every size does.
+        kv_dim
+            .checked_mul(4)
+            .and_then(|row| row.checked_mul(capacity))
+            .and_then(|n| n.checked_mul(2 * n_layers))
+            .ok_or_else(|| err("the size overflows".into()))?;
+        let (kb, vb) = (format.k.bytes(kv_dim), format.v.bytes(kv_dim));
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        for _ in 0..n_layers {
+            for (side, rb) in [(&mut k, kb), (&mut v, vb)] {
+                let mut buf: Vec<u8> = Vec::new();
+                buf.try_reserve_exact(capacity * rb)
+                    .map_err(|e| err(e.to_string()))?;
+                side.push(buf);
+            }
+        }
+        Ok(KvCache {
+            n_layers,
+            kv_dim,
+            format,
+            capacity,
+            len: 0,
+            pending: 0,
+            k,
+            v,
+        })
+    }
+
+    pub fn format(&self) -> KvFormat {
+        self.format
+    }
+
+    /// Positions cached so far (the position of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Most positions the cache can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Checks that `n` more positions fit.
+    pub fn check_room(&self, n: usize) -> Result<(), KvError> {
+        if self.len + n > self.capacity {
+            return Err(KvError::ContextFull {
+                len: self.len,
+                adding: n,
+                capacity: self.capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// Keys of `layer` for every position appended so far, in the stored format.
+    pub fn keys(&self, layer: usize) -> KvView<'_> {
+        self.layer(layer).0
+    }
+
+    pub fn values(&self, layer: usize) -> KvView<'_> {
+        self.layer(layer).1
+    }
+
+    /// Drops every position from `n` on (used to rewind or reuse a cache).
+    pub fn truncate(&mut self, n: usize) {
+        let n = n.min(self.len);
+        let (kb, vb) = (
+            self.format.k.bytes(self.kv_dim),
+            self.format.v.bytes(self.kv_dim),
+        );
+        for l in 0..self.n_layers {
+            self.k[l].truncate(n * kb);
+            self.v[l].truncate(n * vb);
+        }
+        self.len = n;
+        self.pending = 0;
+    }
+
+    pub fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Bytes holding cached keys and values right now.
+    pub fn bytes_in_use(&self) -> usize {
+        self.len * self.format.bytes_per_token(self.n_layers, self.kv_dim)
+    }
+
+    /// Bytes the cache would hold at full context.
+    pub fn bytes_at_capacity(&self) -> usize {
+        self.capacity * self.format.bytes_per_token(self.n_layers, self.kv_dim)
+    }
+}
+
+fn push_encoded(buf: &mut Vec<u8>, ty: KvType, kv_dim: usize, src: &[f32]) {
+    let rb = ty.bytes(kv_dim);
+    let start = buf.len();
+    // Within the capacity reserved at construction: never reallocates.
+    buf.resize(start + src.len() / kv_dim * rb, 0);
+    for (dst, row) in buf[start..]
+        .chunks_exact_mut(rb)
+        .zip(src.chunks_exact(kv_dim))
+    {
+        ty.encode(row, dst);
+    }
+}
+
+impl KvSequence for KvCache {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn reserve(&mut self, n: usize) -> Result<(), KvError> {
+        self.check_room(n)?;
+        self.pending = n;
+        Ok(())
+    }
+
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        debug_assert_eq!(k.len(), v.len());
+        debug_assert_eq!(k.len(), self.pending * self.kv_dim);
+        push_encoded(&mut self.k[layer], self.format.k, self.kv_dim, k);
+        push_encoded(&mut self.v[layer], self.format.v, self.kv_dim, v);
+    }
+
+    fn commit(&mut self, n: usize) {
+        self.len += n;
+        self.pending = 0;
+        let kb = self.format.k.bytes(self.kv_dim);
+        debug_assert!(self.k.iter().all(|l| l.len() == self.len * kb));
+    }
+
+    fn layer(&self, layer: usize) -> (KvView<'_>, KvView<'_>) {
+        let (kb, vb) = (
+            self.format.k.bytes(self.kv_dim),
+            self.format.v.bytes(self.kv_dim),
+        );
+        let k = &self.k[layer];
+        let v = &self.v[layer];
+        (
+            KvView::contiguous(self.format.k, kb, k.len() / kb, k),
+            KvView::contiguous(self.format.v, vb, v.len() / vb, v),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_commit_truncate() {
+        let mut c = KvCache::new(2, 4, 3).unwrap();
+        assert!(KvCache::new(2, usize::MAX / 2, 3).is_err());
+        c.reserve(2).unwrap();
+        for l in 0..2 {
+            c.append(l, &[1.0; 8], &[2.0; 8]);
+        }
+        c.commit(2);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.bytes_in_use(), 2 * 2 * 2 * 4 * 4);
+        assert_eq!(
+            c.check_room(2),
+            Err(KvError::ContextFull {
+                len: 2,
+                adding: 2,
+                capacity: 3
+            })
+        );
+        c.truncate(1);
+        assert_eq!(c.keys(1).len(), 1);
+        assert!(c.check_room(2).is_ok());
+    }
+
+    #[test]
+    fn q8_0_needs_whole_blocks_per_head() {
+        let e = KvCache::with_format(1, 2, 16, 8, KvFormat::both(KvType::Q8_0)).unwrap_err();
+        assert!(matches!(e, KvError::Format { head_dim: 16, .. }));
+        assert!(KvCache::with_format(1, 2, 64, 8, KvFormat::both(KvType::Q8_0)).is_ok());
+    }
+}

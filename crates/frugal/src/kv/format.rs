@@ -1,0 +1,242 @@
+//! Element formats of cached keys and values.
+//!
+//! A cached row (one position, all KV heads) is stored as raw little-endian bytes in one of
+//! these formats; attention decodes it tile by tile (never the whole cache) straight from the
+//! stored bytes. The layouts are ggml's, so a Q8_0 row here is byte-identical to a Q8_0 row in a
+//! GGUF file and `quant::dequantize` is an independent reference decoder for the tests.
+//!
+//! Q8_0 blocks hold 32 values, so a Q8_0 cache needs a head dimension that is a multiple of 32
+//! (each head then starts on a block boundary and can be decoded on its own).
+
+use half::{bf16, f16};
+
+/// Storage format of cached keys or values.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvType {
+    /// Exact: what the model computed.
+    #[default]
+    F32,
+    /// IEEE half: 10-bit mantissa, range up to 65504.
+    F16,
+    /// bfloat16: f32's range with an 8-bit mantissa.
+    Bf16,
+    /// Blocks of 32 signed bytes sharing an f16 scale (8.5 bits per value).
+    Q8_0,
+}
+
+/// Values per Q8_0 block.
+pub const Q8_0_BLOCK: usize = 32;
+const Q8_0_BYTES: usize = 34;
+
+/// An unknown format name (from a flag or a config file).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown KV cache type {0:?}: expected one of f32, f16, bf16, q8_0")]
+pub struct UnknownKvType(pub String);
+
+impl std::str::FromStr for KvType {
+    type Err = UnknownKvType;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            "bf16" => Ok(KvType::Bf16),
+            "q8_0" | "q8" => Ok(KvType::Q8_0),
+            _ => Err(UnknownKvType(s.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl KvType {
+    pub const ALL: [KvType; 4] = [KvType::F32, KvType::F16, KvType::Bf16, KvType::Q8_0];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Bf16 => "bf16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Values per independently decodable group (a row length must be a multiple of it).
+    pub fn granule(self) -> usize {
+        match self {
+            KvType::Q8_0 => Q8_0_BLOCK,
+            _ => 1,
+        }
+    }
+
+    /// Bytes that `n` values occupy (`n` a multiple of [`KvType::granule`]).
+    pub fn bytes(self, n: usize) -> usize {
+        match self {
+            KvType::F32 => 4 * n,
+            KvType::F16 | KvType::Bf16 => 2 * n,
+            KvType::Q8_0 => n / Q8_0_BLOCK * Q8_0_BYTES,
+        }
+    }
+
+    /// Encodes `src` into `dst` (`dst.len() == self.bytes(src.len())`). Rounding: f16/bf16 round
+    /// to nearest even; Q8_0 uses ggml's reference rule (scale = absmax/127, round half away).
+    pub fn encode(self, src: &[f32], dst: &mut [u8]) {
+        debug_assert_eq!(dst.len(), self.bytes(src.len()));
+        match self {
+            KvType::F32 => {
+                for (d, &x) in dst.chunks_exact_mut(4).zip(src) {
+                    d.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+            KvType::F16 => {
+                for (d, &x) in dst.chunks_exact_mut(2).zip(src) {
+                    d.copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes());
+                }
+            }
+            KvType::Bf16 => {
+                for (d, &x) in dst.chunks_exact_mut(2).zip(src) {
+                    d.copy_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes());
+                }
+            }
+            KvType::Q8_0 => {
+                for (d, x) in dst
+                    .chunks_exact_mut(Q8_0_BYTES)
+                    .zip(src.chunks_exact(Q8_0_BLOCK))
+                {
+                    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let scale = amax / 127.0;
+                    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+                    d[..2].copy_from_slice(&f16::from_f32(scale).to_bits().to_le_bytes());
+                    for (q, &v) in d[2..].iter_mut().zip(x) {
+                        *q = (v * inv).round() as i8 as u8;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decodes `out.len()` values from `src` (`src.len() == self.bytes(out.len())`).
+    #[inline]
+    pub fn decode(self, src: &[u8], out: &mut [f32]) {
+        debug_assert_eq!(src.len(), self.bytes(out.len()));
+        match self {
+            KvType::F32 => {
+                for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            KvType::F16 => {
+                for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                }
+            }
+            KvType::Bf16 => {
+                // bf16 is the top half of an f32: a shift, no rounding.
+                for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
+                }
+            }
+            KvType::Q8_0 => {
+                for (o, b) in out
+                    .chunks_exact_mut(Q8_0_BLOCK)
+                    .zip(src.chunks_exact(Q8_0_BYTES))
+                {
+                    let d = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                    for (x, &q) in o.iter_mut().zip(&b[2..]) {
+                        *x = d * f32::from(q as i8);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The formats of keys and of values (settable separately: keys are usually the more sensitive,
+/// since their errors pass through the exponential of the softmax).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default, serde::Serialize)]
+pub struct KvFormat {
+    pub k: KvType,
+    pub v: KvType,
+}
+
+impl KvFormat {
+    pub fn both(t: KvType) -> Self {
+        KvFormat { k: t, v: t }
+    }
+
+    /// Bytes one cached position takes across all layers (keys and values).
+    pub fn bytes_per_token(&self, n_layers: usize, kv_dim: usize) -> usize {
+        n_layers * (self.k.bytes(kv_dim) + self.v.bytes(kv_dim))
+    }
+}
+
+impl std::fmt::Display for KvFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.k == self.v {
+            write!(f, "{}", self.k)
+        } else {
+            write!(f, "K {} / V {}", self.k, self.v)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{GgmlType, dequantize_to_vec};
+
+    fn sample(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as f32 * 0.37).sin() * 3.0) + if i % 7 == 0 { 9.0 } else { 0.0 })
+            .collect()
+    }
+
+    #[test]
+    fn names_parse_and_unknown_names_are_typed_errors() {
+        for t in KvType::ALL {
+            assert_eq!(t.name().parse::<KvType>(), Ok(t));
+        }
+        assert_eq!("Q8_0".parse::<KvType>(), Ok(KvType::Q8_0));
+        let e = "q4_0".parse::<KvType>().unwrap_err();
+        assert!(e.to_string().contains("q4_0") && e.to_string().contains("f16"));
+    }
+
+    /// The decoders here are checked against the independent ggml-layout decoders of `quant`,
+    /// and the round trip error against each format's stated precision.
+    #[test]
+    fn round_trip_matches_ggml_layouts() {
+        let x = sample(128);
+        for (t, g, tol) in [
+            (KvType::F32, GgmlType::F32, 0.0),
+            (KvType::F16, GgmlType::F16, 1.0 / 2048.0), // 11-bit significand
+            (KvType::Bf16, GgmlType::BF16, 1.0 / 256.0), // 8-bit significand
+            (KvType::Q8_0, GgmlType::Q8_0, 1.0 / 254.0), // half a step of absmax/127
+        ] {
+            let mut bytes = vec![0u8; t.bytes(x.len())];
+            t.encode(&x, &mut bytes);
+            let mut y = vec![0f32; x.len()];
+            t.decode(&bytes, &mut y);
+            assert_eq!(y, dequantize_to_vec(g, &bytes, x.len()).unwrap(), "{t}");
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (a, b) in x.iter().zip(&y) {
+                let scale = if t == KvType::Q8_0 { amax } else { a.abs() };
+                assert!((a - b).abs() <= tol * scale + 1e-7, "{t}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_per_token_of_the_reference_model() {
+        // 30 layers, 3 KV heads x 64.
+        assert_eq!(KvFormat::both(KvType::F32).bytes_per_token(30, 192), 46_080);
+        assert_eq!(KvFormat::both(KvType::F16).bytes_per_token(30, 192), 23_040);
+        assert_eq!(
+            KvFormat::both(KvType::Q8_0).bytes_per_token(30, 192),
+            12_240
+        );
+    }
+}

@@ -1,0 +1,516 @@
+//! The paged cache: a pool of fixed-size blocks shared by many sequences.
+//!
+//! Each layer's keys (and values) live in one buffer of `n_blocks x block_size` rows; a sequence
+//! owns a block table mapping its logical block `i` (positions `i*block_size ..`) to a physical
+//! block. Blocks are handed out as a sequence grows and return to the pool when it ends, so memory
+//! follows the tokens actually cached and no sequence needs its maximum length reserved.
+//!
+//! Forking shares every block of the parent (reference counted). A block is copied only when a
+//! sequence is about to write into a block somebody else still holds (copy-on-write): after a
+//! fork, both sequences share the full prefix blocks forever and each copies the partial last
+//! block on its first append. Beam search, parallel sampling and a server's prompt cache all
+//! reduce to `fork`.
+//!
+//! Physical buffers are reserved for the whole pool up front (address space only) and grown block
+//! by block, so appending never reallocates: the decode loop does not allocate.
+
+use super::contiguous::check_format;
+use super::{KvError, KvFormat, KvSequence, KvView};
+
+/// Positions per block unless asked otherwise (as vLLM): small enough that the unused tail of
+/// the last block wastes little, large enough that a table lookup covers many rows.
+pub const DEFAULT_BLOCK: usize = 16;
+
+/// A sequence in a [`KvPool`]. Valid until [`KvPool::remove`]; using it after that is a bug and
+/// panics.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SeqId(u32);
+
+impl SeqId {
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Seq {
+    table: Vec<u32>,
+    len: usize,
+    pending: usize,
+    max_len: usize,
+}
+
+#[derive(Debug)]
+pub struct KvPool {
+    n_layers: usize,
+    kv_dim: usize,
+    format: KvFormat,
+    block_size: usize,
+    total_blocks: usize,
+    k_row: usize,
+    v_row: usize,
+    /// Per layer; holds `fresh` blocks (grown within the reserved capacity).
+    k: Vec<Vec<u8>>,
+    v: Vec<Vec<u8>>,
+    /// Reference count of every materialized block (0 = in `free`).
+    refs: Vec<u32>,
+    free: Vec<u32>,
+    /// Blocks materialized so far; the rest of the pool is reserved address space only.
+    fresh: usize,
+    seqs: Vec<Option<Seq>>,
+}
+
+impl KvPool {
+    /// A pool of `n_blocks` blocks of `block_size` positions for a model with these dimensions.
+    pub fn new(
+        n_layers: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        format: KvFormat,
+        block_size: usize,
+        n_blocks: usize,
+    ) -> Result<Self, KvError> {
+        if block_size == 0 {
+            return Err(KvError::BlockSize);
+        }
+        check_format(format.k, head_dim)?;
+        check_format(format.v, head_dim)?;
+        let kv_dim = n_head_kv.saturating_mul(head_dim);
+        let positions = n_blocks.saturating_mul(block_size);
+        let err = |reason: String| KvError::Reserve {
+            positions,
+            kv_dim,
+            n_layers,
+            reason,
+        };
+        let rows = n_blocks
+            .checked_mul(block_size)
+            .ok_or_else(|| err("the size overflows".into()))?;
+        kv_dim
+            .checked_mul(4)
+            .and_then(|r| r.checked_mul(rows))
+            .and_then(|n| n.checked_mul(2 * n_layers))
+            .filter(|_| n_blocks <= u32::MAX as usize)
+            .ok_or_else(|| err("the size overflows".into()))?;
+        let (k_row, v_row) = (format.k.bytes(kv_dim), format.v.bytes(kv_dim));
+        let mut k = Vec::with_capacity(n_layers);
+        let mut v = Vec::with_capacity(n_layers);
+        for _ in 0..n_layers {
+            for (side, rb) in [(&mut k, k_row), (&mut v, v_row)] {
+                let mut buf: Vec<u8> = Vec::new();
+                buf.try_reserve_exact(rows * rb)
+                    .map_err(|e| err(e.to_string()))?;
+                side.push(buf);
+            }
+        }
+        Ok(KvPool {
+            n_layers,
+            kv_dim,
+            format,
+            block_size,
+            total_blocks: n_blocks,
+            k_row,
+            v_row,
+            k,
+            v,
+            refs: Vec::with_capacity(n_blocks),
+            free: Vec::with_capacity(n_blocks),
+            fresh: 0,
+            seqs: Vec::new(),
+        })
+    }
+
+    pub fn format(&self) -> KvFormat {
+        self.format
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn total_blocks(&self) -> usize {
+        self.total_blocks
+    }
+
+    /// Blocks not held by any sequence.
+    pub fn free_blocks(&self) -> usize {
+        self.free.len() + (self.total_blocks - self.fresh)
+    }
+
+    pub fn blocks_in_use(&self) -> usize {
+        self.total_blocks - self.free_blocks()
+    }
+
+    /// Bytes of one block across all layers, keys and values.
+    pub fn block_bytes(&self) -> usize {
+        self.block_size * self.n_layers * (self.k_row + self.v_row)
+    }
+
+    /// Bytes of the blocks held by sequences (shared blocks counted once).
+    pub fn bytes_in_use(&self) -> usize {
+        self.blocks_in_use() * self.block_bytes()
+    }
+
+    /// Starts an empty sequence that may grow to `max_len` positions.
+    pub fn add_sequence(&mut self, max_len: usize) -> SeqId {
+        let seq = Seq {
+            table: Vec::with_capacity(max_len.div_ceil(self.block_size)),
+            len: 0,
+            pending: 0,
+            max_len,
+        };
+        self.insert(seq)
+    }
+
+    fn insert(&mut self, seq: Seq) -> SeqId {
+        if let Some(i) = self.seqs.iter().position(Option::is_none) {
+            self.seqs[i] = Some(seq);
+            SeqId(i as u32)
+        } else {
+            self.seqs.push(Some(seq));
+            SeqId(self.seqs.len() as u32 - 1)
+        }
+    }
+
+    fn get(&self, id: SeqId) -> Result<&Seq, KvError> {
+        self.seqs
+            .get(id.0 as usize)
+            .and_then(Option::as_ref)
+            .ok_or(KvError::NoSequence(id.0))
+    }
+
+    fn seq(&self, id: SeqId) -> &Seq {
+        match self.get(id) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}: sequence ids must not be used after `remove`"),
+        }
+    }
+
+    fn seq_mut(&mut self, id: SeqId) -> &mut Seq {
+        match self.seqs.get_mut(id.0 as usize).and_then(Option::as_mut) {
+            Some(s) => s,
+            None => panic!("no sequence {} in the KV pool", id.0),
+        }
+    }
+
+    /// A new sequence sharing every cached position of `id` (no copy until one of them writes
+    /// into a shared block).
+    pub fn fork(&mut self, id: SeqId) -> Result<SeqId, KvError> {
+        let mut s = self.get(id)?.clone();
+        s.pending = 0;
+        // Room for the whole table now, so the fork's decode loop never reallocates it.
+        let want = s.max_len.div_ceil(self.block_size);
+        s.table.reserve_exact(want.saturating_sub(s.table.len()));
+        for &b in &s.table {
+            self.refs[b as usize] += 1;
+        }
+        Ok(self.insert(s))
+    }
+
+    /// Ends a sequence: its blocks go back to the pool unless another sequence shares them.
+    pub fn remove(&mut self, id: SeqId) -> Result<(), KvError> {
+        self.get(id)?;
+        let s = self.seqs[id.0 as usize].take().expect("checked above");
+        for b in s.table {
+            self.release(b);
+        }
+        Ok(())
+    }
+
+    /// Sequences alive.
+    pub fn sequences(&self) -> usize {
+        self.seqs.iter().flatten().count()
+    }
+
+    pub fn seq_len(&self, id: SeqId) -> usize {
+        self.seq(id).len
+    }
+
+    pub fn max_len(&self, id: SeqId) -> usize {
+        self.seq(id).max_len
+    }
+
+    /// Physical block of each logical block of the sequence.
+    pub fn block_table(&self, id: SeqId) -> &[u32] {
+        &self.seq(id).table
+    }
+
+    /// Drops positions from `n` on; blocks no longer needed return to the pool.
+    pub fn truncate(&mut self, id: SeqId, n: usize) {
+        let bs = self.block_size;
+        let s = self.seq_mut(id);
+        let n = n.min(s.len);
+        s.len = n;
+        s.pending = 0;
+        let keep = n.div_ceil(bs);
+        let dropped: Vec<u32> = s.table.drain(keep..).collect();
+        for b in dropped {
+            self.release(b);
+        }
+    }
+
+    fn release(&mut self, b: u32) {
+        let r = &mut self.refs[b as usize];
+        *r -= 1;
+        if *r == 0 {
+            self.free.push(b);
+        }
+    }
+
+    /// Takes a block from the pool (the caller has checked one is free).
+    fn alloc(&mut self) -> u32 {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let b = self.fresh;
+                self.fresh += 1;
+                let rows = self.fresh * self.block_size;
+                for l in 0..self.n_layers {
+                    // Within the reserved capacity: no reallocation.
+                    self.k[l].resize(rows * self.k_row, 0);
+                    self.v[l].resize(rows * self.v_row, 0);
+                }
+                self.refs.push(0);
+                b as u32
+            }
+        };
+        self.refs[b as usize] = 1;
+        b
+    }
+
+    /// Makes room for `n` more positions of `id`: copies a shared partial last block
+    /// (copy-on-write) and takes new blocks. Checks everything first, so a failure changes
+    /// nothing.
+    pub fn reserve(&mut self, id: SeqId, n: usize) -> Result<(), KvError> {
+        let bs = self.block_size;
+        let s = self.seq(id);
+        if s.len + n > s.max_len {
+            return Err(KvError::ContextFull {
+                len: s.len,
+                adding: n,
+                capacity: s.max_len,
+            });
+        }
+        let partial = !s.len.is_multiple_of(bs) && n > 0;
+        let cow = partial && self.refs[s.table[s.len / bs] as usize] > 1;
+        let needed = (s.len + n).div_ceil(bs).saturating_sub(s.table.len()) + usize::from(cow);
+        if needed > self.free_blocks() {
+            return Err(KvError::PoolExhausted {
+                needed,
+                free: self.free_blocks(),
+                total: self.total_blocks,
+            });
+        }
+        if cow {
+            let i = s.len / bs;
+            let old = s.table[i] as usize;
+            let new = self.alloc();
+            for l in 0..self.n_layers {
+                let (kr, vr) = (bs * self.k_row, bs * self.v_row);
+                self.k[l].copy_within(old * kr..(old + 1) * kr, new as usize * kr);
+                self.v[l].copy_within(old * vr..(old + 1) * vr, new as usize * vr);
+            }
+            self.release(old as u32);
+            self.seq_mut(id).table[i] = new;
+        }
+        while self.seq(id).table.len() * bs < self.seq(id).len + n {
+            let b = self.alloc();
+            self.seq_mut(id).table.push(b);
+        }
+        self.seq_mut(id).pending = n;
+        Ok(())
+    }
+
+    /// Stores the keys and values of the reserved positions of `id` for `layer`.
+    pub fn append(&mut self, id: SeqId, layer: usize, k: &[f32], v: &[f32]) {
+        let (bs, kv_dim) = (self.block_size, self.kv_dim);
+        let s = self.seqs[id.0 as usize]
+            .as_ref()
+            .expect("sequence ids must not be used after `remove`");
+        debug_assert_eq!(k.len(), s.pending * kv_dim);
+        debug_assert_eq!(v.len(), k.len());
+        let (kd, vd) = (&mut self.k[layer], &mut self.v[layer]);
+        for (i, (kr, vr)) in k
+            .chunks_exact(kv_dim)
+            .zip(v.chunks_exact(kv_dim))
+            .enumerate()
+        {
+            let pos = s.len + i;
+            let row = s.table[pos / bs] as usize * bs + pos % bs;
+            self.format
+                .k
+                .encode(kr, &mut kd[row * self.k_row..(row + 1) * self.k_row]);
+            self.format
+                .v
+                .encode(vr, &mut vd[row * self.v_row..(row + 1) * self.v_row]);
+        }
+    }
+
+    /// Marks `n` appended positions of `id` as cached.
+    pub fn commit(&mut self, id: SeqId, n: usize) {
+        let s = self.seq_mut(id);
+        s.len += n;
+        s.pending = 0;
+    }
+
+    /// Keys and values of `layer` for `id`, read through its block table.
+    pub fn layer(&self, id: SeqId, layer: usize) -> (KvView<'_>, KvView<'_>) {
+        let s = self.seq(id);
+        let n = s.len + s.pending;
+        (
+            KvView::paged(
+                self.format.k,
+                self.k_row,
+                n,
+                &self.k[layer],
+                &s.table,
+                self.block_size,
+            ),
+            KvView::paged(
+                self.format.v,
+                self.v_row,
+                n,
+                &self.v[layer],
+                &s.table,
+                self.block_size,
+            ),
+        )
+    }
+
+    /// The sequence `id` as something the forward pass can run on.
+    pub fn slot(&mut self, id: SeqId) -> PagedSeq<'_> {
+        self.seq(id);
+        PagedSeq { pool: self, id }
+    }
+}
+
+/// One sequence of a pool, borrowed for a forward pass.
+pub struct PagedSeq<'p> {
+    pool: &'p mut KvPool,
+    id: SeqId,
+}
+
+impl KvSequence for PagedSeq<'_> {
+    fn len(&self) -> usize {
+        self.pool.seq_len(self.id)
+    }
+    fn reserve(&mut self, n: usize) -> Result<(), KvError> {
+        self.pool.reserve(self.id, n)
+    }
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        self.pool.append(self.id, layer, k, v)
+    }
+    fn commit(&mut self, n: usize) {
+        self.pool.commit(self.id, n)
+    }
+    fn layer(&self, layer: usize) -> (KvView<'_>, KvView<'_>) {
+        self.pool.layer(self.id, layer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{KvCache, KvType};
+
+    fn rows(n: usize, kv_dim: usize, seed: f32) -> Vec<f32> {
+        (0..n * kv_dim)
+            .map(|i| ((i as f32 + seed) * 0.618).sin())
+            .collect()
+    }
+
+    fn push(c: &mut dyn KvSequence, layers: usize, n: usize, kv_dim: usize, seed: f32) {
+        c.reserve(n).unwrap();
+        let k = rows(n, kv_dim, seed);
+        let v = rows(n, kv_dim, seed + 0.5);
+        for l in 0..layers {
+            c.append(l, &k, &v);
+        }
+        c.commit(n);
+    }
+
+    fn read_all(view: KvView, kv_dim: usize) -> Vec<f32> {
+        let mut out = vec![0f32; view.len() * kv_dim];
+        view.decode_head(0, kv_dim, 0, view.len(), &mut out);
+        out
+    }
+
+    #[test]
+    fn paged_reads_what_contiguous_reads_for_every_format() {
+        for t in KvType::ALL {
+            let f = KvFormat::both(t);
+            let mut pool = KvPool::new(2, 1, 64, f, 4, 16).unwrap();
+            let id = pool.add_sequence(50);
+            let mut flat = KvCache::with_format(2, 1, 64, 50, f).unwrap();
+            for (n, seed) in [(3, 0.0), (1, 7.0), (9, 3.0), (5, 1.0)] {
+                push(&mut pool.slot(id), 2, n, 64, seed);
+                push(&mut flat, 2, n, 64, seed);
+            }
+            for l in 0..2 {
+                let (pk, pv) = pool.layer(id, l);
+                let (ck, cv) = KvSequence::layer(&flat, l);
+                assert_eq!(read_all(pk, 64), read_all(ck, 64), "{t}");
+                assert_eq!(read_all(pv, 64), read_all(cv, 64), "{t}");
+            }
+            assert_eq!(pool.blocks_in_use(), 18usize.div_ceil(4));
+        }
+    }
+
+    #[test]
+    fn fork_shares_prefix_copy_on_write_and_blocks_return() {
+        let f = KvFormat::default();
+        let mut pool = KvPool::new(1, 1, 8, f, 4, 8).unwrap();
+        let a = pool.add_sequence(32);
+        push(&mut pool.slot(a), 1, 6, 8, 0.0); // blocks: [full, half]
+        assert_eq!(pool.blocks_in_use(), 2);
+        let b = pool.fork(a).unwrap();
+        assert_eq!(pool.blocks_in_use(), 2, "a fork copies nothing");
+        let before = read_all(pool.layer(a, 0).0, 8);
+        push(&mut pool.slot(b), 1, 1, 8, 9.0); // b writes into the shared half block: copied
+        assert_eq!(pool.blocks_in_use(), 3);
+        assert_eq!(
+            pool.block_table(a)[0],
+            pool.block_table(b)[0],
+            "full block still shared"
+        );
+        assert_ne!(pool.block_table(a)[1], pool.block_table(b)[1]);
+        assert_eq!(read_all(pool.layer(a, 0).0, 8), before, "a is unchanged");
+        assert_eq!(&read_all(pool.layer(b, 0).0, 8)[..6 * 8], &before[..]);
+        push(&mut pool.slot(a), 1, 1, 8, 5.0); // a now owns its half block alone: no copy
+        assert_eq!(pool.blocks_in_use(), 3);
+        pool.remove(a).unwrap();
+        assert_eq!(
+            pool.blocks_in_use(),
+            2,
+            "a's own block returned, shared one kept"
+        );
+        assert_eq!(pool.remove(a), Err(KvError::NoSequence(a.index())));
+        pool.truncate(b, 2);
+        assert_eq!(pool.blocks_in_use(), 1);
+        pool.remove(b).unwrap();
+        assert_eq!((pool.blocks_in_use(), pool.sequences()), (0, 0));
+    }
+
+    #[test]
+    fn exhaustion_and_context_limits_are_errors_that_change_nothing() {
+        let mut pool = KvPool::new(1, 1, 8, KvFormat::default(), 4, 2).unwrap();
+        let a = pool.add_sequence(100);
+        let b = pool.add_sequence(4);
+        push(&mut pool.slot(a), 1, 5, 8, 0.0);
+        assert!(matches!(
+            pool.reserve(b, 1),
+            Err(KvError::PoolExhausted {
+                needed: 1,
+                free: 0,
+                total: 2
+            })
+        ));
+        pool.remove(a).unwrap();
+        assert!(matches!(
+            pool.reserve(b, 5),
+            Err(KvError::ContextFull { .. })
+        ));
+        assert_eq!(pool.blocks_in_use(), 0);
+        assert!(KvPool::new(1, 1, 8, KvFormat::default(), 0, 2).is_err());
+    }
+}
