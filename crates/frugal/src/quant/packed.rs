@@ -236,7 +236,9 @@ mod tests {
         let wf: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
             .collect();
-        let x: Vec<f32> = (0..3 * cols)
+        // 9 tokens: two calls of the four-token kernel and one single-token call.
+        let n = 9;
+        let x: Vec<f32> = (0..n * cols)
             .map(|i| ((i * 11 % 19) as f32 - 9.0) / 3.0)
             .collect();
         let mut acts = Q8Acts::default();
@@ -248,9 +250,9 @@ mod tests {
         ] {
             let w = WeightMatrix::new(ty, rows, cols, &data).unwrap();
             let p = PackedMatrix::pack(&w).unwrap();
-            let mut y = vec![0f32; 3 * rows];
+            let mut y = vec![0f32; n * rows];
             matmul_packed(&p, &acts, &mut y);
-            for t in 0..3 {
+            for t in 0..n {
                 let mut yv = vec![0f32; rows];
                 matvec_packed(&p, acts.row(t), &mut yv);
                 for r in 0..rows {
