@@ -24,14 +24,56 @@ pub struct Perplexity {
     pub window_ppl: Vec<f64>,
 }
 
-/// Computes the perplexity of `tokens` with windows of `n_ctx`. `progress(done, total)` is called
-/// after each window.
-pub fn perplexity(
-    model: &Model,
-    tokens: &[u32],
-    n_ctx: usize,
-    mut progress: impl FnMut(usize, usize),
-) -> Result<Perplexity> {
+/// Running sums of the negative log-likelihoods of scored tokens.
+#[derive(Default)]
+struct NllSums {
+    sum: f64,
+    sum2: f64,
+    count: usize,
+    window_sum: f64,
+    window_count: usize,
+    window_ppl: Vec<f64>,
+}
+
+impl NllSums {
+    fn add(&mut self, nll: f64) {
+        self.sum += nll;
+        self.sum2 += nll * nll;
+        self.count += 1;
+        self.window_sum += nll;
+        self.window_count += 1;
+    }
+
+    fn end_window(&mut self) {
+        self.window_ppl
+            .push((self.window_sum / self.window_count.max(1) as f64).exp());
+        self.window_sum = 0.0;
+        self.window_count = 0;
+    }
+
+    fn finish(self, windows: usize, ctx: usize) -> Perplexity {
+        let mean = self.sum / self.count as f64;
+        let var = self.sum2 / self.count as f64 - mean * mean;
+        let ppl = mean.exp();
+        let stderr = if var > 0.0 && self.count > 1 {
+            (var / (self.count - 1) as f64).sqrt() * ppl
+        } else {
+            0.0
+        };
+        Perplexity {
+            ppl,
+            ppl_stderr: stderr,
+            tokens: self.count,
+            windows,
+            ctx,
+            nll: mean,
+            window_ppl: self.window_ppl,
+        }
+    }
+}
+
+/// Checks the window size against the text and returns the number of windows.
+fn window_count(tokens: &[u32], n_ctx: usize) -> Result<usize> {
     if n_ctx < 4 {
         return Err(Error::Invalid(format!(
             "context {n_ctx} is too small to score (need at least 4)"
@@ -44,43 +86,146 @@ pub fn perplexity(
             tokens.len()
         )));
     }
+    Ok(windows)
+}
+
+/// Computes the perplexity of `tokens` with windows of `n_ctx`. `progress(done, total)` is called
+/// after each window.
+pub fn perplexity(
+    model: &Model,
+    tokens: &[u32],
+    n_ctx: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Perplexity> {
+    let windows = window_count(tokens, n_ctx)?;
     let first = n_ctx / 2;
     let mut kv = model.new_cache(n_ctx)?;
     let mut scratch = Scratch::default();
-    let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
-    let mut window_ppl = Vec::with_capacity(windows);
+    let mut sums = NllSums::default();
+    let nv = model.config.n_vocab;
     for w in 0..windows {
         let chunk = &tokens[w * n_ctx..(w + 1) * n_ctx];
         kv.clear();
         let logits = model.forward(chunk, &mut kv, &mut scratch, Logits::From(first))?;
-        let nv = model.config.n_vocab;
-        let mut wsum = 0f64;
         for j in first..n_ctx - 1 {
             let row = &logits[(j - first) * nv..(j - first + 1) * nv];
-            let nll = log_sum_exp(row) - f64::from(row[chunk[j + 1] as usize]);
-            wsum += nll;
-            sum += nll;
-            sum2 += nll * nll;
-            count += 1;
+            sums.add(log_sum_exp(row) - f64::from(row[chunk[j + 1] as usize]));
         }
-        window_ppl.push((wsum / (n_ctx - 1 - first) as f64).exp());
+        sums.end_window();
         progress(w + 1, windows);
     }
-    let mean = sum / count as f64;
-    let var = sum2 / count as f64 - mean * mean;
-    let ppl = mean.exp();
-    let stderr = if var > 0.0 && count > 1 {
-        (var / (count - 1) as f64).sqrt() * ppl
-    } else {
-        0.0
-    };
-    Ok(Perplexity {
-        ppl,
-        ppl_stderr: stderr,
-        tokens: count,
-        windows,
-        ctx: n_ctx,
-        nll: mean,
-        window_ppl,
+    Ok(sums.finish(windows, n_ctx))
+}
+
+/// A model scored against a reference model on the same positions: both perplexities and how far
+/// the model's next-token distribution is from the reference's (what llama.cpp's perplexity tool
+/// reports with `--kl-divergence`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Comparison {
+    pub model: Perplexity,
+    pub reference: Perplexity,
+    /// Positions compared (the scored positions).
+    pub positions: usize,
+    /// Mean over positions of KL(reference || model) = sum_v p_ref(v) (ln p_ref(v) - ln p(v)),
+    /// in nats.
+    pub kl_mean: f64,
+    /// Standard error of the mean KL.
+    pub kl_stderr: f64,
+    pub kl_median: f64,
+    /// 99th percentile of the per-position KL (linear interpolation between order statistics).
+    pub kl_p99: f64,
+    pub kl_max: f64,
+    /// Fraction of positions where both models put the same token first.
+    pub top1_agreement: f64,
+}
+
+/// The `q`-quantile of sorted values, interpolating linearly between neighbours.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let pos = q * (sorted.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Scores `tokens` with `model` and `reference` in one pass over the same windows (as
+/// [`perplexity`] cuts them) and compares their distributions at every scored position.
+pub fn compare(
+    model: &Model,
+    reference: &Model,
+    tokens: &[u32],
+    n_ctx: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Comparison> {
+    let nv = model.config.n_vocab;
+    if reference.config.n_vocab != nv {
+        return Err(Error::Invalid(format!(
+            "the reference model has a vocabulary of {}, the model {nv}: their distributions cannot be compared",
+            reference.config.n_vocab
+        )));
+    }
+    let windows = window_count(tokens, n_ctx)?;
+    let first = n_ctx / 2;
+    let (mut kv, mut kv_ref) = (model.new_cache(n_ctx)?, reference.new_cache(n_ctx)?);
+    let (mut s, mut s_ref) = (Scratch::default(), Scratch::default());
+    let (mut sums, mut sums_ref) = (NllSums::default(), NllSums::default());
+    let mut kls = Vec::with_capacity(windows * (n_ctx - 1 - first));
+    let mut agree = 0usize;
+    for w in 0..windows {
+        let chunk = &tokens[w * n_ctx..(w + 1) * n_ctx];
+        kv.clear();
+        kv_ref.clear();
+        let logits = model.forward(chunk, &mut kv, &mut s, Logits::From(first))?;
+        let logits_ref = reference.forward(chunk, &mut kv_ref, &mut s_ref, Logits::From(first))?;
+        for j in first..n_ctx - 1 {
+            let r = (j - first) * nv..(j - first + 1) * nv;
+            let (row, row_ref) = (&logits[r.clone()], &logits_ref[r]);
+            let (lse, lse_ref) = (log_sum_exp(row), log_sum_exp(row_ref));
+            let next = chunk[j + 1] as usize;
+            sums.add(lse - f64::from(row[next]));
+            sums_ref.add(lse_ref - f64::from(row_ref[next]));
+            let kl: f64 = row
+                .iter()
+                .zip(row_ref)
+                .map(|(&l, &lr)| {
+                    let lp_ref = f64::from(lr) - lse_ref;
+                    let lp = f64::from(l) - lse;
+                    lp_ref.exp() * (lp_ref - lp)
+                })
+                .sum();
+            // Rounding can leave a tiny negative sum for identical distributions.
+            kls.push(kl.max(0.0));
+            agree += usize::from(argmax(row) == argmax(row_ref));
+        }
+        sums.end_window();
+        sums_ref.end_window();
+        progress(w + 1, windows);
+    }
+    let n = kls.len() as f64;
+    let mean = kls.iter().sum::<f64>() / n;
+    let var = kls.iter().map(|k| (k - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    let mut sorted = kls;
+    sorted.sort_by(f64::total_cmp);
+    Ok(Comparison {
+        model: sums.finish(windows, n_ctx),
+        reference: sums_ref.finish(windows, n_ctx),
+        positions: sorted.len(),
+        kl_mean: mean,
+        kl_stderr: (var / n).sqrt(),
+        kl_median: quantile(&sorted, 0.5),
+        kl_p99: quantile(&sorted, 0.99),
+        kl_max: sorted.last().copied().unwrap_or(0.0),
+        top1_agreement: agree as f64 / n,
     })
 }
