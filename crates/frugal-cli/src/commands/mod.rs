@@ -1,5 +1,6 @@
 //! One file per command; `common` holds the flags they share.
 
+pub mod analyze;
 pub mod chat;
 pub mod common;
 pub mod estimate;
@@ -7,3 +8,4 @@ pub mod eval;
 pub mod fetch;
 pub mod generate;
 pub mod info;
+pub mod quantize;
