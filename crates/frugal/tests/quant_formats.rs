@@ -53,9 +53,9 @@ fn every_gguf_type_converts_loads_and_runs_close_to_f32() {
         &Model::from_file(GgufFile::from_bytes(build(&spec(GgmlType::F32))).unwrap()).unwrap(),
     );
     // Relative RMS error of all logits. The embedding and output stay Q8_0 for the quantized
-    // targets (so even "q4" files carry an 8-bit floor of error). Bounds are ~2x the values
-    // measured when this test was written (F16 1e-3, Q8_0 6e-3, Q6_K 1.3e-2, Q5 3-4e-2,
-    // Q4 ~7e-2, MXFP4 ~1.1e-1), so a broken layout (errors of order 1) cannot pass.
+    // targets (so even "q4" files carry an 8-bit floor of error). Bounds are about 2x the values
+    // measured when this test was written (F16 3.9e-4, BF16 3.0e-3, Q8_0 7.2e-3, Q6_K 1.7e-2,
+    // Q5 4.3e-2, Q4 7.3-7.8e-2, MXFP4 1.3e-1), so a broken layout (errors of order 1) cannot pass.
     let cases = [
         (GgmlType::F32, 1e-6),
         (GgmlType::F16, 4e-3),
@@ -166,12 +166,11 @@ fn simulated_research_formats_run_and_order_by_precision() {
     eprintln!(
         "int8-channel {i8c:.2e} int4-channel {i4c:.2e} int4-b32 {i4b:.2e} e4m3 {e4:.2e} e5m2 {e5:.2e} nf4 {nf4:.2e}"
     );
-    // 8 bits beat 4; smaller groups beat larger; E4M3's extra mantissa bit beats E5M2's range on
-    // these well-behaved weights.
-    assert!(
-        i8c < i4c && i4b < i4c && e4 < e5,
-        "{i8c} {i4c} {i4b} {e4} {e5}"
-    );
+    // 8 bits beat 4; E4M3's extra mantissa bit beats E5M2's range on these well-behaved weights.
+    // Blocks of 32 are no worse than whole channels (these uniform random weights have no
+    // outliers for small groups to isolate: measured 9.16e-2 vs 9.21e-2).
+    assert!(i8c < i4c && e4 < e5, "{i8c} {i4c} {e4} {e5}");
+    assert!(i4b < i4c * 1.05, "{i4b} {i4c}");
     assert!(i8c < 3e-2 && nf4 < 0.2 && i4b < 0.2);
 }
 
