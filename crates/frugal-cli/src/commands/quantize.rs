@@ -64,8 +64,20 @@ pub fn run(a: Args) -> Result<()> {
             list.join(", ")
         );
     }
-    for f in &report.fallbacks {
-        eprintln!("note: {f}");
+    // Fallbacks, one line per distinct reason (a model has the same shapes in every layer).
+    let mut fallbacks: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for t in &report.tensors {
+        if let Some(n) = t.note.as_deref().filter(|n| n.contains("stored as")) {
+            fallbacks.entry(n).or_default().push(&t.name);
+        }
+    }
+    for (why, names) in &fallbacks {
+        eprintln!(
+            "note: {} tensors ({}{}): {why}",
+            names.len(),
+            names[0],
+            if names.len() > 1 { ", ..." } else { "" }
+        );
     }
 
     if a.json {
