@@ -209,7 +209,7 @@ impl ConvertReport {
                 None => v.push((t.to, n)),
             }
         }
-        v.sort_by(|a, b| b.1.cmp(&a.1));
+        v.sort_by_key(|e| std::cmp::Reverse(e.1));
         v
     }
 }
