@@ -4,6 +4,11 @@
 //! The tokenized text is cut into non-overlapping windows of `n_ctx` tokens; each window is run
 //! from an empty cache and only its second half is scored (positions `n_ctx/2 .. n_ctx-1`
 //! predicting the next token), so every scored token has at least `n_ctx/2` tokens of context.
+//!
+//! [`compare`] scores a model and a reference (say a quantized file and the F32 file it came
+//! from) in one pass over the same windows and measures, at every scored position, the KL
+//! divergence of the model's next-token distribution from the reference's and whether their
+//! top tokens agree: perplexity alone hides errors that cancel on average, KL does not.
 
 use crate::error::{Error, Result};
 use crate::model::{Logits, Model, Scratch};
