@@ -111,22 +111,12 @@ pub fn load_model(path: &Path, quantize_on_load: Option<&str>) -> Result<Model> 
     let t0 = std::time::Instant::now();
     let (file, report) = convert::quantize_in_memory(&file, &Policy::new(target), |_, _| {})
         .with_context(|| format!("quantizing {} to {target} on load", path.display()))?;
-    let how = match target {
-        Target::Stored(_) => "re-encoded",
-        Target::Simulated(_) => "simulated (quantized, then held as F32)",
-    };
+    let count = |a: Action| report.tensors.iter().filter(|t| t.action == a).count();
     eprintln!(
-        "quantize-on-load {target}: {} tensors {how}, {} kept; {} -> {} of weights in memory ({:.1} s){}",
-        report
-            .tensors
-            .iter()
-            .filter(|t| t.action != Action::Keep)
-            .count(),
-        report
-            .tensors
-            .iter()
-            .filter(|t| t.action == Action::Keep)
-            .count(),
+        "quantize-on-load {target}: {} tensors re-encoded, {} simulated (quantized, then held as F32), {} kept; {} -> {} of weights in memory ({:.1} s){}",
+        count(Action::Encode),
+        count(Action::Simulate),
+        count(Action::Keep),
         human_bytes(report.bytes_before),
         human_bytes(report.bytes_after),
         t0.elapsed().as_secs_f64(),
