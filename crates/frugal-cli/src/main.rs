@@ -37,6 +37,11 @@ enum Command {
     /// Measure throughput (pp N / tg N, as llama-bench) or, with a subcommand, what a lever
     /// costs and saves (kv, attention, context): tables and charts.
     Bench(commands::bench::Args),
+    /// Write a model in another storage format (mixed precision: norms F32, embedding Q8_0).
+    Quantize(commands::quantize::Args),
+    /// Analyze a model's numbers: outliers and what they cost each quantization scheme.
+    #[command(subcommand)]
+    Analyze(commands::analyze::AnalyzeCommand),
     /// Estimate KV-cache and memory needs for a model at a context length.
     Estimate(commands::estimate::Args),
     /// Download the default model (SmolLM2-135M-Instruct, Q4_1) into the cache.
@@ -90,6 +95,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Eval(c) => commands::eval::run(c),
         Command::Info(a) => commands::info::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Quantize(a) => commands::quantize::run(a),
+        Command::Analyze(c) => commands::analyze::run(c),
         Command::Estimate(a) => commands::estimate::run(a),
         Command::Fetch(a) => commands::fetch::run(a),
     }

@@ -178,15 +178,222 @@ fn bad_model_files_fail_cleanly() {
         .iter_mut()
         .find(|t| t.name == "blk.1.ffn_up.weight")
         .unwrap();
-    t.ty = GgmlType::Q5_0;
-    t.data = vec![0u8; 96 * 64 / 32 * 22].into();
-    let unsupported = write_model(dir.path(), "q5.gguf", &w.to_bytes().unwrap());
+    t.ty = GgmlType::IQ4_NL;
+    t.data = vec![0u8; 96 * 64 / 32 * 18].into();
+    let unsupported = write_model(dir.path(), "iq4.gguf", &w.to_bytes().unwrap());
     let out = frugal(
         &["generate", "hi", "-m", unsupported.to_str().unwrap()],
         None,
     );
     assert_clean_error(&out, "blk.1.ffn_up.weight");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("Q5_0"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("IQ4_NL"));
+
+    // A NaN block scale (f16 0x7e00) in the first Q8_0 block of a tensor.
+    let f = GgufFile::from_bytes(tiny()).unwrap();
+    let info = f.tensor_info("blk.0.attn_v.weight").unwrap();
+    let at = (f.data_offset + info.offset) as usize;
+    let mut raw = f.raw_bytes().to_vec();
+    raw[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    let nan = write_model(dir.path(), "nan.gguf", &raw);
+    assert_clean_error(
+        &frugal(&["generate", "hi", "-m", nan.to_str().unwrap()], None),
+        "blk.0.attn_v.weight",
+    );
+    let out = frugal(
+        &[
+            "eval",
+            "perplexity",
+            "--text",
+            "/dev/null",
+            "-m",
+            nan.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NaN"));
+}
+
+#[test]
+fn quantize_writes_files_that_load_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = write_model(
+        dir.path(),
+        "f32.gguf",
+        &build(&SyntheticSpec {
+            n_ctx: 64,
+            ..Default::default()
+        }),
+    );
+    let src = src.to_str().unwrap();
+    let text = write_model(
+        dir.path(),
+        "text.txt",
+        "The quick brown fox jumps over the lazy dog. "
+            .repeat(4)
+            .as_bytes(),
+    );
+    let text = text.to_str().unwrap();
+    for ty in ["q4_0", "q5_1", "q4_k", "q6_k", "mxfp4", "bf16"] {
+        let out_path = dir.path().join(format!("{ty}.gguf"));
+        let out_s = out_path.to_str().unwrap();
+        let q = frugal(&["quantize", src, out_s, "--type", ty, "--json"], None);
+        assert!(
+            q.status.success(),
+            "{ty}: {}",
+            String::from_utf8_lossy(&q.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&q.stdout).unwrap();
+        assert!(v["bytes_after"].as_u64().unwrap() < v["bytes_before"].as_u64().unwrap());
+        // K-quants cannot tile these rows of 64 (and 96): every matrix falls back, and says so.
+        if ty.ends_with("_k") {
+            assert!(String::from_utf8_lossy(&q.stderr).contains("not a multiple"));
+        }
+        let f = GgufFile::open(&out_path).unwrap();
+        assert_eq!(
+            f.tensor_info("blk.0.attn_norm.weight").unwrap().ty,
+            GgmlType::F32
+        );
+        let g = frugal(
+            &[
+                "generate", "hello", "-m", out_s, "-n", "4", "--temp", "0", "--json",
+            ],
+            None,
+        );
+        assert!(
+            g.status.success(),
+            "{ty}: {}",
+            String::from_utf8_lossy(&g.stderr)
+        );
+        // Scored against the source in one pass: KL and top-1 agreement in the JSON.
+        let p = frugal(
+            &[
+                "eval",
+                "perplexity",
+                "-m",
+                out_s,
+                "--reference",
+                src,
+                "--text",
+                text,
+                "--ctx",
+                "32",
+                "--json",
+            ],
+            None,
+        );
+        assert!(
+            p.status.success(),
+            "{ty}: {}",
+            String::from_utf8_lossy(&p.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&p.stdout).unwrap();
+        for key in [
+            "ppl",
+            "reference_ppl",
+            "kl_mean",
+            "kl_p99",
+            "top1_agreement",
+        ] {
+            assert!(v[key].as_f64().is_some(), "{ty}: {key} missing in {v}");
+        }
+        assert!(v["kl_mean"].as_f64().unwrap() >= 0.0);
+    }
+    // Re-quantizing a quantized file warns but works.
+    let q4 = dir.path().join("q4_0.gguf");
+    let again = dir.path().join("again.gguf");
+    let out = frugal(
+        &[
+            "quantize",
+            q4.to_str().unwrap(),
+            again.to_str().unwrap(),
+            "--type",
+            "q8_0",
+            "--keep",
+            "blk.1.*=f16",
+        ],
+        None,
+    );
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: re-quantizing"));
+    let f = GgufFile::open(&again).unwrap();
+    assert_eq!(
+        f.tensor_info("blk.1.ffn_up.weight").unwrap().ty,
+        GgmlType::F16
+    );
+    assert_eq!(
+        f.tensor_info("blk.0.ffn_up.weight").unwrap().ty,
+        GgmlType::Q8_0
+    );
+    assert_eq!(f.u32("general.file_type").unwrap(), 7);
+
+    // In-situ quantization, simulated research format.
+    let g = frugal(
+        &[
+            "generate",
+            "hello",
+            "-m",
+            src,
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "--quantize-on-load",
+            "int4-b32",
+        ],
+        None,
+    );
+    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+    assert!(String::from_utf8_lossy(&g.stderr).contains("simulated"));
+
+    // The outlier analysis, with activations.
+    let a = frugal(&["analyze", "quant", src, "--text", text, "--json"], None);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 2 * 7 + 1);
+    assert!(v["tensors"][0]["snr"][0]["snr_db"].as_f64().unwrap() > 10.0);
+    assert_eq!(v["activations"].as_array().unwrap().len(), 2 * 4);
+    let a = frugal(&["analyze", "quant", src], None);
+    assert!(String::from_utf8_lossy(&a.stdout).contains("median SNR"));
+}
+
+#[test]
+fn bad_quantize_requests_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write_model(dir.path(), "tiny.gguf", &tiny());
+    let m = m.to_str().unwrap();
+    let out = dir.path().join("out.gguf");
+    let o = out.to_str().unwrap();
+    let unknown = frugal(&["quantize", m, o, "--type", "q3_k"], None);
+    assert_clean_error(&unknown, "unknown type \"q3_k\"");
+    // The message lists the valid types.
+    let err = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        err.contains("q4_k") && err.contains("mxfp4") && err.contains("nf4"),
+        "{err}"
+    );
+    assert_clean_error(
+        &frugal(&["quantize", m, o, "--type", "nf4"], None),
+        "no GGUF encoding",
+    );
+    assert_clean_error(
+        &frugal(
+            &["quantize", m, o, "--type", "q8_0", "--keep", "nonsense"],
+            None,
+        ),
+        "TENSOR_GLOB=TYPE",
+    );
+    assert_clean_error(
+        &frugal(&["quantize", m, m, "--type", "q8_0"], None),
+        "overwrite",
+    );
+    assert_clean_error(
+        &frugal(
+            &["generate", "hi", "-m", m, "--quantize-on-load", "int3"],
+            None,
+        ),
+        "unknown type",
+    );
+    assert!(!out.exists());
 }
 
 #[test]
@@ -253,6 +460,8 @@ fn every_command_has_help() {
         &["bench", "kv", "--help"],
         &["bench", "attention", "--help"],
         &["bench", "context", "--help"],
+        &["quantize", "--help"],
+        &["analyze", "quant", "--help"],
         &["fetch", "--help"],
     ] {
         let out = frugal(cmd, None);

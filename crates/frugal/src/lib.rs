@@ -6,9 +6,11 @@
 //! [`quant`] on the stored format) → logits → [`sample`] → token → detokenizer → text.
 //! [`generate`] drives that loop; [`eval`] scores text; [`gguf`] reads and writes model files.
 
+pub mod analyze;
 pub mod attention;
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod error;
 pub mod estimate;
 pub mod eval;

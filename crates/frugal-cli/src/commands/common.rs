@@ -1,9 +1,11 @@
 //! Flags shared by several commands, and the model loading they share.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use frugal::attention::Attention;
+use frugal::convert::{self, Action, Policy, Target};
+use frugal::gguf::GgufFile;
 use frugal::kv::{KvFormat, KvLayout, KvOptions, KvType};
 use frugal::model::Model;
 use frugal::quant::act::Activations;
@@ -19,6 +21,13 @@ pub struct ModelArgs {
     /// integer kernels for Q4_0/Q4_1/Q8_0 weights, as llama.cpp runs quantized files)
     #[arg(long = "activations", default_value = "f32")]
     pub activations: Activations,
+    /// Re-quantize the weights in memory at load time (in-situ quantization): a GGUF type
+    /// (q8_0, q6_k, q5_1, q5_0, q4_k, q4_1, q4_0, mxfp4, f16, bf16, f32) is re-encoded for real;
+    /// a research format (int8-tensor, int8-channel, int4-b32, ..., fp8-e4m3, fp8-e5m2, nf4) is
+    /// simulated: quantized, then dequantized into F32 weights the model runs on. Norms stay F32
+    /// and the embedding/output at 8 bits, as `frugal quantize` does.
+    #[arg(long = "quantize-on-load", value_name = "TYPE")]
+    pub quantize_on_load: Option<String>,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -143,11 +152,44 @@ pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
 /// Loads the model and its tokenizer.
 pub fn load(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
     let path = model_path(args)?;
-    let mut model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = load_model(&path, args.quantize_on_load.as_deref())?;
     model.set_activations(args.activations);
     let tok = Tokenizer::from_gguf(&model.file)
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
     Ok((model, tok))
+}
+
+/// Opens a model file, re-quantizing it in memory first when `quantize_on_load` names a type
+/// (the summary goes to stderr).
+pub fn load_model(path: &Path, quantize_on_load: Option<&str>) -> Result<Model> {
+    let loading = || format!("loading {}", path.display());
+    let Some(ty) = quantize_on_load else {
+        return Model::load(path).with_context(loading);
+    };
+    let target: Target = ty.parse()?;
+    let file = GgufFile::open(path).with_context(loading)?;
+    let t0 = std::time::Instant::now();
+    let (file, report) = convert::quantize_in_memory(&file, &Policy::new(target), |_, _| {})
+        .with_context(|| format!("quantizing {} to {target} on load", path.display()))?;
+    let count = |a: Action| report.tensors.iter().filter(|t| t.action == a).count();
+    eprintln!(
+        "quantize-on-load {target}: {} tensors re-encoded, {} simulated (quantized, then held as F32), {} kept; {} -> {} of weights in memory ({:.1} s){}",
+        count(Action::Encode),
+        count(Action::Simulate),
+        count(Action::Keep),
+        human_bytes(report.bytes_before),
+        human_bytes(report.bytes_after),
+        t0.elapsed().as_secs_f64(),
+        if report.fallbacks.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} tensors fell back to another type (rows not a whole number of blocks)",
+                report.fallbacks.len()
+            )
+        }
+    );
+    Model::from_file(file).with_context(loading)
 }
 
 /// The context length to use: the flag, else the model's trained context.

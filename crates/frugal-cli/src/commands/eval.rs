@@ -33,6 +33,11 @@ pub struct PerplexityArgs {
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
+    /// A reference model (e.g. the F32 file from `frugal quantize --type f32`): both are scored in
+    /// the same pass, and the KL divergence of the model's next-token distribution from the
+    /// reference's and their top-1 agreement are reported (as llama.cpp's --kl-divergence)
+    #[arg(long = "reference", value_name = "BASE.gguf")]
+    pub reference: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -57,13 +62,14 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
     let opts = EvalOptions {
         kv: a.engine.kv_options()?,
         attention: a.engine.attention()?,
-        baseline: a.kld.then_some((
-            KvOptions {
-                layout: KvLayout::Contiguous,
-                ..KvOptions::default()
-            },
-            Attention::Naive,
-        )),
+    };
+    // The reference path of the same model: f32 contiguous cache, naive attention.
+    let baseline = EvalOptions {
+        kv: KvOptions {
+            layout: KvLayout::Contiguous,
+            ..KvOptions::default()
+        },
+        attention: Attention::Naive,
     };
     let (model, tok) = common::load(&a.model)?;
     let tokens = tok.encode(&text, false)?;
@@ -73,6 +79,25 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
             .expect("valid template"),
     );
     bar.set_message("perplexity");
+    if let Some(reference) = &a.reference {
+        anyhow::ensure!(
+            !a.kld,
+            "--kld and --reference both name what to compare against: give one"
+        );
+        bar.set_message("perplexity + KL");
+        let base = common::load_model(reference, None)?;
+        return compare(
+            &a,
+            (&model, &opts),
+            (&base, &EvalOptions::default()),
+            &tokens,
+            bar,
+        );
+    }
+    if a.kld {
+        bar.set_message("perplexity + KL");
+        return compare(&a, (&model, &opts), (&model, &baseline), &tokens, bar);
+    }
     let t0 = std::time::Instant::now();
     let r = frugal::eval::perplexity_with(&model, &tokens, a.ctx, &opts, |done, _| {
         bar.set_position(done as u64)
@@ -114,16 +139,59 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
                 .format
                 .bytes_per_token(model.config.n_layers, model.config.kv_dim())
         );
-        if let Some(kl) = &r.kl {
-            println!(
-                "vs f32 KV + naive attention (PPL {:.4}): mean KLD {:.6}, 99% KLD {:.6}, max KLD {:.6}, same top token {:.2}%",
-                kl.baseline_ppl,
-                kl.mean_kld,
-                kl.p99_kld,
-                kl.max_kld,
-                100.0 * kl.same_top
-            );
-        }
+    }
+    Ok(())
+}
+
+fn compare(
+    a: &PerplexityArgs,
+    model: (&frugal::model::Model, &EvalOptions),
+    reference: (&frugal::model::Model, &EvalOptions),
+    tokens: &[u32],
+    bar: ProgressBar,
+) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let c = frugal::eval::compare_with(model, reference, tokens, a.ctx, |done, _| {
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    if a.json {
+        let mut v = serde_json::to_value(&c.model)?;
+        v["text_tokens"] = tokens.len().into();
+        v["seconds"] = secs.into();
+        v["reference_ppl"] = c.reference.ppl.into();
+        v["reference_ppl_stderr"] = c.reference.ppl_stderr.into();
+        v["reference_window_ppl"] = serde_json::to_value(&c.reference.window_ppl)?;
+        v["kl_mean"] = c.kl_mean.into();
+        v["kl_stderr"] = c.kl_stderr.into();
+        v["kl_median"] = c.kl_median.into();
+        v["kl_p99"] = c.kl_p99.into();
+        v["kl_max"] = c.kl_max.into();
+        v["top1_agreement"] = c.top1_agreement.into();
+        v["positions"] = c.positions.into();
+        println!("{v}");
+    } else {
+        println!(
+            "PPL = {:.4} +/- {:.4}; reference PPL = {:.4} +/- {:.4} ({} tokens scored in {} windows of {}; {:.1} s)",
+            c.model.ppl,
+            c.model.ppl_stderr,
+            c.reference.ppl,
+            c.reference.ppl_stderr,
+            c.model.tokens,
+            c.model.windows,
+            c.model.ctx,
+            secs
+        );
+        println!(
+            "KL divergence from the reference: mean {:.6} +/- {:.6}, median {:.6}, 99% {:.6}, max {:.6} nats",
+            c.kl_mean, c.kl_stderr, c.kl_median, c.kl_p99, c.kl_max
+        );
+        println!(
+            "same top token: {:.2}% of {} positions",
+            100.0 * c.top1_agreement,
+            c.positions
+        );
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! One file per command; `common` holds the flags they share.
 
+pub mod analyze;
 pub mod bench;
 pub mod chat;
 pub mod common;
@@ -8,3 +9,4 @@ pub mod eval;
 pub mod fetch;
 pub mod generate;
 pub mod info;
+pub mod quantize;

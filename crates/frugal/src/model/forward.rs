@@ -56,6 +56,32 @@ impl Scratch {
     }
 }
 
+/// Where in a layer an activation is observed: the inputs of its matrix products.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Site {
+    /// The normalized input of Q, K and V.
+    AttnInput,
+    /// The attention output, input of the output projection.
+    AttnOutput,
+    /// The normalized input of the gate and up projections.
+    FfnInput,
+    /// The SwiGLU product, input of the down projection.
+    FfnDownInput,
+}
+
+/// Receives activations as the forward pass produces them, for analysis tools (which activation
+/// channels carry outliers, for instance). `x` holds the batch's rows of `width` values.
+pub trait Observer {
+    fn observe(&mut self, layer: usize, site: Site, x: &[f32], width: usize);
+}
+
+fn observe(obs: &mut Option<&mut dyn Observer>, layer: usize, site: Site, x: &[f32], w: usize) {
+    if let Some(o) = obs {
+        o.observe(layer, site, x, w);
+    }
+}
+
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     v.resize(n, 0.0);
     &mut v[..n]
@@ -70,6 +96,18 @@ impl Model {
         kv: &mut dyn KvSequence,
         s: &'s mut Scratch,
         want: Logits,
+    ) -> Result<&'s [f32], Error> {
+        self.forward_observed(tokens, kv, s, want, None)
+    }
+
+    /// [`forward`](Self::forward), showing the input of every matrix product to `obs`.
+    pub fn forward_observed<'s>(
+        &self,
+        tokens: &[u32],
+        kv: &mut dyn KvSequence,
+        s: &'s mut Scratch,
+        want: Logits,
+        mut obs: Option<&mut dyn Observer>,
     ) -> Result<&'s [f32], Error> {
         let c = &self.config;
         let w = &self.weights;
@@ -105,6 +143,7 @@ impl Model {
             // Attention block: norm -> Q, K, V -> RoPE -> cache -> attention -> output -> residual.
             let xb = sized(&mut s.xb, n * d);
             rms_norm(&s.x, &lw.attn_norm, c.rms_eps, xb);
+            observe(&mut obs, l, Site::AttnInput, xb, d);
             let xq = quantize_input(act, xb, d, &mut s.acts);
             let q = sized(&mut s.q, n * c.q_dim());
             let k = sized(&mut s.k, n * c.kv_dim());
@@ -118,6 +157,7 @@ impl Model {
             let att = sized(&mut s.att, n * c.q_dim());
             let (kl, vl) = kv.layer(l);
             attend(s.attention, shape, q, kl, vl, pos0, att, &mut s.attn_ws);
+            observe(&mut obs, l, Site::AttnOutput, att, c.q_dim());
             let proj = sized(&mut s.proj, n * d);
             let attq = quantize_input(act, att, c.q_dim(), &mut s.acts);
             self.linear(&lw.wo, att, attq, proj);
@@ -125,12 +165,14 @@ impl Model {
 
             // Feed-forward block: norm -> SwiGLU(gate, up) -> down -> residual.
             rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, xb);
+            observe(&mut obs, l, Site::FfnInput, xb, d);
             let xq = quantize_input(act, xb, d, &mut s.acts);
             let gate = sized(&mut s.gate, n * c.n_ff);
             let up = sized(&mut s.up, n * c.n_ff);
             self.linear(&lw.w_gate, xb, xq, gate);
             self.linear(&lw.w_up, xb, xq, up);
             swiglu(gate, up);
+            observe(&mut obs, l, Site::FfnDownInput, gate, c.n_ff);
             let hq = quantize_input(act, gate, c.n_ff, &mut s.acts);
             self.linear(&lw.w_down, gate, hq, proj);
             add_assign(&mut s.x, proj);

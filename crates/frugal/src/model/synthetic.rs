@@ -7,9 +7,7 @@
 use std::borrow::Cow;
 
 use crate::gguf::{GgufWriter, TensorData, Value, ValueType};
-use crate::quant::{
-    GgmlType, f32_to_bf16, f32_to_f16, quantize_q4_0, quantize_q4_1, quantize_q8_0,
-};
+use crate::quant::GgmlType;
 
 /// The shape and storage of a synthetic model.
 #[derive(Clone, Debug)]
@@ -47,21 +45,8 @@ impl Default for SyntheticSpec {
 pub const SYNTHETIC_VOCAB: usize = 258;
 
 fn encode(ty: GgmlType, w: &[f32]) -> Vec<u8> {
-    match ty {
-        GgmlType::F32 => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        GgmlType::F16 => w
-            .iter()
-            .flat_map(|&v| f32_to_f16(v).to_le_bytes())
-            .collect(),
-        GgmlType::BF16 => w
-            .iter()
-            .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
-            .collect(),
-        GgmlType::Q8_0 => quantize_q8_0(w),
-        GgmlType::Q4_0 => quantize_q4_0(w),
-        GgmlType::Q4_1 => quantize_q4_1(w),
-        other => panic!("synthetic models cannot be stored as {other}"),
-    }
+    crate::quant::quantize(ty, w)
+        .unwrap_or_else(|e| panic!("synthetic models cannot be stored as {ty}: {e}"))
 }
 
 /// Writes the model described by `spec` as GGUF bytes.

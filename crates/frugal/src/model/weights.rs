@@ -128,7 +128,7 @@ fn shape_error(name: &str, offset: u64, want: &[u64], got: &[u64]) -> GgufError 
 }
 
 fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
-    let (info, _) = file.tensor(name)?;
+    let (info, bytes) = file.tensor(name)?;
     let want = [cols as u64, rows as u64];
     if info.dims != want {
         return Err(shape_error(name, info.info_offset, &want, &info.dims));
@@ -140,6 +140,13 @@ fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linea
             action: "compute with",
         });
     }
+    // A NaN or infinite block scale would turn the model's output into NaN with no hint of why;
+    // refuse it here, naming the tensor and the block.
+    quant::check_blocks(info.ty, bytes).map_err(|e| GgufError::BadTensor {
+        tensor: name.into(),
+        offset: info.info_offset,
+        reason: format!("corrupted data: {e}"),
+    })?;
     let start = (file.data_offset + info.offset) as usize;
     Ok(Linear {
         name: name.into(),

@@ -133,6 +133,13 @@ impl GgmlType {
     }
 }
 
+/// Serialized as its name (`"Q4_K"`), which is what reports and JSON output want.
+impl serde::Serialize for GgmlType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
 impl fmt::Display for GgmlType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -3,15 +3,17 @@
 use crate::quant::act::Q8Row;
 use crate::quant::{GgmlType, dequantize, f16_to_f32};
 
-/// Reference `dot_row`: decodes one block of 32 at a time into a stack buffer.
+/// Reference `dot_row`: decodes one block (32 elements, or a 256-element K-quant super-block)
+/// at a time into a stack buffer.
 pub fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     let bs = ty.block_size().max(32);
     let bytes_per = ty.bytes_for(bs as u64).unwrap_or(0) as usize;
-    let mut buf = [0f32; 32];
+    let mut buf = [0f32; 256];
+    let buf = &mut buf[..bs];
     let mut sum = 0f32;
     let full = x.len() / bs * bs;
     for (xc, rc) in x[..full].chunks_exact(bs).zip(row.chunks_exact(bytes_per)) {
-        dequantize(ty, rc, &mut buf).expect("caller validated the row");
+        dequantize(ty, rc, buf).expect("caller validated the row");
         sum += buf.iter().zip(xc).map(|(a, b)| a * b).sum::<f32>();
     }
     if full < x.len() {
