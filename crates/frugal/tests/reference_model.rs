@@ -216,6 +216,13 @@ fn perplexity_on_gpl3_matches_llama_cpp_f32() {
     }
 }
 
+/// The fast path (8-bit activations, integer kernels) against the exact one on the same file,
+/// scored in one pass. llama.cpp runs this Q4_1 file with 8-bit activations at PPL 18.3914
+/// (flash attention on; 18.3541 off), mean KL 0.003118 from its F16 file, 99% KL 0.015877, same
+/// top token 96.25%. Its own PPL moves by 0.2% between those two settings: the q8 figure is that
+/// sensitive to summation order (frugal measured 18.352, 18.375 and 18.408 across kernel
+/// revisions), so PPL is held to llama.cpp's within 0.2% and the mean KL, the steadier
+/// measure (stderr about 0.00005), to within 5%.
 #[test]
 fn eight_bit_activations_cost_no_more_quality_than_llama_cpp() {
     let text_path = std::path::Path::new("/usr/share/common-licenses/GPL-3");
@@ -223,19 +230,22 @@ fn eight_bit_activations_cost_no_more_quality_than_llama_cpp() {
         eprintln!("skipping: {} not present", text_path.display());
         return;
     };
-    let Some((mut model, tok)) = load() else {
-        return;
-    };
-    model.set_activations(frugal::quant::act::Activations::Q8);
+    let Some((exact, tok)) = load() else { return };
+    let Some((mut fast, _)) = load() else { return };
+    fast.set_activations(frugal::quant::act::Activations::Q8);
     let tokens = tok.encode(&text, false).unwrap();
-    let r = frugal::eval::perplexity(&model, &tokens, 512, |_, _| {}).unwrap();
-    // llama.cpp runs this Q4_1 file with 8-bit activations at PPL 18.3914 (flash attention on)
-    // and 18.3541 (off); the fast path must be no worse.
-    assert!(r.ppl <= 18.3914, "PPL {}", r.ppl);
+    let c = frugal::eval::compare(&fast, &exact, &tokens, 512, |_, _| {}).unwrap();
     assert!(
-        r.ppl > 18.2,
-        "PPL {} is suspiciously close to the exact figure",
-        r.ppl
+        (c.reference.ppl / 18.2994 - 1.0).abs() < 0.003,
+        "exact PPL {}",
+        c.reference.ppl
+    );
+    assert!(c.model.ppl <= 18.3914 * 1.002, "PPL {}", c.model.ppl);
+    assert!(c.kl_mean <= 0.003118 * 1.05, "mean KL {}", c.kl_mean);
+    assert!(c.kl_p99 <= 0.015877 * 1.05, "99% KL {}", c.kl_p99);
+    assert!(
+        c.kl_mean > 1e-4,
+        "the 8-bit path must actually differ from the exact one"
     );
 }
 
