@@ -7,6 +7,7 @@ pub mod common;
 pub mod estimate;
 pub mod eval;
 pub mod fetch;
+pub mod font;
 pub mod generate;
 pub mod info;
 pub mod quantize;

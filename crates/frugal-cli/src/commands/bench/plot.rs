@@ -22,44 +22,9 @@ pub struct Chart<'a> {
     pub y_fmt: fn(f64) -> String,
 }
 
-/// Common places for a TrueType font; chart text needs one, and frugal ships none.
-const FONT_PATHS: &[&str] = &[
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf",
-    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-    "/usr/share/fonts/liberation-sans/LiberationSans-Regular.ttf",
-    "/System/Library/Fonts/Supplemental/Arial.ttf",
-    "/Library/Fonts/Arial.ttf",
-];
-
-fn register_font() -> Result<()> {
-    static DONE: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
-    DONE.get_or_init(|| {
-        let mut candidates: Vec<PathBuf> = Vec::new();
-        if let Some(p) = std::env::var_os("FRUGAL_FONT") {
-            candidates.push(PathBuf::from(p));
-        }
-        candidates.extend(FONT_PATHS.iter().map(PathBuf::from));
-        for p in &candidates {
-            if let Ok(bytes) = std::fs::read(p) {
-                // plotters keeps fonts for the life of the program.
-                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
-                    return Ok(());
-                }
-            }
-        }
-        Err("chart text needs a TrueType font and none was found; set FRUGAL_FONT to a .ttf file (or pass --no-plot)".to_string())
-    })
-    .clone()
-    .map_err(|e| anyhow!(e))
-}
-
 /// Writes `dir/stem.svg` and `dir/stem.png`; returns their paths.
 pub fn write(chart: &Chart, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
-    register_font()?;
+    crate::commands::font::register_chart_font()?;
     std::fs::create_dir_all(dir).map_err(|e| anyhow!("creating {}: {e}", dir.display()))?;
     let size = (960u32, 640u32);
     let svg = dir.join(format!("{stem}.svg"));
