@@ -8,6 +8,8 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::error::Result;
+use crate::eval::EvalOptions;
+use crate::kv::KvSequence;
 use crate::model::{Logits, Model, Scratch};
 
 /// Repeated timings of one test, in tokens per second.
@@ -53,16 +55,17 @@ fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// Prefill: `n` tokens in one batch from an empty cache, `reps` times after one warm-up.
-pub fn prefill(model: &Model, n: usize, reps: usize) -> Result<Throughput> {
+/// Prefill: `n` tokens in one batch from an empty cache (run as `opts` says), `reps` times
+/// after one warm-up.
+pub fn prefill(model: &Model, n: usize, reps: usize, opts: &EvalOptions) -> Result<Throughput> {
     let toks = tokens(n, model.config.n_vocab, 1);
-    let mut kv = model.new_cache(n)?;
-    let mut s = Scratch::default();
+    let mut kv = model.new_seq_cache(n, &opts.kv)?;
+    let mut s = Scratch::new(opts.attention);
     let mut runs = Vec::with_capacity(reps);
     for rep in 0..=reps {
         kv.clear();
         let t = Instant::now();
-        model.forward(&toks, &mut kv, &mut s, Logits::Last)?;
+        model.forward(&toks, &mut kv as &mut dyn KvSequence, &mut s, Logits::Last)?;
         if rep > 0 {
             runs.push(n as f64 / t.elapsed().as_secs_f64());
         }
@@ -70,17 +73,18 @@ pub fn prefill(model: &Model, n: usize, reps: usize) -> Result<Throughput> {
     Ok(Throughput::from_runs(n, runs))
 }
 
-/// Decode: `n` single-token steps from an empty cache, `reps` times after one warm-up.
-pub fn decode(model: &Model, n: usize, reps: usize) -> Result<Throughput> {
+/// Decode: `n` single-token steps from an empty cache (run as `opts` says), `reps` times after
+/// one warm-up.
+pub fn decode(model: &Model, n: usize, reps: usize, opts: &EvalOptions) -> Result<Throughput> {
     let toks = tokens(n, model.config.n_vocab, 2);
-    let mut kv = model.new_cache(n)?;
-    let mut s = Scratch::default();
+    let mut kv = model.new_seq_cache(n, &opts.kv)?;
+    let mut s = Scratch::new(opts.attention);
     let mut runs = Vec::with_capacity(reps);
     for rep in 0..=reps {
         kv.clear();
         let t = Instant::now();
         for &tok in &toks {
-            model.forward(&[tok], &mut kv, &mut s, Logits::Last)?;
+            model.forward(&[tok], &mut kv as &mut dyn KvSequence, &mut s, Logits::Last)?;
         }
         if rep > 0 {
             runs.push(n as f64 / t.elapsed().as_secs_f64());

@@ -3,7 +3,8 @@
 
 use anyhow::Result;
 
-use crate::commands::common::{self, ModelArgs};
+use crate::commands::common::{self, EngineArgs, ModelArgs};
+use frugal::eval::EvalOptions;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -24,20 +25,26 @@ pub struct Args {
     pub json: bool,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
     anyhow::ensure!(a.reps > 0, "--reps must be at least 1");
     let path = common::model_path(&a.model)?;
     let (model, _) = common::load(&a.model)?;
+    let opts = EvalOptions {
+        kv: a.engine.kv_options()?,
+        attention: a.engine.attention()?,
+    };
     let threads = rayon::current_num_threads();
     let pp = if a.prompt > 0 {
-        Some(frugal::bench::prefill(&model, a.prompt, a.reps)?)
+        Some(frugal::bench::prefill(&model, a.prompt, a.reps, &opts)?)
     } else {
         None
     };
     let tg = if a.gen_tokens > 0 {
-        Some(frugal::bench::decode(&model, a.gen_tokens, a.reps)?)
+        Some(frugal::bench::decode(&model, a.gen_tokens, a.reps, &opts)?)
     } else {
         None
     };
@@ -57,6 +64,8 @@ pub fn run(a: Args) -> Result<()> {
             "model": name,
             "threads": threads,
             "activations": model.activations,
+            "attention": opts.attention,
+            "kv": opts.kv,
             "pp_tokens": a.prompt,
             "tg_tokens": a.gen_tokens,
             "pp_tokens_per_s": pp.as_ref().map(|t| t.median),
