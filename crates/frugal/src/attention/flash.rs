@@ -315,12 +315,7 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
             }
             let jn = (visible - j0).min(nb);
             let sr = &mut t.s[..jn];
-            sr.fill(0.0);
-            for (c, &qc) in t.q[r * hd..][..hd].iter().enumerate() {
-                for (x, &kk) in sr.iter_mut().zip(&t.kt[c * bc..c * bc + jn]) {
-                    *x += qc * kk;
-                }
-            }
+            scores(&t.q[r * hd..][..hd], &t.kt, bc, sr);
             let tile_max = sr.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
             let m_new = m[r].max(tile_max);
             // exp(-inf) = 0 on the first tile: nothing accumulated yet to rescale.
@@ -335,17 +330,66 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
             // The tile's p.v is summed on its own, then added: two-level summation keeps the
             // rounding error growing with (tile + tiles) rather than with every key.
             let pv = &mut t.pv[..hd];
-            pv.fill(0.0);
-            for (j, &p) in sr.iter().enumerate() {
-                for (a, &b) in pv.iter_mut().zip(&t.vt[j * hd..][..hd]) {
-                    *a += p * b;
-                }
-            }
+            weighted_values(sr, &t.vt, hd, pv);
             let ar = &mut acc[r * hd..][..hd];
             for (a, &b) in ar.iter_mut().zip(pv.iter()) {
                 *a = *a * corr + b;
             }
         }
         j0 += nb;
+    }
+}
+
+/// `s[j] = q . k_j` for the keys of a tile stored transposed (`kt[c * bc + j]`). Eight keys at a
+/// time, their sums held in registers across the head dimension; each sum still runs over `c`
+/// in order, so the result is the same as the plain loop's.
+#[inline(always)]
+fn scores(q: &[f32], kt: &[f32], bc: usize, s: &mut [f32]) {
+    const W: usize = 8;
+    let jn = s.len();
+    let mut j = 0;
+    while j + W <= jn {
+        let mut a = [0f32; W];
+        for (c, &qc) in q.iter().enumerate() {
+            let k = &kt[c * bc + j..c * bc + j + W];
+            for i in 0..W {
+                a[i] += qc * k[i];
+            }
+        }
+        s[j..j + W].copy_from_slice(&a);
+        j += W;
+    }
+    for (jj, x) in s.iter_mut().enumerate().skip(j) {
+        *x = 0.0;
+        for (c, &qc) in q.iter().enumerate() {
+            *x += qc * kt[c * bc + jj];
+        }
+    }
+}
+
+/// `pv = sum_j p[j] * v_j` (`v` row-major, `hd` per key). 32 output values at a time stay in
+/// registers across the keys; each still sums over `j` in order, as the plain loop does.
+#[inline(always)]
+fn weighted_values(p: &[f32], v: &[f32], hd: usize, pv: &mut [f32]) {
+    const W: usize = 32;
+    let mut d0 = 0;
+    while d0 + W <= hd {
+        let mut a = [0f32; W];
+        for (j, &pj) in p.iter().enumerate() {
+            let vj = &v[j * hd + d0..j * hd + d0 + W];
+            for i in 0..W {
+                a[i] += pj * vj[i];
+            }
+        }
+        pv[d0..d0 + W].copy_from_slice(&a);
+        d0 += W;
+    }
+    if d0 < hd {
+        pv[d0..].fill(0.0);
+        for (j, &pj) in p.iter().enumerate() {
+            for (a, &b) in pv[d0..].iter_mut().zip(&v[j * hd + d0..(j + 1) * hd]) {
+                *a += pj * b;
+            }
+        }
     }
 }
