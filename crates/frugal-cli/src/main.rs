@@ -42,6 +42,9 @@ enum Command {
     /// Analyze a model's numbers: outliers and what they cost each quantization scheme.
     #[command(subcommand)]
     Analyze(commands::analyze::AnalyzeCommand),
+    /// Reports that combine measurements: `report quant` is the format table.
+    #[command(subcommand)]
+    Report(commands::report::ReportCommand),
     /// Estimate KV-cache and memory needs for a model at a context length.
     Estimate(commands::estimate::Args),
     /// Download the default model (SmolLM2-135M-Instruct, Q4_1) into the cache.
@@ -97,6 +100,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench(a) => commands::bench::run(a),
         Command::Quantize(a) => commands::quantize::run(a),
         Command::Analyze(c) => commands::analyze::run(c),
+        Command::Report(c) => commands::report::run(c),
         Command::Estimate(a) => commands::estimate::run(a),
         Command::Fetch(a) => commands::fetch::run(a),
     }

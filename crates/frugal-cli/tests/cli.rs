@@ -679,3 +679,53 @@ fn bench_commands_print_tables_and_write_charts() {
     let bad = frugal(&["bench", "attention", "--seq", "0"], None);
     assert_clean_error(&bad, "--seq");
 }
+
+#[test]
+fn report_quant_measures_every_requested_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write_model(dir.path(), "tiny.gguf", &tiny());
+    let text = write_model(
+        dir.path(),
+        "text.txt",
+        "A small text to score, repeated. ".repeat(8).as_bytes(),
+    );
+    let out = frugal(
+        &[
+            "report",
+            "quant",
+            "-m",
+            m.to_str().unwrap(),
+            "--text",
+            text.to_str().unwrap(),
+            "--ctx",
+            "32",
+            "--types",
+            "source,q4_0,int8-tensor",
+            "-p",
+            "8",
+            "-n",
+            "2",
+            "--json",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    // The source against itself (exact vs 8-bit activations) is close; every row is measured.
+    assert!(rows[0]["kl_mean"].as_f64().unwrap() < rows[1]["kl_mean"].as_f64().unwrap());
+    for r in rows {
+        assert!(
+            r["ppl"].as_f64().unwrap() > 1.0 && r["tg_tokens_per_s"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+    }
+    assert!(
+        rows[1]["bits_per_weight"].as_f64().unwrap() < rows[2]["bits_per_weight"].as_f64().unwrap()
+    );
+}

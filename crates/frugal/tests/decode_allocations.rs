@@ -42,7 +42,10 @@ fn decode_steps_do_not_allocate() {
     // check deterministic: per-thread scratch (attention tiles, weight tiles) is allocated once
     // per thread on its first use, and with several workers which thread first runs which job
     // depends on scheduling.
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
     pool.install(check_decode_allocations);
 }
 

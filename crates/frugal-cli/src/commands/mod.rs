@@ -11,3 +11,4 @@ pub mod font;
 pub mod generate;
 pub mod info;
 pub mod quantize;
+pub mod report;

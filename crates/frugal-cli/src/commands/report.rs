@@ -1,0 +1,183 @@
+//! `frugal report`: tables that combine several measurements of frugal's own.
+//!
+//! `report quant` is the format table of the README: for each storage format, the model is
+//! re-encoded in memory from the source file (norms F32, embedding/output Q8_0, as `quantize`
+//! does), then measured: bits per weight and size, perplexity and KL divergence against the
+//! exact dequantization of the source (one pass over the same windows), and pp/tg throughput.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use frugal::convert::{self, Policy, Target};
+use frugal::eval::EvalOptions;
+use frugal::gguf::GgufFile;
+use frugal::model::Model;
+use frugal::quant::act::Activations;
+use frugal::tokenizer::Tokenizer;
+
+use super::common::{self, ModelArgs};
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ReportCommand {
+    /// Every storage format side by side: bits/weight, size, PPL, KL to the exact model, speed.
+    Quant(QuantArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct QuantArgs {
+    /// The text to score
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Window length in tokens
+    #[arg(short = 'c', long = "ctx", default_value_t = 512)]
+    pub ctx: usize,
+    /// Formats to measure (GGUF types or research formats); `source` is the file as it is
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "f16,q8_0,q6_k,q5_0,q4_k,source,q4_0,mxfp4"
+    )]
+    pub types: Vec<String>,
+    /// Prefill tokens of the speed test (0 skips)
+    #[arg(short = 'p', long = "prompt", default_value_t = 512)]
+    pub prompt: usize,
+    /// Generated tokens of the speed test (0 skips)
+    #[arg(short = 'n', long = "gen", default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Print one JSON object instead of a Markdown table
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+pub fn run(c: ReportCommand) -> Result<()> {
+    match c {
+        ReportCommand::Quant(a) => quant(a),
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Row {
+    format: String,
+    bits_per_weight: f64,
+    weight_bytes: u64,
+    ppl: f64,
+    ppl_stderr: f64,
+    kl_mean: f64,
+    kl_p99: f64,
+    top1_agreement: f64,
+    pp_tokens_per_s: Option<f64>,
+    tg_tokens_per_s: Option<f64>,
+}
+
+fn quant(a: QuantArgs) -> Result<()> {
+    let path = common::model_path(&a.model)?;
+    let text = std::fs::read_to_string(&a.text)
+        .with_context(|| format!("reading {} (as UTF-8 text)", a.text.display()))?;
+    let source = GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?;
+    let tok = Tokenizer::from_gguf(&source)?;
+    let tokens = tok.encode(&text, false)?;
+    // The reference: the source's weights, dequantized exactly (f32 activations).
+    let reference = Model::load(&path)?;
+    let opts = EvalOptions::default();
+    let mut rows = Vec::new();
+    for name in &a.types {
+        let mut model = if name == "source" {
+            Model::load(&path)?
+        } else {
+            let target: Target = name.parse()?;
+            let (file, _) = convert::quantize_in_memory(&source, &Policy::new(target), |_, _| {})
+                .with_context(|| format!("quantizing to {name}"))?;
+            Model::from_file(file)?
+        };
+        // The fast path wherever the format has integer kernels; exact f32 elsewhere.
+        model.set_activations(Activations::Q8);
+        let (elements, bytes) = model.file.tensors().iter().fold((0u64, 0u64), |(e, b), t| {
+            (e + t.n_elements(), b + t.n_bytes())
+        });
+        eprintln!("{name}: scoring...");
+        let c = frugal::eval::compare_with(
+            (&model, &opts),
+            (&reference, &opts),
+            &tokens,
+            a.ctx,
+            |_, _| {},
+        )?;
+        let pp = (a.prompt > 0)
+            .then(|| frugal::bench::prefill(&model, a.prompt, 1, &opts))
+            .transpose()?;
+        let tg = (a.gen_tokens > 0)
+            .then(|| frugal::bench::decode(&model, a.gen_tokens, 1, &opts))
+            .transpose()?;
+        let label = if name == "source" {
+            format!("{} (source)", source_type(&model))
+        } else {
+            name.to_uppercase()
+        };
+        rows.push(Row {
+            format: label,
+            bits_per_weight: bytes as f64 * 8.0 / elements as f64,
+            weight_bytes: bytes,
+            ppl: c.model.ppl,
+            ppl_stderr: c.model.ppl_stderr,
+            kl_mean: c.kl_mean,
+            kl_p99: c.kl_p99,
+            top1_agreement: c.top1_agreement,
+            pp_tokens_per_s: pp.map(|t| t.median),
+            tg_tokens_per_s: tg.map(|t| t.median),
+        });
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "model": path.display().to_string(), "ctx": a.ctx, "threads": rayon::current_num_threads(), "reference_ppl": reference_ppl(&reference, &tokens, a.ctx)?, "rows": rows })
+        );
+        return Ok(());
+    }
+    println!(
+        "| format | bits/weight | weights | PPL | mean KL | 99% KL | same top | pp{} tok/s | tg{} tok/s |",
+        a.prompt, a.gen_tokens
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let speed = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
+    for r in &rows {
+        println!(
+            "| {} | {:.2} | {} | {:.4} ± {:.3} | {:.5} | {:.4} | {:.2}% | {} | {} |",
+            r.format,
+            r.bits_per_weight,
+            common::human_bytes(r.weight_bytes),
+            r.ppl,
+            r.ppl_stderr,
+            r.kl_mean,
+            r.kl_p99,
+            100.0 * r.top1_agreement,
+            speed(r.pp_tokens_per_s),
+            speed(r.tg_tokens_per_s)
+        );
+    }
+    println!(
+        "\n{} scored tokens, ctx {}, {} threads; reference PPL {:.4}; KL and top-1 against the exact dequantization of the source; speed with 8-bit activations where the format has integer kernels (Q4_0, Q4_1, Q8_0), f32 otherwise.",
+        (tokens.len() / a.ctx) * (a.ctx - 1 - a.ctx / 2),
+        a.ctx,
+        rayon::current_num_threads(),
+        reference_ppl(&reference, &tokens, a.ctx)?
+    );
+    Ok(())
+}
+
+/// The dominant storage type of a model's matrices.
+fn source_type(m: &Model) -> String {
+    let mut by: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for t in m.file.tensors() {
+        *by.entry(t.ty.name()).or_default() += t.n_elements();
+    }
+    by.into_iter()
+        .max_by_key(|&(_, n)| n)
+        .map(|(t, _)| t.to_string())
+        .unwrap_or_default()
+}
+
+fn reference_ppl(reference: &Model, tokens: &[u32], ctx: usize) -> Result<f64> {
+    Ok(frugal::eval::perplexity(reference, tokens, ctx, |_, _| {})?.ppl)
+}
