@@ -124,25 +124,21 @@ pub fn read_bandwidth() -> f64 {
 /// one embedding row and the norms.
 pub fn weight_bytes_per_token(model: &Model) -> u64 {
     let w = &model.weights;
-    let matrix = |m: &crate::model::Linear| -> u64 {
-        match &m.packed {
+    let matrices: u64 = w
+        .matrices()
+        .map(|m| match &m.packed {
             Some(p) => p.bytes() as u64,
             None => m.view(&model.file).data.len() as u64,
-        }
-    };
-    let layers: u64 = w
-        .layers
-        .iter()
-        .map(|l| {
-            [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                .iter()
-                .map(|m| matrix(m))
-                .sum::<u64>()
-                + 4 * (l.attn_norm.len() + l.ffn_norm.len()) as u64
         })
         .sum();
+    let norms: usize = w
+        .layers
+        .iter()
+        .map(|l| l.attn_norm.len() + l.ffn_norm.len())
+        .sum::<usize>()
+        + w.output_norm.len();
     let embd_row = w.token_embd.view(&model.file).row_bytes() as u64;
-    layers + matrix(&w.output) + embd_row + 4 * w.output_norm.len() as u64
+    matrices + embd_row + 4 * norms as u64
 }
 
 /// Peak resident memory of this process so far (Linux `VmHWM`), or `None` where unavailable.

@@ -70,14 +70,9 @@ impl Model {
 
     /// Bytes of repacked weights held on the heap.
     pub fn packed_bytes(&self) -> usize {
-        let mut seen = std::collections::HashSet::new();
-        let w = &self.weights;
-        w.layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
-            .chain(std::iter::once(&w.output))
+        self.weights
+            .matrices()
             .filter_map(|m| m.packed.as_ref())
-            .filter(|p| seen.insert(std::sync::Arc::as_ptr(p)))
             .map(|p| p.bytes())
             .sum()
     }

@@ -68,6 +68,14 @@ pub struct Weights {
 impl Weights {
     /// Every matrix the forward pass multiplies by (not the embedding table, which is only
     /// indexed, unless it is also the output).
+    pub fn matrices(&self) -> impl Iterator<Item = &Linear> {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .chain(std::iter::once(&self.output))
+    }
+
+    /// [`Weights::matrices`], mutably.
     pub fn matrices_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
         self.layers
             .iter_mut()

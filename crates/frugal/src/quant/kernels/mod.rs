@@ -122,27 +122,11 @@ pub fn dot_packed<const T: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{
-        dequantize_to_vec, f32_to_bf16, f32_to_f16, quantize_q4_0, quantize_q4_1, quantize_q8_0,
-    };
+    use crate::quant::dequantize_to_vec;
     use proptest::prelude::*;
 
     fn encode(ty: GgmlType, w: &[f32]) -> Vec<u8> {
-        match ty {
-            GgmlType::F32 => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            GgmlType::F16 => w
-                .iter()
-                .flat_map(|&v| f32_to_f16(v).to_le_bytes())
-                .collect(),
-            GgmlType::BF16 => w
-                .iter()
-                .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
-                .collect(),
-            GgmlType::Q8_0 => quantize_q8_0(w),
-            GgmlType::Q4_0 => quantize_q4_0(w),
-            GgmlType::Q4_1 => quantize_q4_1(w),
-            _ => unreachable!(),
-        }
+        crate::quant::quantize(ty, w).expect("a format with a reference encoder")
     }
 
     /// Every level this CPU can run.
