@@ -18,7 +18,7 @@ pub struct ModelArgs {
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// Activation precision in matrix products: f32 (exact) or q8 (8 bits per block of 32,
-    /// integer kernels for Q4_0/Q4_1/Q8_0 weights, as llama.cpp runs quantized files)
+    /// integer kernels for every block-quantized format, as llama.cpp runs quantized files)
     #[arg(long = "activations", default_value = "f32")]
     pub activations: Activations,
     /// Re-quantize the weights in memory at load time (in-situ quantization): a GGUF type

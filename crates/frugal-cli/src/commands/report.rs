@@ -157,7 +157,7 @@ fn quant(a: QuantArgs) -> Result<()> {
         );
     }
     println!(
-        "\n{} scored tokens, ctx {}, {} threads; reference PPL {:.4}; KL and top-1 against the exact dequantization of the source; speed with 8-bit activations where the format has integer kernels (Q4_0, Q4_1, Q8_0), f32 otherwise.",
+        "\n{} scored tokens, ctx {}, {} threads; reference PPL {:.4}; KL and top-1 against the exact dequantization of the source; speed with 8-bit activations for the block-quantized formats, f32 for the float ones.",
         (tokens.len() / a.ctx) * (a.ctx - 1 - a.ctx / 2),
         a.ctx,
         rayon::current_num_threads(),

@@ -47,8 +47,8 @@ impl Model {
         KvCache::new(self.config.n_layers, self.config.kv_dim(), ctx)
     }
 
-    /// Selects the activation precision. Switching to 8-bit activations repacks the Q4_0, Q4_1
-    /// and Q8_0 matrices into the grouped layout of `quant::packed` (once; about the size of
+    /// Selects the activation precision. Switching to 8-bit activations repacks the
+    /// block-quantized matrices into the grouped layout of `quant::packed` (once; about the size of
     /// those weights on the heap), after which their pages of the file map are released.
     pub fn set_activations(&mut self, a: Activations) {
         self.activations = a;

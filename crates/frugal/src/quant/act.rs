@@ -14,8 +14,8 @@ pub enum Activations {
     /// Exact f32 arithmetic on the dequantized weights (what llama.cpp's F32 file computes).
     #[default]
     F32,
-    /// 8 bits per block of 32 for Q4_0/Q4_1/Q8_0 weights: integer dot products, as llama.cpp
-    /// runs quantized files. Other formats keep f32 activations.
+    /// 8 bits per block of 32 for block-quantized weights: integer dot products, as llama.cpp
+    /// runs quantized files. Float weights (F32, F16, BF16) keep f32 activations.
     Q8,
 }
 

@@ -28,7 +28,7 @@ fn half(b: &[u8]) -> f32 {
 }
 
 /// 6-bit scale and min of sub-block `j` from the 12 packed bytes.
-fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+pub(super) fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

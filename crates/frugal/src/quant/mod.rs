@@ -17,6 +17,7 @@ pub mod q5;
 mod q8;
 pub mod research;
 mod types;
+pub mod unit;
 
 pub use float::{
     bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, quantize_bf16, quantize_f16, quantize_f32,

@@ -84,7 +84,7 @@ pub fn gemm_f32(isa: Isa, w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
     }
 }
 
-/// Dot products of one packed group of eight Q4_0, Q4_1 or Q8_0 rows (see `quant::packed`)
+/// Dot products of one packed group of eight block-quantized rows (see `quant::packed`)
 /// with `T` rows of 8-bit activations: `out[t][r] = dot(row r, xs[t])`.
 #[inline]
 pub fn dot_packed<const T: usize>(
@@ -95,13 +95,14 @@ pub fn dot_packed<const T: usize>(
     out: &mut [[f32; GROUP]; T],
 ) {
     let cols = xs[0].qs.len();
+    let span = packed::layout(ty).map_or(0, |l| l.span);
     assert!(
-        cols.is_multiple_of(32)
+        span > 0
+            && cols.is_multiple_of(span)
             && xs
                 .iter()
                 .all(|x| x.qs.len() == cols && x.d.len() == cols / 32 && x.s.len() == cols / 32)
-            && packed::layout(ty).is_some()
-            && group.len() >= cols / 32 * packed::column_bytes(ty),
+            && group.len() >= cols / span * packed::column_bytes(ty),
         "dot_packed: group does not match the activations"
     );
     match isa {
@@ -128,6 +129,18 @@ mod tests {
     fn encode(ty: GgmlType, w: &[f32]) -> Vec<u8> {
         crate::quant::quantize(ty, w).expect("a format with a reference encoder")
     }
+
+    /// Every format with a packed 8-bit-activation kernel.
+    const PACKED: [GgmlType; 8] = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::MXFP4,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
 
     /// Every level this CPU can run.
     fn levels() -> Vec<Isa> {
@@ -180,9 +193,10 @@ mod tests {
         }
 
         #[test]
-        fn int8_dot_matches_scalar_at_every_level(ty_i in 0usize..3, blocks in 1usize..40, seed in any::<u64>()) {
-            let ty = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1][ty_i];
-            let k = blocks * 32;
+        fn int8_dot_matches_scalar_at_every_level(ty_i in 0usize..8, blocks in 1usize..40, seed in any::<u64>()) {
+            let ty = PACKED[ty_i];
+            // Whole blocks of the format: 32 elements, or 256 for the K-quants.
+            let k = if ty.block_size() == 256 { blocks.div_ceil(4) * 256 } else { blocks * 32 };
             let mut s = seed | 1;
             let mut rnd = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5 };
             let w: Vec<f32> = (0..k).map(|_| rnd() * 3.0).collect();

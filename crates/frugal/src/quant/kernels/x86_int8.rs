@@ -1,10 +1,16 @@
 //! Integer dot products of packed block-quantized weights (see `quant::packed`) with 8-bit
-//! activations (x86).
+//! activations (x86), for every block format.
 //!
-//! Each i32 lane accumulates one of the group's eight rows; per block, the eight integer sums are
-//! converted once and scaled by the eight `d_w` times `d_x` into an f32 accumulator. The
-//! u8 x i8 step is `maddubs + madd` on AVX2 and a single `vpdpbusd` with AVX-512 VNNI; one macro
-//! writes both so they cannot drift apart.
+//! Each i32 lane accumulates one of the group's eight rows. Per 32-element unit the weights are
+//! unpacked in registers into eight vectors `w[i]` (elements 4i..4i+4 of the eight rows): nibbles
+//! masked out of four loads, plus the fifth bit (Q5) or top two bits (Q6_K) shifted into place,
+//! or looked up (MXFP4's E2M1 codes). Each `w[i]` meets four activation bytes broadcast to all
+//! lanes; the eight integer sums are converted once and scaled by the eight rows' scales times
+//! `dx`. Unsigned weights use the u8 x i8 product directly and add a per-format offset times the
+//! activation block sum `s` (Q4_0's -8d, Q5_0's -16d, the Q4_1/Q5_1 minimum, Q4_K's -dmin*m);
+//! signed weights (Q8_0, MXFP4, Q6_K) go through `|w| * (x * sign(w))`. The u8 x i8 step is
+//! `maddubs + madd` on AVX2 and a single `vpdpbusd` with AVX-512 VNNI; one macro writes both so
+//! they cannot drift apart.
 
 use std::arch::x86_64::*;
 
@@ -12,6 +18,7 @@ use super::avx2::PREFETCH;
 use crate::quant::GgmlType;
 use crate::quant::act::Q8Row;
 use crate::quant::packed::{GROUP, layout};
+use crate::quant::unit::MXFP4_INT;
 
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -28,15 +35,150 @@ fn udot_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, u, s)
 }
 
+/// The eight weight vectors of a 4-bit unit: `w[2c]` the low nibbles of chunk c (elements
+/// 8c..8c+4), `w[2c+1]` the high nibbles (elements 8c+4..8c+8).
+///
+/// # Safety
+/// `data` points at 128 readable bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn nibbles(data: *const u8) -> [__m256i; 8] {
+    let mask = _mm256_set1_epi8(0x0f);
+    // SAFETY: the caller guarantees 4 x 32 readable bytes.
+    let raw: [__m256i; 4] =
+        std::array::from_fn(|c| unsafe { _mm256_loadu_si256(data.add(32 * c) as *const __m256i) });
+    std::array::from_fn(|i| {
+        let v = raw[i / 2];
+        if i % 2 == 0 {
+            _mm256_and_si256(v, mask)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16(v, 4), mask)
+        }
+    })
+}
+
+/// Moves bit `from` of every byte of `h` to bit `to` (and leaves other bits to be masked).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn move_bits(h: __m256i, from: i32, to: i32) -> __m256i {
+    // 16-bit shifts: bits crossing into the neighbouring byte land outside the mask.
+    if to >= from {
+        _mm256_sll_epi16(h, _mm_cvtsi32_si128(to - from))
+    } else {
+        _mm256_srl_epi16(h, _mm_cvtsi32_si128(from - to))
+    }
+}
+
+/// Adds Q5's fifth bits (32 bytes at `hi`: byte j of each row word, bit i = element 4i+j).
+///
+/// # Safety
+/// `hi` points at 32 readable bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn add_fifth_bits(w: &mut [__m256i; 8], hi: *const u8) {
+    // SAFETY: the caller guarantees 32 readable bytes.
+    let h = unsafe { _mm256_loadu_si256(hi as *const __m256i) };
+    let bit4 = _mm256_set1_epi8(0x10);
+    for (i, wi) in w.iter_mut().enumerate() {
+        *wi = _mm256_or_si256(*wi, _mm256_and_si256(move_bits(h, i as i32, 4), bit4));
+    }
+}
+
+/// Adds Q6_K's top bit pairs (2 x 32 bytes at `hi`: in word k, byte j bits 2i..2i+2 = element
+/// 4(4k+i)+j) and recentres the 6-bit codes to signed `code - 32`.
+///
+/// # Safety
+/// `hi` points at 64 readable bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn add_top_pairs(w: &mut [__m256i; 8], hi: *const u8) {
+    // SAFETY: the caller guarantees 64 readable bytes.
+    let h: [__m256i; 2] =
+        std::array::from_fn(|k| unsafe { _mm256_loadu_si256(hi.add(32 * k) as *const __m256i) });
+    let bits45 = _mm256_set1_epi8(0x30);
+    let bias = _mm256_set1_epi8(32);
+    for (i, wi) in w.iter_mut().enumerate() {
+        let top = _mm256_and_si256(move_bits(h[i / 4], 2 * (i % 4) as i32, 4), bits45);
+        *wi = _mm256_sub_epi8(_mm256_or_si256(*wi, top), bias);
+    }
+}
+
+/// Eight rows' E8M0 scales (8 bytes at `e`) as f32 halves, 2^(e-127) / 2, exact for every e
+/// (e = 0 gives the subnormal 2^-128 through the floor of the bit pattern).
+///
+/// # Safety
+/// `e` points at 8 readable bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn e8m0_halves(e: *const u8) -> __m256 {
+    // SAFETY: the caller guarantees 8 readable bytes.
+    let bytes = unsafe { _mm_loadl_epi64(e as *const __m128i) };
+    let bits = _mm256_slli_epi32(_mm256_cvtepu8_epi32(bytes), 23);
+    let bits = _mm256_max_epi32(bits, _mm256_set1_epi32(0x0040_0000));
+    _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0.5))
+}
+
+/// Eight unsigned (or, with `signed`, signed) byte scales at `p` as f32.
+///
+/// # Safety
+/// `p` points at 8 readable bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn byte_scales(p: *const u8, signed: bool) -> __m256 {
+    // SAFETY: the caller guarantees 8 readable bytes.
+    let bytes = unsafe { _mm_loadl_epi64(p as *const __m128i) };
+    _mm256_cvtepi32_ps(if signed {
+        _mm256_cvtepi8_epi32(bytes)
+    } else {
+        _mm256_cvtepu8_epi32(bytes)
+    })
+}
+
+/// Eight rows' f16 values at `p` as f32.
+///
+/// # Safety
+/// `p` points at 16 readable bytes.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn halves(p: *const u8) -> __m256 {
+    // SAFETY: the caller guarantees 16 readable bytes.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p as *const __m128i) })
+}
+
+/// Prefetch hints for `len` bytes starting `PREFETCH` ahead of `p` (never fault).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn prefetch_ahead(p: *const u8, len: usize) {
+    let mut at = 0;
+    while at < len {
+        _mm_prefetch(p.wrapping_add(PREFETCH + at) as *const i8, _MM_HINT_T0);
+        at += 64;
+    }
+}
+
+/// The packed formats, indexed by the kernels' const parameter so each format gets its own
+/// compiled loop (every `ty == ...` below folds to a constant).
+const KINDS: [GgmlType; 8] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::MXFP4,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
 macro_rules! dot_packed_kernel {
-    ($name:ident, $features:literal, $udot:ident) => {
+    ($name:ident, $inner:ident, $features:literal, $udot:ident) => {
         /// Dot products of one packed group of eight rows with `T` activation rows:
-        /// `out[t][r] = dot(row r, xs[t])`. The unpacked weights of each block are reused for
+        /// `out[t][r] = dot(row r, xs[t])`. The unpacked weights of each unit are reused for
         /// all `T` tokens (prefill); decode uses `T = 1`.
         ///
         /// # Safety
         /// `group` holds a whole packed group of `ty` covering `xs[t].qs.len()` elements (equal
-        /// for all t), and the CPU has the features this kernel is compiled for.
+        /// for all t, a multiple of the layout's span), and the CPU has the features this kernel
+        /// is compiled for.
         #[target_feature(enable = $features)]
         pub unsafe fn $name<const T: usize>(
             ty: GgmlType,
@@ -44,80 +186,150 @@ macro_rules! dot_packed_kernel {
             xs: &[Q8Row; T],
             out: &mut [[f32; GROUP]; T],
         ) {
-            let (head, qbytes) = layout(ty).expect("packed type");
-            let col = head + GROUP * qbytes;
-            let nb = xs[0].qs.len() / 32;
-            debug_assert!(group.len() >= nb * col);
-            let base = group.as_ptr();
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                match ty {
+                    GgmlType::Q8_0 => $inner::<T, 0>(group, xs, out),
+                    GgmlType::Q4_0 => $inner::<T, 1>(group, xs, out),
+                    GgmlType::Q4_1 => $inner::<T, 2>(group, xs, out),
+                    GgmlType::Q5_0 => $inner::<T, 3>(group, xs, out),
+                    GgmlType::Q5_1 => $inner::<T, 4>(group, xs, out),
+                    GgmlType::MXFP4 => $inner::<T, 5>(group, xs, out),
+                    GgmlType::Q4_K => $inner::<T, 6>(group, xs, out),
+                    GgmlType::Q6_K => $inner::<T, 7>(group, xs, out),
+                    _ => unreachable!("{ty} has no packed layout"),
+                }
+            }
+        }
+
+        /// [`$name`] for the format `KINDS[K]`.
+        ///
+        /// # Safety
+        /// As for the dispatcher.
+        #[target_feature(enable = $features)]
+        unsafe fn $inner<const T: usize, const K: usize>(
+            group: &[u8],
+            xs: &[Q8Row; T],
+            out: &mut [[f32; GROUP]; T],
+        ) {
+            let ty = KINDS[K];
+            let l = layout(ty).expect("packed type");
+            let col = l.column_bytes();
+            let units = l.units();
+            let ncols = xs[0].qs.len() / l.span;
+            debug_assert!(group.len() >= ncols * col);
+            let signed = matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::Q6_K);
+            // SAFETY: MXFP4_INT is 16 bytes.
+            let lut = _mm256_broadcastsi128_si256(unsafe {
+                _mm_loadu_si128(MXFP4_INT.as_ptr() as *const __m128i)
+            });
             let mut acc = [_mm256_setzero_ps(); T];
             let mut offset = [_mm256_setzero_ps(); T];
-            let mask = _mm256_set1_epi8(0x0f);
-            // SAFETY (whole body): block column b spans base + b*col .. base + (b+1)*col inside
-            // `group`; activation block b spans 32 bytes at 32b inside each `xs[t].qs`, whose
-            // `d` and `s` hold nb entries. Prefetches are hints that never fault.
+            // SAFETY (whole body): column c spans base + c*col .. base + (c+1)*col inside
+            // `group`, its header the first l.head bytes and unit u the l.unit bytes at
+            // l.head + u*l.unit; activation block b spans 32 bytes at 32b inside each
+            // `xs[t].qs`, whose `d` and `s` hold ncols * units entries.
             unsafe {
-                for b in 0..nb {
-                    let blk = base.add(b * col);
-                    _mm_prefetch(blk.wrapping_add(PREFETCH) as *const i8, _MM_HINT_T0);
-                    _mm_prefetch(blk.wrapping_add(PREFETCH + 64) as *const i8, _MM_HINT_T0);
-                    _mm_prefetch(blk.wrapping_add(PREFETCH + 128) as *const i8, _MM_HINT_T0);
-                    // Eight rows' scales in one conversion.
-                    let d8 = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-                    let data = blk.add(head);
-                    if ty == GgmlType::Q8_0 {
-                        let w: [__m256i; 8] = std::array::from_fn(|c| {
-                            _mm256_loadu_si256(data.add(32 * c) as *const __m256i)
-                        });
-                        let wabs: [__m256i; 8] =
-                            std::array::from_fn(|c| _mm256_sign_epi8(w[c], w[c]));
-                        for t in 0..T {
-                            let xp = xs[t].qs.as_ptr().add(32 * b);
-                            let mut isum = _mm256_setzero_si256();
-                            for c in 0..8 {
-                                let xa = _mm256_set1_epi32(std::ptr::read_unaligned(
-                                    xp.add(4 * c) as *const i32
-                                ));
-                                // Signed x signed through unsigned x signed: |w| * (x * sign(w)).
-                                isum = $udot(isum, wabs[c], _mm256_sign_epi8(xa, w[c]));
-                            }
-                            let sc = _mm256_mul_ps(d8, _mm256_set1_ps(*xs[t].d.get_unchecked(b)));
-                            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[t]);
-                        }
-                    } else {
-                        // Offsets: Q4_1's minimum m, or Q4_0's -8d, times sum(x) = s.
-                        let m8 = if ty == GgmlType::Q4_0 {
-                            _mm256_mul_ps(d8, _mm256_set1_ps(-8.0))
+                let base = group.as_ptr();
+                for c in 0..ncols {
+                    let blk = base.add(c * col);
+                    // Per-column scales of the eight rows (per-unit ones are read below).
+                    let d8 = match ty {
+                        GgmlType::MXFP4 => e8m0_halves(blk),
+                        _ => halves(blk),
+                    };
+                    let m8 = match ty {
+                        GgmlType::Q4_0 => _mm256_mul_ps(d8, _mm256_set1_ps(-8.0)),
+                        GgmlType::Q5_0 => _mm256_mul_ps(d8, _mm256_set1_ps(-16.0)),
+                        // Q4_1/Q5_1's minimum; Q4_K's dmin.
+                        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => halves(blk.add(16)),
+                        _ => _mm256_setzero_ps(),
+                    };
+                    for u in 0..units {
+                        let data = blk.add(l.head + u * l.unit);
+                        prefetch_ahead(data, l.unit);
+                        let b = c * units + u;
+                        let mut w = if ty == GgmlType::Q8_0 {
+                            std::array::from_fn(|i| {
+                                _mm256_loadu_si256(data.add(32 * i) as *const __m256i)
+                            })
                         } else {
-                            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(2 * GROUP) as *const __m128i))
+                            nibbles(data)
                         };
-                        let w: [__m256i; 4] = std::array::from_fn(|c| {
-                            _mm256_loadu_si256(data.add(32 * c) as *const __m256i)
-                        });
-                        let lo: [__m256i; 4] =
-                            std::array::from_fn(|c| _mm256_and_si256(w[c], mask));
-                        let hi: [__m256i; 4] = std::array::from_fn(|c| {
-                            _mm256_and_si256(_mm256_srli_epi16(w[c], 4), mask)
-                        });
+                        match ty {
+                            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                                add_fifth_bits(&mut w, data.add(128))
+                            }
+                            GgmlType::Q6_K => add_top_pairs(&mut w, data.add(128)),
+                            GgmlType::MXFP4 => {
+                                for wi in w.iter_mut() {
+                                    *wi = _mm256_shuffle_epi8(lut, *wi);
+                                }
+                            }
+                            _ => {}
+                        }
+                        // Signed weights: |w| as the unsigned operand, the sign moved onto x.
+                        let wu: [__m256i; 8] = if signed {
+                            std::array::from_fn(|i| _mm256_sign_epi8(w[i], w[i]))
+                        } else {
+                            w
+                        };
+                        // This unit's scales (per half for Q6_K) and offset factor.
+                        let (sc_a, sc_b, mn) = match ty {
+                            GgmlType::Q4_K => (
+                                _mm256_mul_ps(d8, byte_scales(blk.add(32 + 8 * u), false)),
+                                d8,
+                                _mm256_mul_ps(m8, byte_scales(blk.add(96 + 8 * u), false)),
+                            ),
+                            GgmlType::Q6_K => (
+                                _mm256_mul_ps(d8, byte_scales(blk.add(16 + 16 * u), true)),
+                                _mm256_mul_ps(d8, byte_scales(blk.add(24 + 16 * u), true)),
+                                m8,
+                            ),
+                            _ => (d8, d8, m8),
+                        };
                         for t in 0..T {
                             let xp = xs[t].qs.as_ptr().add(32 * b);
-                            let mut isum = _mm256_setzero_si256();
-                            for c in 0..4 {
+                            let mut isum = [_mm256_setzero_si256(); 2];
+                            for i in 0..8 {
                                 let xa = _mm256_set1_epi32(std::ptr::read_unaligned(
-                                    xp.add(8 * c) as *const i32
+                                    xp.add(4 * i) as *const i32
                                 ));
-                                let xb = _mm256_set1_epi32(std::ptr::read_unaligned(
-                                    xp.add(8 * c + 4) as *const i32,
-                                ));
-                                isum = $udot(isum, lo[c], xa);
-                                isum = $udot(isum, hi[c], xb);
+                                let xa = if signed {
+                                    _mm256_sign_epi8(xa, w[i])
+                                } else {
+                                    xa
+                                };
+                                isum[i / 4] = $udot(isum[i / 4], wu[i], xa);
                             }
-                            let sc = _mm256_mul_ps(d8, _mm256_set1_ps(*xs[t].d.get_unchecked(b)));
-                            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc[t]);
-                            offset[t] = _mm256_fmadd_ps(
-                                m8,
-                                _mm256_set1_ps(*xs[t].s.get_unchecked(b)),
-                                offset[t],
-                            );
+                            let dx = _mm256_set1_ps(*xs[t].d.get_unchecked(b));
+                            if ty == GgmlType::Q6_K {
+                                acc[t] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(isum[0]),
+                                    _mm256_mul_ps(sc_a, dx),
+                                    acc[t],
+                                );
+                                acc[t] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(isum[1]),
+                                    _mm256_mul_ps(sc_b, dx),
+                                    acc[t],
+                                );
+                            } else {
+                                let isum = _mm256_add_epi32(isum[0], isum[1]);
+                                acc[t] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(isum),
+                                    _mm256_mul_ps(sc_a, dx),
+                                    acc[t],
+                                );
+                            }
+                            if !signed {
+                                let s = _mm256_set1_ps(*xs[t].s.get_unchecked(b));
+                                if ty == GgmlType::Q4_K {
+                                    offset[t] = _mm256_fnmadd_ps(mn, s, offset[t]);
+                                } else {
+                                    offset[t] = _mm256_fmadd_ps(mn, s, offset[t]);
+                                }
+                            }
                         }
                     }
                 }
@@ -129,9 +341,10 @@ macro_rules! dot_packed_kernel {
     };
 }
 
-dot_packed_kernel!(dot_packed_avx2, "avx2,fma,f16c", udot_avx2);
+dot_packed_kernel!(dot_packed_avx2, avx2_kind, "avx2,fma,f16c", udot_avx2);
 dot_packed_kernel!(
     dot_packed_vnni,
+    vnni_kind,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
     udot_vnni
 );
