@@ -264,6 +264,9 @@ unsafe fn block_avx2(
     block_body(job, span, acc, m, l, t)
 }
 
+/// Query rows computed together: their scores and outputs share every load of a key or value.
+pub(super) const R: usize = 4;
+
 /// Leaves, for each row of `span`, the unnormalized output in `acc` (`rows x head_dim`), the
 /// running max in `m` and the running sum in `l` over the visible keys of `span.lo..span.hi`.
 #[inline(always)]
@@ -274,12 +277,17 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
     let q_dim = s.n_head * hd;
     let bc = job.bc;
     let rows = (span.t1 - span.t0) * group;
-    grow(&mut t.q, rows * hd);
+    // The explicit AVX2 inner loops need whole vectors of keys and head dimensions.
+    let fast =
+        cfg!(target_arch = "x86_64") && job.simd && bc.is_multiple_of(8) && hd.is_multiple_of(16);
+    // Rows are taken R at a time; the last block is padded with zero queries (never stored).
+    let padded = rows.next_multiple_of(R);
+    grow(&mut t.q, padded * hd);
     grow(&mut t.kraw, bc * hd);
     grow(&mut t.kt, bc * hd);
     grow(&mut t.vt, bc * hd);
-    grow(&mut t.s, bc);
-    grow(&mut t.pv, hd);
+    grow(&mut t.s, R * bc);
+    grow(&mut t.pv, R * hd);
     // Queries of the block, pre-scaled by 1/sqrt(d): row r = token (r / group), head (r % group).
     for tok in span.t0..span.t1 {
         for g in 0..group {
@@ -291,6 +299,7 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
             }
         }
     }
+    t.q[rows * hd..padded * hd].fill(0.0);
     acc[..rows * hd].fill(0.0);
     m[..rows].fill(f32::NEG_INFINITY);
     l[..rows].fill(0.0);
@@ -308,87 +317,213 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
         }
         job.v
             .decode_head(span.kvh, hd, j0, nb, &mut t.vt[..nb * hd]);
-        for r in 0..rows {
-            let visible = job.pos0 + span.t0 + r / group + 1;
-            if visible <= j0 {
-                continue; // this row's part of the tile is all in the future
+        for rb in (0..rows).step_by(R) {
+            // Visible keys of this tile per row (causal: up to the row's own position).
+            let jn: [usize; R] = std::array::from_fn(|i| {
+                let visible = job.pos0 + span.t0 + (rb + i) / group + 1;
+                if rb + i < rows {
+                    visible.saturating_sub(j0).min(nb)
+                } else {
+                    0
+                }
+            });
+            let jmax = jn.iter().copied().max().unwrap_or(0);
+            if jmax == 0 {
+                continue; // every row's part of the tile is in the future
             }
-            let jn = (visible - j0).min(nb);
-            let sr = &mut t.s[..jn];
-            scores(&t.q[r * hd..][..hd], &t.kt, bc, sr);
-            let tile_max = sr.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
-            let m_new = m[r].max(tile_max);
-            // exp(-inf) = 0 on the first tile: nothing accumulated yet to rescale.
-            let corr = (m[r] - m_new).exp();
-            let mut sum = 0f32;
-            for x in sr.iter_mut() {
-                *x = (*x - m_new).exp();
-                sum += *x;
+            let sb = &mut t.s[..R * bc];
+            let qb = &t.q[rb * hd..(rb + R) * hd];
+            if fast {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                unsafe {
+                    super::flash_x86::scores(qb, &t.kt, bc, jmax, sb)
+                };
+            } else {
+                scores(qb, &t.kt, bc, jmax, sb);
             }
-            l[r] = l[r] * corr + sum;
-            m[r] = m_new;
+            let mut corr = [0f32; R];
+            for (i, &n_i) in jn.iter().enumerate() {
+                let sr = &mut sb[i * bc..i * bc + jmax];
+                if n_i == 0 {
+                    sr.fill(0.0);
+                    continue;
+                }
+                let r = rb + i;
+                let tile_max = sr[..n_i].iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                let m_new = m[r].max(tile_max);
+                // exp(-inf) ~ 0 on the first tile: nothing accumulated yet to rescale.
+                corr[i] = exp_approx(m[r] - m_new);
+                let sum = if fast {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                    unsafe {
+                        super::flash_x86::exp_row(&mut sr[..n_i], m_new)
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    unreachable!()
+                } else {
+                    exp_row(&mut sr[..n_i], m_new)
+                };
+                sr[n_i..].fill(0.0);
+                l[r] = l[r] * corr[i] + sum;
+                m[r] = m_new;
+            }
             // The tile's p.v is summed on its own, then added: two-level summation keeps the
             // rounding error growing with (tile + tiles) rather than with every key.
-            let pv = &mut t.pv[..hd];
-            weighted_values(sr, &t.vt, hd, pv);
-            let ar = &mut acc[r * hd..][..hd];
-            for (a, &b) in ar.iter_mut().zip(pv.iter()) {
-                *a = *a * corr + b;
+            let pv = &mut t.pv[..R * hd];
+            if fast {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                unsafe {
+                    super::flash_x86::weighted_values(sb, bc, &t.vt, hd, jmax, pv)
+                };
+            } else {
+                weighted_values(sb, bc, &t.vt, hd, jmax, pv);
+            }
+            for (i, &n_i) in jn.iter().enumerate() {
+                if n_i == 0 {
+                    continue;
+                }
+                let ar = &mut acc[(rb + i) * hd..][..hd];
+                for (a, &b) in ar.iter_mut().zip(&pv[i * hd..(i + 1) * hd]) {
+                    *a = *a * corr[i] + b;
+                }
             }
         }
         j0 += nb;
     }
 }
 
-/// `s[j] = q . k_j` for the keys of a tile stored transposed (`kt[c * bc + j]`). Eight keys at a
-/// time, their sums held in registers across the head dimension; each sum still runs over `c`
-/// in order, so the result is the same as the plain loop's.
+/// `s[j] = exp(s[j] - max)`; returns their sum (the scalar twin of `flash_x86::exp_row`).
 #[inline(always)]
-fn scores(q: &[f32], kt: &[f32], bc: usize, s: &mut [f32]) {
+pub(super) fn exp_row(s: &mut [f32], max: f32) -> f32 {
+    let mut sum = 0f32;
+    for x in s.iter_mut() {
+        *x = exp_approx(*x - max);
+        sum += *x;
+    }
+    sum
+}
+
+/// `e^x` for `x <= 0` within 2 ulp, branch-free so that loops over it vectorize (a libm call
+/// per score cost a quarter of prefill attention). Range reduction `x = n ln2 + r` with ln2 in
+/// two parts (Cody-Waite), then Cephes' degree-6 polynomial for `e^r` on |r| <= ln2/2, then
+/// `2^n` through the exponent bits. Inputs below -87 return e^-87 (~1.6e-38): as a softmax
+/// weight next to the row maximum's 1, indistinguishable from 0.
+#[inline(always)]
+pub(super) fn exp_approx(x: f32) -> f32 {
+    let x = x.clamp(EXP_MIN, 0.0);
+    let t = x * EXP_LOG2E + EXP_ROUND;
+    let n = t - EXP_ROUND;
+    let r = x - n * EXP_LN2_HI - n * EXP_LN2_LO;
+    let p = EXP_POLY[1..].iter().fold(EXP_POLY[0], |p, &c| p * r + c);
+    let er = p * r * r + r + 1.0;
+    // t's low mantissa bits are n (its ulp is 1 between 2^23 and 2^24): 2^n without a
+    // float-to-int conversion.
+    er * f32::from_bits(
+        t.to_bits()
+            .wrapping_sub(EXP_ROUND.to_bits())
+            .wrapping_add(127)
+            << 23,
+    )
+}
+
+/// Constants of [`exp_approx`] (shared with its AVX2 twin, which must compute the same bits).
+pub(super) const EXP_MIN: f32 = -87.0;
+pub(super) const EXP_LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(super) const EXP_LN2_HI: f32 = 0.693_359_4;
+pub(super) const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+/// Adding and subtracting 1.5 * 2^23 rounds to the nearest integer in any vector unit.
+pub(super) const EXP_ROUND: f32 = 12_582_912.0;
+/// Cephes' expf polynomial, highest degree first.
+pub(super) const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_2e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
+/// `s[i][j] = q_i . k_j` for `R` query rows (`q` is `R x hd`) and keys `0..jn` of a tile stored
+/// transposed (`kt[c * bc + j]`), into `s` (`R x bc`). Eight keys by `R` rows at a time, their
+/// sums in registers across the head dimension: each loaded key vector serves `R` rows. Each sum
+/// still runs over `c` in order, as the plain loop does. Key columns past `jn` up to the next
+/// multiple of 8 are computed on whatever the tile holds there and must be ignored.
+#[inline(always)]
+pub(super) fn scores(q: &[f32], kt: &[f32], bc: usize, jn: usize, s: &mut [f32]) {
     const W: usize = 8;
-    let jn = s.len();
+    let hd = q.len() / R;
     let mut j = 0;
-    while j + W <= jn {
-        let mut a = [0f32; W];
-        for (c, &qc) in q.iter().enumerate() {
+    while j < jn {
+        if j + W > bc {
+            // A tile width that is not a multiple of 8: finish column by column.
+            for jj in j..jn {
+                for i in 0..R {
+                    s[i * bc + jj] = (0..hd)
+                        .map(|c| q[i * hd + c] * kt[c * bc + jj])
+                        .fold(0.0, |a, b| a + b);
+                }
+            }
+            break;
+        }
+        let mut a = [[0f32; W]; R];
+        for c in 0..hd {
             let k = &kt[c * bc + j..c * bc + j + W];
-            for i in 0..W {
-                a[i] += qc * k[i];
+            for (i, ai) in a.iter_mut().enumerate() {
+                let qc = q[i * hd + c];
+                for (x, &kv) in ai.iter_mut().zip(k) {
+                    *x += qc * kv;
+                }
             }
         }
-        s[j..j + W].copy_from_slice(&a);
-        j += W;
-    }
-    for (jj, x) in s.iter_mut().enumerate().skip(j) {
-        *x = 0.0;
-        for (c, &qc) in q.iter().enumerate() {
-            *x += qc * kt[c * bc + jj];
+        for (i, ai) in a.iter().enumerate() {
+            s[i * bc + j..i * bc + j + W].copy_from_slice(ai);
         }
+        j += W;
     }
 }
 
-/// `pv = sum_j p[j] * v_j` (`v` row-major, `hd` per key). 32 output values at a time stay in
-/// registers across the keys; each still sums over `j` in order, as the plain loop does.
+/// `pv[i] = sum_j p[i][j] * v_j` for `R` rows (`p` is `R x bc`, `v` row-major with `hd` per key,
+/// keys `0..jn`). Sixteen output values by `R` rows stay in registers across the keys: each
+/// loaded value vector serves `R` rows. Each sum still runs over `j` in order.
 #[inline(always)]
-fn weighted_values(p: &[f32], v: &[f32], hd: usize, pv: &mut [f32]) {
-    const W: usize = 32;
+pub(super) fn weighted_values(
+    p: &[f32],
+    bc: usize,
+    v: &[f32],
+    hd: usize,
+    jn: usize,
+    pv: &mut [f32],
+) {
+    const W: usize = 16;
     let mut d0 = 0;
     while d0 + W <= hd {
-        let mut a = [0f32; W];
-        for (j, &pj) in p.iter().enumerate() {
+        let mut a = [[0f32; W]; R];
+        for j in 0..jn {
             let vj = &v[j * hd + d0..j * hd + d0 + W];
-            for i in 0..W {
-                a[i] += pj * vj[i];
+            for (i, ai) in a.iter_mut().enumerate() {
+                let pj = p[i * bc + j];
+                for (x, &vv) in ai.iter_mut().zip(vj) {
+                    *x += pj * vv;
+                }
             }
         }
-        pv[d0..d0 + W].copy_from_slice(&a);
+        for (i, ai) in a.iter().enumerate() {
+            pv[i * hd + d0..i * hd + d0 + W].copy_from_slice(ai);
+        }
         d0 += W;
     }
     if d0 < hd {
-        pv[d0..].fill(0.0);
-        for (j, &pj) in p.iter().enumerate() {
-            for (a, &b) in pv[d0..].iter_mut().zip(&v[j * hd + d0..(j + 1) * hd]) {
-                *a += pj * b;
+        for i in 0..R {
+            let out = &mut pv[i * hd + d0..(i + 1) * hd];
+            out.fill(0.0);
+            for j in 0..jn {
+                let pj = p[i * bc + j];
+                for (a, &b) in out.iter_mut().zip(&v[j * hd + d0..(j + 1) * hd]) {
+                    *a += pj * b;
+                }
             }
         }
     }

@@ -19,6 +19,8 @@
 //! only in the order of floating-point additions (tested within 1e-5 relative).
 
 mod flash;
+#[cfg(target_arch = "x86_64")]
+mod flash_x86;
 mod naive;
 
 use std::str::FromStr;

@@ -11,7 +11,9 @@
 //! standard deviation up to ~1.3 and maxima around 5 over thousands of keys (real models are in
 //! that range). With much larger scores (amp 4: |s| ~ 40) f32 itself no longer pins the output
 //! to 1e-5: one rounding of a score of 40 moves its softmax weight by ~40 x 2^-24 x sqrt(64) ~
-//! 2e-5 relative, whichever implementation computes it.
+//! 2e-5 relative, whichever implementation computes it. Flash's softmax weights come from
+//! `exp_approx` (within 2 ulp of `f32::exp`, tested below), which adds at most a few ulps per
+//! weight to that budget.
 
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -196,5 +198,76 @@ proptest! {
         let (e, ep) = compare(&case(s, len, n, amp, seed));
         prop_assert!(e < 1e-5, "dispatched: {e}");
         prop_assert!(ep < 1e-5, "portable: {ep}");
+    }
+}
+
+#[test]
+fn exp_approx_is_within_two_ulp_of_exp() {
+    // Every 1/4096 over the whole range softmax uses, plus the edges.
+    let mut worst = 0f32;
+    for i in 0..=(87 * 4096) {
+        let x = -(i as f32) / 4096.0;
+        let (a, b) = (super::flash::exp_approx(x), x.exp());
+        let ulps = (a - b).abs() / (b * f32::EPSILON);
+        worst = worst.max(ulps);
+    }
+    assert!(worst <= 2.0, "worst error {worst} ulp");
+    assert_eq!(super::flash::exp_approx(0.0), 1.0);
+    assert!(super::flash::exp_approx(f32::NEG_INFINITY) < 2e-38);
+}
+
+/// The AVX2 inner loops of flash against their portable twins on random tiles, including key
+/// counts that are not multiples of the vector width.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn simd_flash_loops_match_the_portable_ones() {
+    use super::flash::{R, exp_row, scores, weighted_values};
+    use super::flash_x86;
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for (hd, bc) in [(64, 64), (128, 32), (16, 24)] {
+        let q = random(R * hd, 1.0, &mut rng);
+        let kt = random(hd * bc, 1.0, &mut rng);
+        let v = random(bc * hd, 1.0, &mut rng);
+        for jn in [1, 7, 8, 9, 17, bc - 1, bc] {
+            let (mut a, mut b) = (vec![0f32; R * bc], vec![0f32; R * bc]);
+            scores(&q, &kt, bc, jn, &mut a);
+            // SAFETY: features checked above.
+            unsafe { flash_x86::scores(&q, &kt, bc, jn, &mut b) };
+            for i in 0..R {
+                for j in 0..jn {
+                    let (x, y) = (a[i * bc + j], b[i * bc + j]);
+                    // hd products of magnitude <= 1, summed in another order (and fused).
+                    assert!(
+                        (x - y).abs() <= hd as f32 * 2.0 * f32::EPSILON,
+                        "{x} vs {y}"
+                    );
+                }
+            }
+            // Exponentials: the same bits; sums within a few ulps.
+            let row: Vec<f32> = a[..jn].to_vec();
+            let (mut e1, mut e2) = (row.clone(), row.clone());
+            let s1 = exp_row(&mut e1, 1.5);
+            // SAFETY: as above.
+            let s2 = unsafe { flash_x86::exp_row(&mut e2, 1.5) };
+            assert_eq!(e1, e2);
+            assert!((s1 - s2).abs() <= jn as f32 * f32::EPSILON * s1);
+            let p = random(R * bc, 1.0, &mut rng)
+                .iter()
+                .map(|x| x.abs())
+                .collect::<Vec<_>>();
+            let (mut pa, mut pb) = (vec![0f32; R * hd], vec![0f32; R * hd]);
+            weighted_values(&p, bc, &v, hd, jn, &mut pa);
+            // SAFETY: as above.
+            unsafe { flash_x86::weighted_values(&p, bc, &v, hd, jn, &mut pb) };
+            for (x, y) in pa.iter().zip(&pb) {
+                assert!(
+                    (x - y).abs() <= jn as f32 * 2.0 * f32::EPSILON,
+                    "{x} vs {y}"
+                );
+            }
+        }
     }
 }

@@ -54,38 +54,37 @@ pub struct Q8Row<'a> {
 impl Q8Acts {
     /// Quantizes `x` (`n x k`, row-major), reusing the buffers.
     pub fn quantize(&mut self, x: &[f32], k: usize) {
-        debug_assert!(k.is_multiple_of(QK) && x.len().is_multiple_of(k));
+        self.quantize_with(super::kernels::detect(), x, k);
+    }
+
+    /// [`Self::quantize`] at a given instruction-set level (the levels give the same bytes).
+    pub fn quantize_with(&mut self, isa: super::kernels::Isa, x: &[f32], k: usize) {
+        assert!(
+            k > 0 && k.is_multiple_of(QK) && x.len().is_multiple_of(k),
+            "Q8Acts::quantize: {} values are not rows of {k} (a multiple of {QK})",
+            x.len()
+        );
         self.k = k;
         self.n = x.len() / k;
         self.qs.resize(x.len(), 0);
         self.d.resize(x.len() / QK, 0.0);
         self.s.resize(x.len() / QK, 0.0);
-        for (b, (xb, qb)) in x
+        let blocks = x
             .chunks_exact(QK)
             .zip(self.qs.chunks_exact_mut(QK))
-            .enumerate()
-        {
-            // Eight running maxima, one per lane, so the scan vectorizes (max is exact in any
-            // order).
-            let mut lanes = [0f32; 8];
-            for c in xb.chunks_exact(8) {
-                for (m, &v) in lanes.iter_mut().zip(c) {
-                    *m = m.max(v.abs());
-                }
+            .zip(self.d.iter_mut().zip(self.s.iter_mut()));
+        #[cfg(target_arch = "x86_64")]
+        if isa != super::kernels::Isa::Scalar {
+            for ((xb, qb), (d, s)) in blocks {
+                // SAFETY: every level above Scalar implies AVX2 (detected at run time); the
+                // chunks are QK = 32 long.
+                (*d, *s) = unsafe { quantize_block_avx2(xb, qb) };
             }
-            let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                // Round half away from zero with a truncating conversion, which vectorizes
-                // (`f32::round` is a library call per element on baseline x86-64).
-                let r = v * id;
-                *q = (r + 0.5f32.copysign(r)) as i32 as i8;
-                sum += i32::from(*q);
-            }
-            self.d[b] = d;
-            self.s[b] = d * sum as f32;
+            return;
+        }
+        let _ = isa;
+        for ((xb, qb), (d, s)) in blocks {
+            (*d, *s) = quantize_block(xb, qb);
         }
     }
 
@@ -96,6 +95,77 @@ impl Q8Acts {
             d: &self.d[t * nb..(t + 1) * nb],
             s: &self.s[t * nb..(t + 1) * nb],
         }
+    }
+}
+
+/// One block: `d = absmax / 127`, `q = round(x / d)` (half away from zero), returns `(d, d *
+/// sum(q))`. The reference for [`quantize_block_avx2`].
+fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, f32) {
+    // Eight running maxima, one per lane, so the scan vectorizes (max is exact in any order).
+    let mut lanes = [0f32; 8];
+    for c in xb.chunks_exact(8) {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v.abs());
+        }
+    }
+    let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in qb.iter_mut().zip(xb) {
+        // Round half away from zero with a truncating conversion, which vectorizes
+        // (`f32::round` is a library call per element on baseline x86-64).
+        let r = v * id;
+        *q = (r + 0.5f32.copysign(r)) as i32 as i8;
+        sum += i32::from(*q);
+    }
+    (d, d * sum as f32)
+}
+
+/// [`quantize_block`] in AVX2, the same operations lane by lane (so the same bytes).
+///
+/// # Safety
+/// The CPU has AVX2; `xb` and `qb` are 32 long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_block_avx2(xb: &[f32], qb: &mut [i8]) -> (f32, f32) {
+    use std::arch::x86_64::*;
+    debug_assert!(xb.len() == QK && qb.len() == QK);
+    // SAFETY: 32 floats read and 32 bytes written, as the caller guarantees.
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xb.as_ptr().add(8 * i)));
+        let abs = |x: __m256| _mm256_andnot_ps(sign, x);
+        let m = _mm256_max_ps(
+            _mm256_max_ps(abs(v[0]), abs(v[1])),
+            _mm256_max_ps(abs(v[2]), abs(v[3])),
+        );
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let half = _mm256_set1_ps(0.5);
+        let q: [__m256i; 4] = std::array::from_fn(|i| {
+            let r = _mm256_mul_ps(v[i], id);
+            // 0.5 with r's sign, then truncate: round half away from zero.
+            let h = _mm256_or_ps(half, _mm256_and_ps(r, sign));
+            _mm256_cvttps_epi32(_mm256_add_ps(r, h))
+        });
+        let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let t4 = _mm_add_epi32(
+            _mm256_castsi256_si128(total),
+            _mm256_extracti128_si256(total, 1),
+        );
+        let t2 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b00_00_11_10));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 0b00_00_00_01)));
+        // i32 -> i16 -> i8 packs interleave the 128-bit halves; one permute restores the order.
+        let w16a = _mm256_packs_epi32(q[0], q[1]);
+        let w16b = _mm256_packs_epi32(q[2], q[3]);
+        let w8 = _mm256_packs_epi16(w16a, w16b);
+        let ordered = _mm256_permutevar8x32_epi32(w8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, ordered);
+        (d, d * sum as f32)
     }
 }
 
@@ -120,5 +190,25 @@ mod tests {
             }
             assert!((a.s[b] - a.d[b] * sum).abs() < 1e-5);
         }
+    }
+
+    #[test]
+    fn every_level_quantizes_to_the_same_bytes() {
+        // Ties at exactly half a step, zeros, a zero block and large values.
+        let mut x: Vec<f32> = (0..320)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.013)
+            .collect();
+        x[0] = 127.0;
+        x[1] = 0.5;
+        x[2] = -0.5;
+        x[3] = 1.5;
+        x[64..96].fill(0.0);
+        let mut reference = Q8Acts::default();
+        reference.quantize_with(crate::quant::kernels::Isa::Scalar, &x, 160);
+        let mut fast = Q8Acts::default();
+        fast.quantize(&x, 160);
+        assert_eq!(reference.qs, fast.qs);
+        assert_eq!(reference.d, fast.d);
+        assert_eq!(reference.s, fast.s);
     }
 }

@@ -115,7 +115,7 @@ thread_local! {
 /// A pointer shared by tasks that write disjoint elements.
 #[derive(Copy, Clone)]
 struct SharedOut(*mut f32);
-// SAFETY: `par_row_tiles` hands each task a disjoint set of output elements.
+// SAFETY: `par_row_tiles` and `par_row_groups` hand each task a disjoint set of output elements.
 unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}
@@ -158,6 +158,64 @@ pub(super) fn par_row_tiles(
                     dst.copy_from_slice(&buf[t * rows..(t + 1) * rows]);
                 }
             });
+        });
+}
+
+/// The outputs of one task of [`par_row_groups`]: rows `r0..r0 + rows` of every token of `y`.
+pub(super) struct RowsOut {
+    out: SharedOut,
+    total_rows: usize,
+    n: usize,
+    r0: usize,
+    rows: usize,
+}
+
+impl RowsOut {
+    /// Writes `vals` to `y[t][r0 + i0 ..]`, clipped to this task's rows.
+    #[inline]
+    pub(super) fn put<const W: usize>(&mut self, t: usize, i0: usize, vals: &[f32; W]) {
+        assert!(
+            t < self.n && i0 < self.rows,
+            "RowsOut::put outside the task"
+        );
+        let valid = (self.rows - i0).min(W);
+        // SAFETY: the row range r0 + i0 .. r0 + i0 + valid lies inside this task's rows of token
+        // t (checked above), which no other task writes, and y holds n * total_rows elements.
+        unsafe {
+            let dst = self.out.ptr().add(t * self.total_rows + self.r0 + i0);
+            if valid == W {
+                std::ptr::write_unaligned(dst as *mut [f32; W], *vals);
+            } else {
+                std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, valid);
+            }
+        }
+    }
+}
+
+/// Runs `task(r0, rows, out)` in parallel for every tile of `tile_rows` weight rows, each writing
+/// its rows of every token straight into `y` (`n x total_rows`, token-major) through `out`.
+pub(super) fn par_row_groups(
+    total_rows: usize,
+    n: usize,
+    tile_rows: usize,
+    y: &mut [f32],
+    task: impl Fn(usize, usize, &mut RowsOut) + Sync,
+) {
+    assert_eq!(y.len(), total_rows * n);
+    let out = SharedOut(y.as_mut_ptr());
+    (0..total_rows.div_ceil(tile_rows))
+        .into_par_iter()
+        .for_each(|c| {
+            let r0 = c * tile_rows;
+            let rows = tile_rows.min(total_rows - r0);
+            let mut w = RowsOut {
+                out,
+                total_rows,
+                n,
+                r0,
+                rows,
+            };
+            task(r0, rows, &mut w);
         });
 }
 

@@ -31,7 +31,7 @@ use rayon::prelude::*;
 
 use super::act::{Q8Acts, Q8Row};
 use super::kernels;
-use super::matmul::par_row_tiles;
+use super::matmul::par_row_groups;
 use super::unit::{UNIT, Unit, has_units, unit, unit_dot};
 use super::{GgmlType, QuantError, WeightMatrix, f16_to_f32};
 
@@ -310,28 +310,23 @@ pub fn matmul_packed(w: &PackedMatrix, x: &Q8Acts, y: &mut [f32]) {
         return matvec_packed(w, x.row(0), y);
     }
     let isa = kernels::detect();
-    par_row_tiles(w.rows, n, MATMUL_ROWS, y, |r0, rows, out| {
+    par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, rows, out| {
         for gi in 0..rows.div_ceil(GROUP) {
             let group = w.group(r0 / GROUP + gi);
-            let valid = (rows - gi * GROUP).min(GROUP);
-            let mut store = |t0: usize, o: &[[f32; GROUP]]| {
-                for (dt, ot) in o.iter().enumerate() {
-                    let at = (t0 + dt) * rows + gi * GROUP;
-                    out[at..at + valid].copy_from_slice(&ot[..valid]);
-                }
-            };
             let mut t = 0;
             while t + TOKENS_PER_CALL <= n {
                 let xs: [Q8Row; TOKENS_PER_CALL] = std::array::from_fn(|i| x.row(t + i));
                 let mut o = [[0f32; GROUP]; TOKENS_PER_CALL];
                 kernels::dot_packed(isa, w.ty, group, &xs, &mut o);
-                store(t, &o);
+                for (dt, ot) in o.iter().enumerate() {
+                    out.put(t + dt, gi * GROUP, ot);
+                }
                 t += TOKENS_PER_CALL;
             }
             for t in t..n {
                 let mut o = [[0f32; GROUP]; 1];
                 kernels::dot_packed(isa, w.ty, group, &[x.row(t)], &mut o);
-                store(t, &o);
+                out.put(t, gi * GROUP, &o[0]);
             }
         }
     });
