@@ -216,37 +216,63 @@ fn perplexity_on_gpl3_matches_llama_cpp_f32() {
     }
 }
 
-/// The fast path (8-bit activations, integer kernels) against the exact one on the same file,
-/// scored in one pass. llama.cpp runs this Q4_1 file with 8-bit activations at PPL 18.3914
-/// (flash attention on; 18.3541 off), mean KL 0.003118 from its F16 file, 99% KL 0.015877, same
-/// top token 96.25%. Its own PPL moves by 0.2% between those two settings: the q8 figure is that
-/// sensitive to summation order (frugal measured 18.352, 18.375 and 18.408 across kernel
-/// revisions), so PPL is held to llama.cpp's within 0.2% and the mean KL, the steadier
-/// measure (stderr about 0.00005), to within 5%.
+/// The fast paths (8-bit activations, integer kernels) against the exact one on the same file,
+/// each scored in one pass with it. llama.cpp runs this Q4_1 file with 8-bit activations at PPL
+/// 18.3914 (flash attention on; 18.3541 off), mean KL 0.003118 from its F16 file, 99% KL
+/// 0.015877, same top token 96.25%.
+///
+/// `q8-full` computes what llama.cpp computes (8-bit activations into every quantized matrix);
+/// its PPL moves by about 0.2% with summation order (frugal measured 18.352 to 18.408 across
+/// kernel revisions; llama.cpp's own moves 0.2% between its attention paths), so it is held to
+/// llama.cpp's PPL within 0.2% and to its mean KL, the steadier measure (stderr about 0.00005),
+/// within 5%. `q8`, the default, keeps the output head in f32 and must beat llama.cpp outright.
 #[test]
 fn eight_bit_activations_cost_no_more_quality_than_llama_cpp() {
+    use frugal::quant::act::Activations;
     let text_path = std::path::Path::new("/usr/share/common-licenses/GPL-3");
     let Ok(text) = std::fs::read_to_string(text_path) else {
         eprintln!("skipping: {} not present", text_path.display());
         return;
     };
     let Some((exact, tok)) = load() else { return };
-    let Some((mut fast, _)) = load() else { return };
-    fast.set_activations(frugal::quant::act::Activations::Q8);
     let tokens = tok.encode(&text, false).unwrap();
-    let c = frugal::eval::compare(&fast, &exact, &tokens, 512, |_, _| {}).unwrap();
-    assert!(
-        (c.reference.ppl / 18.2994 - 1.0).abs() < 0.003,
-        "exact PPL {}",
-        c.reference.ppl
-    );
-    assert!(c.model.ppl <= 18.3914 * 1.002, "PPL {}", c.model.ppl);
-    assert!(c.kl_mean <= 0.003118 * 1.05, "mean KL {}", c.kl_mean);
-    assert!(c.kl_p99 <= 0.015877 * 1.05, "99% KL {}", c.kl_p99);
-    assert!(
-        c.kl_mean > 1e-4,
-        "the 8-bit path must actually differ from the exact one"
-    );
+    for act in [Activations::Q8Full, Activations::Q8] {
+        let Some((mut fast, _)) = load() else { return };
+        fast.set_activations(act);
+        let c = frugal::eval::compare(&fast, &exact, &tokens, 512, |_, _| {}).unwrap();
+        assert!(
+            (c.reference.ppl / 18.2994 - 1.0).abs() < 0.003,
+            "exact PPL {}",
+            c.reference.ppl
+        );
+        assert!(
+            c.kl_mean > 1e-4,
+            "{act}: the 8-bit path must actually differ from the exact one"
+        );
+        let slack = if act == Activations::Q8Full { 1.0 } else { 0.0 };
+        assert!(
+            c.model.ppl <= 18.3914 * (1.0 + 0.002 * slack),
+            "{act}: PPL {}",
+            c.model.ppl
+        );
+        assert!(
+            c.kl_mean <= 0.003118 * (1.0 + 0.05 * slack),
+            "{act}: mean KL {}",
+            c.kl_mean
+        );
+        assert!(
+            c.kl_p99 <= 0.015877 * (1.0 + 0.05 * slack),
+            "{act}: 99% KL {}",
+            c.kl_p99
+        );
+        eprintln!(
+            "{act}: PPL {:.4}, mean KL {:.6}, 99% KL {:.6}, top-1 {:.2}%",
+            c.model.ppl,
+            c.kl_mean,
+            c.kl_p99,
+            100.0 * c.top1_agreement
+        );
+    }
 }
 
 /// The paged cache over more than half the model's 8192-token context: a long real text is

@@ -17,9 +17,11 @@ pub struct ModelArgs {
     /// GGUF model file [default: SmolLM2-135M-Instruct Q4_1, fetched into $FRUGAL_HOME or ~/.cache/frugal]
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// Activation precision in matrix products: f32 (exact) or q8 (8 bits per block of 32,
-    /// integer kernels for every block-quantized format, as llama.cpp runs quantized files)
-    #[arg(long = "activations", default_value = "f32")]
+    /// Activation precision in products with block-quantized weights: q8 (8 bits per block of
+    /// 32 and integer kernels, as llama.cpp runs quantized files; the output head stays f32),
+    /// q8-full (the head too, exactly as llama.cpp) or f32 (exact arithmetic on the dequantized
+    /// weights)
+    #[arg(long = "activations", default_value = "q8")]
     pub activations: Activations,
     /// Re-quantize the weights in memory at load time (in-situ quantization): a GGUF type
     /// (q8_0, q6_k, q5_1, q5_0, q4_k, q4_1, q4_0, mxfp4, f16, bf16, f32) is re-encoded for real;

@@ -10,9 +10,10 @@ use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
 use crate::kv::KvSequence;
 use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};
-use crate::quant::act::{Activations, Q8Acts};
+use crate::quant::GgmlType;
+use crate::quant::act::{Activations, Q8Acts, WideActs};
 use crate::quant::matmul;
-use crate::quant::packed::matmul_packed;
+use crate::quant::packed::{matmul_packed, matmul_packed_wide};
 
 /// Which positions of the batch need logits (the output projection is the costliest matrix).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -44,6 +45,7 @@ pub struct Scratch {
     logits: Vec<f32>,
     rope: RopeTable,
     acts: Q8Acts,
+    wide: WideActs,
 }
 
 impl Scratch {
@@ -188,9 +190,20 @@ impl Model {
         let rows = n - first;
         let xb = sized(&mut s.xb, rows * d);
         rms_norm(&s.x[first * d..], &w.output_norm, c.rms_eps, xb);
-        let xq = quantize_input(act, xb, d, &mut s.acts);
+        // The head: 8-bit activations only in `q8-full`; under `q8`, 15-bit ones into a Q8_0
+        // head, else f32 (see `Activations`).
         let logits = sized(&mut s.logits, rows * c.n_vocab);
-        self.linear(&w.output, xb, xq, logits);
+        match (act, &w.output.packed) {
+            (Activations::Q8, Some(p)) if p.ty == GgmlType::Q8_0 => {
+                s.wide.quantize(xb, d);
+                matmul_packed_wide(p, &s.wide, logits);
+            }
+            (Activations::Q8Full, _) => {
+                let xq = quantize_input(act, xb, d, &mut s.acts);
+                self.linear(&w.output, xb, xq, logits);
+            }
+            _ => self.linear(&w.output, xb, None, logits),
+        }
         Ok(logits)
     }
 
@@ -214,7 +227,7 @@ fn quantize_input<'a>(
 ) -> Option<&'a Q8Acts> {
     match act {
         Activations::F32 => None,
-        Activations::Q8 => {
+        Activations::Q8 | Activations::Q8Full => {
             buf.quantize(x, k);
             Some(buf)
         }

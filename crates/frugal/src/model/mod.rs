@@ -48,15 +48,20 @@ impl Model {
     }
 
     /// Selects the activation precision. Switching to 8-bit activations repacks the
-    /// block-quantized matrices into the grouped layout of `quant::packed` (once; about the size of
-    /// those weights on the heap), after which their pages of the file map are released.
+    /// block-quantized matrices that will take them (the output head for `q8-full`, or when it
+    /// is Q8_0 and takes 15-bit activations) into
+    /// the grouped layout of `quant::packed` (once; about the size of those weights on the
+    /// heap), after which their pages of the file map are released.
     pub fn set_activations(&mut self, a: Activations) {
         self.activations = a;
-        if a != Activations::Q8 {
+        if !a.quantized() {
             return;
         }
         let file = &self.file;
-        for m in self.weights.matrices_mut() {
+        let (layers, head) = self.weights.layer_matrices_and_head_mut();
+        let head =
+            (a == Activations::Q8Full || head.ty == crate::quant::GgmlType::Q8_0).then_some(head);
+        for m in layers.chain(head) {
             if m.packed.is_none()
                 && let Ok(p) = PackedMatrix::pack(&m.view(file))
             {

@@ -77,20 +77,30 @@ impl Weights {
 
     /// [`Weights::matrices`], mutably.
     pub fn matrices_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
-        self.layers
-            .iter_mut()
-            .flat_map(|l| {
-                [
-                    &mut l.wq,
-                    &mut l.wk,
-                    &mut l.wv,
-                    &mut l.wo,
-                    &mut l.w_gate,
-                    &mut l.w_up,
-                    &mut l.w_down,
-                ]
-            })
-            .chain(std::iter::once(&mut self.output))
+        let (layers, output) = (&mut self.layers, &mut self.output);
+        Self::layer_matrices(layers).chain(std::iter::once(output))
+    }
+
+    /// The matrices of the transformer layers, mutably, and the output head apart (it can
+    /// take another precision).
+    pub fn layer_matrices_and_head_mut(
+        &mut self,
+    ) -> (impl Iterator<Item = &mut Linear>, &mut Linear) {
+        (Self::layer_matrices(&mut self.layers), &mut self.output)
+    }
+
+    fn layer_matrices(layers: &mut [LayerWeights]) -> impl Iterator<Item = &mut Linear> {
+        layers.iter_mut().flat_map(|l| {
+            [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ]
+        })
     }
 
     pub fn load(file: &GgufFile, c: &Config) -> Result<Self, GgufError> {

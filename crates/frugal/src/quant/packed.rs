@@ -29,10 +29,10 @@
 
 use rayon::prelude::*;
 
-use super::act::{Q8Acts, Q8Row};
+use super::act::{Q8Acts, Q8Row, WideActs, WideRow};
 use super::kernels;
 use super::matmul::par_row_groups;
-use super::unit::{UNIT, Unit, has_units, unit, unit_dot};
+use super::unit::{UNIT, Unit, has_units, int_of, unit, unit_dot};
 use super::{GgmlType, QuantError, WeightMatrix, f16_to_f32};
 
 /// Rows per packed group.
@@ -275,6 +275,57 @@ pub fn dot_group_scalar(ty: GgmlType, group: &[u8], x: Q8Row, out: &mut [f32; GR
     }
 }
 
+/// Scalar kernel for Q8_0 groups with 15-bit activations (`act::WideActs`).
+pub fn dot_group_wide_scalar(group: &[u8], x: WideRow, out: &mut [f32; GROUP]) {
+    let ty = GgmlType::Q8_0;
+    let col = column_bytes(ty);
+    *out = [0.0; GROUP];
+    for (c, column) in group.chunks_exact(col).take(x.d.len()).enumerate() {
+        for (r, o) in out.iter_mut().enumerate() {
+            let u = packed_unit(ty, column, r, 0);
+            let isum: i32 = (0..UNIT)
+                .map(|e| int_of(ty, u.codes[e]) * x.q(UNIT * c + e))
+                .sum();
+            *o += isum as f32 * (u.scale[0] * x.d[c]);
+        }
+    }
+}
+
+/// `y[t] = W x[t]` for a packed Q8_0 matrix and rows of 15-bit activations (the output head
+/// under `Activations::Q8`).
+pub fn matmul_packed_wide(w: &PackedMatrix, x: &WideActs, y: &mut [f32]) {
+    let n = x.n;
+    assert_eq!(
+        w.ty,
+        GgmlType::Q8_0,
+        "15-bit activations meet Q8_0 weights only"
+    );
+    assert_eq!(x.k, w.cols, "matmul input length");
+    assert_eq!(y.len(), n * w.rows, "matmul output length");
+    let isa = kernels::detect();
+    let tile = if n == 1 { MATVEC_ROWS } else { MATMUL_ROWS };
+    par_row_groups(w.rows, n, tile, y, |r0, rows, out| {
+        for gi in 0..rows.div_ceil(GROUP) {
+            let group = w.group(r0 / GROUP + gi);
+            let mut t = 0;
+            while t + TOKENS_PER_CALL <= n {
+                let xs: [WideRow; TOKENS_PER_CALL] = std::array::from_fn(|i| x.row(t + i));
+                let mut o = [[0f32; GROUP]; TOKENS_PER_CALL];
+                kernels::dot_packed_wide(isa, group, &xs, &mut o);
+                for (dt, ot) in o.iter().enumerate() {
+                    out.put(t + dt, gi * GROUP, ot);
+                }
+                t += TOKENS_PER_CALL;
+            }
+            for t in t..n {
+                let mut o = [[0f32; GROUP]; 1];
+                kernels::dot_packed_wide(isa, group, &[x.row(t)], &mut o);
+                out.put(t, gi * GROUP, &o[0]);
+            }
+        }
+    });
+}
+
 /// Output rows per parallel task in `matvec_packed` (8 groups).
 const MATVEC_ROWS: usize = 32;
 /// Rows per parallel task in `matmul_packed`.
@@ -353,6 +404,47 @@ mod tests {
         (0..n)
             .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0 + ((i * 13 % 97) as f32 - 48.0) / 90.0)
             .collect()
+    }
+
+    #[test]
+    fn wide_products_equal_the_reference_and_beat_eight_bits() {
+        let (rows, cols, n) = (13, 256, 6);
+        let wf = weights(rows * cols);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 11 % 19) as f32 - 9.0) / 3.0 + (i % 7) as f32 * 0.01)
+            .collect();
+        let data = quantize(GgmlType::Q8_0, &wf).unwrap();
+        let w = WeightMatrix::new(GgmlType::Q8_0, rows, cols, &data).unwrap();
+        let p = PackedMatrix::pack(&w).unwrap();
+        let mut wide = WideActs::default();
+        wide.quantize(&x, cols);
+        let mut q8 = Q8Acts::default();
+        q8.quantize(&x, cols);
+        let mut y = vec![0f32; n * rows];
+        matmul_packed_wide(&p, &wide, &mut y);
+        let deq = crate::quant::dequantize_to_vec(GgmlType::Q8_0, &data, rows * cols).unwrap();
+        let (mut err_wide, mut err_q8) = (0f64, 0f64);
+        for t in 0..n {
+            let mut o = [0f32; GROUP];
+            dot_group_wide_scalar(p.group(0), wide.row(t), &mut o);
+            for r in 0..rows {
+                let want = scalar::dot_wide_q8_0(w.row(r), wide.row(t));
+                let tol = 1e-5 * (1.0 + want.abs()) * cols as f32 / 32.0;
+                let got = y[t * rows + r];
+                assert!((got - want).abs() <= tol, "t{t} r{r}: {got} vs {want}");
+                if r < GROUP {
+                    assert!((o[r] - want).abs() <= tol, "scalar packed t{t} r{r}");
+                }
+                let exact: f64 = (0..cols)
+                    .map(|e| f64::from(deq[r * cols + e]) * f64::from(x[t * cols + e]))
+                    .sum();
+                err_wide += (f64::from(got) - exact).abs();
+                err_q8 +=
+                    (f64::from(scalar::dot_q8(GgmlType::Q8_0, w.row(r), q8.row(t))) - exact).abs();
+            }
+        }
+        // 15-bit activations are 128x finer: the error of the product shrinks accordingly.
+        assert!(err_wide * 20.0 < err_q8, "wide {err_wide} vs q8 {err_q8}");
     }
 
     #[test]

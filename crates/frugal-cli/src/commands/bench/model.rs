@@ -81,7 +81,7 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     println!(
-        "model {name} | {threads} threads | activations {:?} | attention {} | KV {}",
+        "model {name} | {threads} threads | activations {} | attention {} | KV {}",
         model.activations, opts.attention, opts.kv.format
     );
     if let Some(t) = &pp {

@@ -16,7 +16,7 @@ pub mod scalar;
 mod x86_int8;
 
 use super::GgmlType;
-use super::act::Q8Row;
+use super::act::{Q8Row, WideRow};
 use super::packed::{self, GROUP};
 
 /// The instruction set the kernels run with.
@@ -115,6 +115,39 @@ pub fn dot_packed<const T: usize>(
         _ => {
             for (x, o) in xs.iter().zip(out.iter_mut()) {
                 packed::dot_group_scalar(ty, group, *x, o);
+            }
+        }
+    }
+}
+
+/// Dot products of one packed group of eight Q8_0 rows with `T` rows of 15-bit activations
+/// (`act::WideActs`): `out[t][r] = dot(row r, xs[t])`.
+#[inline]
+pub fn dot_packed_wide<const T: usize>(
+    isa: Isa,
+    group: &[u8],
+    xs: &[WideRow; T],
+    out: &mut [[f32; GROUP]; T],
+) {
+    let cols = xs[0].hi.len();
+    assert!(
+        cols.is_multiple_of(32)
+            && xs
+                .iter()
+                .all(|x| x.hi.len() == cols && x.lo.len() == cols && x.d.len() == cols / 32)
+            && group.len() >= cols / 32 * packed::column_bytes(GgmlType::Q8_0),
+        "dot_packed_wide: group does not match the activations"
+    );
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: produced only after detecting avx2, fma and f16c; sizes checked above.
+        Isa::Avx2 => unsafe { x86_int8::dot_wide_avx2::<T>(group, xs, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: produced only after detecting those plus avx512f, avx512vl and avx512vnni.
+        Isa::Avx512Vnni => unsafe { x86_int8::dot_wide_vnni::<T>(group, xs, out) },
+        _ => {
+            for (x, o) in xs.iter().zip(out.iter_mut()) {
+                packed::dot_group_wide_scalar(group, *x, o);
             }
         }
     }
@@ -231,6 +264,30 @@ mod tests {
                 wb.iter().map(|v| v.abs()).sum::<f32>() * amax / 254.0
             }).sum();
             prop_assert!((reference - exact).abs() <= bound * 1.01 + 1e-4, "{reference} vs exact {exact}");
+        }
+
+        #[test]
+        fn wide_dot_matches_scalar_at_every_level(blocks in 1usize..40, seed in any::<u64>()) {
+            let k = blocks * 32;
+            let mut s = seed | 1;
+            let mut rnd = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5 };
+            let w: Vec<f32> = (0..GROUP * k).map(|_| rnd() * 3.0).collect();
+            let x: Vec<f32> = (0..k).map(|_| rnd() * 10.0).collect();
+            let data = encode(GgmlType::Q8_0, &w);
+            let wm = crate::quant::WeightMatrix::new(GgmlType::Q8_0, GROUP, k, &data).unwrap();
+            let p = crate::quant::packed::PackedMatrix::pack(&wm).unwrap();
+            let mut acts = crate::quant::act::WideActs::default();
+            acts.quantize(&x, k);
+            for isa in levels() {
+                let mut out3 = [[0f32; GROUP]; 3];
+                dot_packed_wide(isa, p.group(0), &[acts.row(0); 3], &mut out3);
+                for (r, &o) in out3[2].iter().enumerate() {
+                    let reference = scalar::dot_wide_q8_0(wm.row(r), acts.row(0));
+                    let deq = dequantize_to_vec(GgmlType::Q8_0, wm.row(r), k).unwrap();
+                    let abs_sum: f32 = deq.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+                    prop_assert!((reference - o).abs() <= tol(k, abs_sum), "{isa:?} k={k} r{r}: {reference} vs {o}");
+                }
+            }
         }
 
         #[test]

@@ -1,7 +1,7 @@
 //! Reference kernels: dequantize, then multiply. Slow, obviously right.
 
-use crate::quant::act::Q8Row;
-use crate::quant::unit::{UNIT, unit, unit_dot};
+use crate::quant::act::{Q8Row, WideRow};
+use crate::quant::unit::{UNIT, int_of, unit, unit_dot};
 use crate::quant::{GgmlType, dequantize};
 
 /// Reference `dot_row`: decodes one block (32 elements, or a 256-element K-quant super-block)
@@ -48,6 +48,20 @@ pub fn dot_q8(ty: GgmlType, row: &[u8], x: Q8Row) -> f32 {
     for (b, (qx, (&dx, &s))) in x.qs.chunks_exact(UNIT).zip(x.d.iter().zip(x.s)).enumerate() {
         let u = unit(ty, &row[b / units * bb..][..bb], b % units);
         sum += unit_dot(ty, &u, qx, dx, s);
+    }
+    sum
+}
+
+/// Reference for Q8_0 rows with 15-bit activations (`act::WideActs`): exact integer block sums,
+/// then `d_w * d_x`.
+pub fn dot_wide_q8_0(row: &[u8], x: WideRow) -> f32 {
+    let mut sum = 0f32;
+    for (b, &dx) in x.d.iter().enumerate() {
+        let u = unit(GgmlType::Q8_0, &row[34 * b..34 * (b + 1)], 0);
+        let isum: i32 = (0..UNIT)
+            .map(|e| int_of(GgmlType::Q8_0, u.codes[e]) * x.q(32 * b + e))
+            .sum();
+        sum += isum as f32 * (u.scale[0] * dx);
     }
     sum
 }

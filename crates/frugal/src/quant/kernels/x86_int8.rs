@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 
 use super::avx2::PREFETCH;
 use crate::quant::GgmlType;
-use crate::quant::act::Q8Row;
+use crate::quant::act::{Q8Row, WideRow};
 use crate::quant::packed::{GROUP, layout};
 use crate::quant::unit::MXFP4_INT;
 
@@ -170,7 +170,71 @@ const KINDS: [GgmlType; 8] = [
 ];
 
 macro_rules! dot_packed_kernel {
-    ($name:ident, $inner:ident, $features:literal, $udot:ident) => {
+    ($name:ident, $inner:ident, $wide:ident, $features:literal, $udot:ident) => {
+        /// Dot products of one packed group of eight Q8_0 rows with `T` rows of 15-bit
+        /// activations `q = 128 hi + lo` (`act::WideActs`): `|w| * (hi * sign(w))` and
+        /// `lo * w` as two byte products per four elements, then `128 * hi_sum + lo_sum`, exact in
+        /// i32.
+        ///
+        /// # Safety
+        /// `group` holds a whole packed Q8_0 group covering `xs[t].hi.len()` elements (equal for
+        /// all t, a multiple of 32; `lo` and `d` to match), and the CPU has the features this
+        /// kernel is compiled for.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $wide<const T: usize>(
+            group: &[u8],
+            xs: &[WideRow; T],
+            out: &mut [[f32; GROUP]; T],
+        ) {
+            let l = layout(GgmlType::Q8_0).expect("packed type");
+            let col = l.column_bytes();
+            let ncols = xs[0].hi.len() / 32;
+            debug_assert!(group.len() >= ncols * col);
+            let mut acc = [_mm256_setzero_ps(); T];
+            // SAFETY (whole body): column c spans base + c*col .. base + (c+1)*col inside
+            // `group`; activation block c spans 32 bytes at 32c of each `hi` and `lo`, and `d`
+            // holds ncols entries.
+            unsafe {
+                let base = group.as_ptr();
+                for c in 0..ncols {
+                    let blk = base.add(c * col);
+                    let d8 = halves(blk);
+                    let data = blk.add(l.head);
+                    prefetch_ahead(data, l.unit);
+                    let w: [__m256i; 8] = std::array::from_fn(|i| {
+                        _mm256_loadu_si256(data.add(32 * i) as *const __m256i)
+                    });
+                    let wabs: [__m256i; 8] = std::array::from_fn(|i| _mm256_sign_epi8(w[i], w[i]));
+                    for t in 0..T {
+                        let hp = xs[t].hi.as_ptr().add(32 * c);
+                        let lp = xs[t].lo.as_ptr().add(32 * c);
+                        let mut ih = _mm256_setzero_si256();
+                        let mut il = _mm256_setzero_si256();
+                        for i in 0..8 {
+                            let h = _mm256_set1_epi32(std::ptr::read_unaligned(
+                                hp.add(4 * i) as *const i32
+                            ));
+                            let lo = _mm256_set1_epi32(std::ptr::read_unaligned(
+                                lp.add(4 * i) as *const i32
+                            ));
+                            ih = $udot(ih, wabs[i], _mm256_sign_epi8(h, w[i]));
+                            il = $udot(il, lo, w[i]);
+                        }
+                        let isum = _mm256_add_epi32(_mm256_slli_epi32(ih, 7), il);
+                        let dx = _mm256_set1_ps(*xs[t].d.get_unchecked(c));
+                        acc[t] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(isum),
+                            _mm256_mul_ps(d8, dx),
+                            acc[t],
+                        );
+                    }
+                }
+                for t in 0..T {
+                    _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]);
+                }
+            }
+        }
+
         /// Dot products of one packed group of eight rows with `T` activation rows:
         /// `out[t][r] = dot(row r, xs[t])`. The unpacked weights of each unit are reused for
         /// all `T` tokens (prefill); decode uses `T = 1`.
@@ -341,10 +405,17 @@ macro_rules! dot_packed_kernel {
     };
 }
 
-dot_packed_kernel!(dot_packed_avx2, avx2_kind, "avx2,fma,f16c", udot_avx2);
+dot_packed_kernel!(
+    dot_packed_avx2,
+    avx2_kind,
+    dot_wide_avx2,
+    "avx2,fma,f16c",
+    udot_avx2
+);
 dot_packed_kernel!(
     dot_packed_vnni,
     vnni_kind,
+    dot_wide_vnni,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
     udot_vnni
 );
