@@ -1,6 +1,7 @@
 //! Files move both ways between frugal and llama.cpp: every GGUF-standard format frugal writes
 //! loads and runs in llama.cpp's perplexity tool with the perplexity frugal measures on the same
-//! windows, and files llama.cpp's quantizer writes load and run in frugal the same way.
+//! windows (and its Q8_0 file generates in llama-completion), and files llama.cpp's quantizer
+//! writes load and run in frugal the same way.
 //!
 //! Needs a llama.cpp build (`../shared/peers/build-llama-cpp` makes one; set `LLAMA_CPP_BIN` to
 //! its `bin` folder, default `~/.cache/frugal-peers/llama.cpp/build/bin`) and the reference model;
@@ -144,6 +145,22 @@ fn llama_cpp_runs_frugal_files_and_frugal_runs_llama_cpp_files() {
             frugal_ppl(&out, &text),
             llama_ppl(&bin, &out, &text),
         );
+        if ty == "q8_0" && bin.join("llama-completion").exists() {
+            // And generates: greedy, the answer both engines give on the exact weights.
+            let said = run(Command::new(bin.join("llama-completion")).args([
+                "-m",
+                out.to_str().unwrap(),
+                "-p",
+                "The capital of France is",
+                "-n",
+                "4",
+                "--temp",
+                "0",
+                "-no-cnv",
+                "--no-repack",
+            ]));
+            assert!(said.contains("Paris"), "llama.cpp on frugal's Q8_0 said:\n{said}");
+        }
     }
     // llama.cpp writes, frugal reads.
     for ty in ["Q5_1", "Q4_K", "Q6_K"] {
