@@ -159,7 +159,10 @@ fn llama_cpp_runs_frugal_files_and_frugal_runs_llama_cpp_files() {
                 "-no-cnv",
                 "--no-repack",
             ]));
-            assert!(said.contains("Paris"), "llama.cpp on frugal's Q8_0 said:\n{said}");
+            assert!(
+                said.contains("Paris"),
+                "llama.cpp on frugal's Q8_0 said:\n{said}"
+            );
         }
     }
     // llama.cpp writes, frugal reads.

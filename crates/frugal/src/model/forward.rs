@@ -13,7 +13,7 @@ use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};
 use crate::quant::GgmlType;
 use crate::quant::act::{Activations, Q8Acts, WideActs};
 use crate::quant::matmul;
-use crate::quant::packed::{matmul_packed, matmul_packed_wide};
+use crate::quant::packed::matmul_packed;
 
 /// Which positions of the batch need logits (the output projection is the costliest matrix).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -196,7 +196,7 @@ impl Model {
         match (act, &w.output.packed) {
             (Activations::Q8, Some(p)) if p.ty == GgmlType::Q8_0 => {
                 s.wide.quantize(xb, d);
-                matmul_packed_wide(p, &s.wide, logits);
+                matmul_packed(p, &s.wide, logits);
             }
             (Activations::Q8Full, _) => {
                 let xq = quantize_input(act, xb, d, &mut s.acts);

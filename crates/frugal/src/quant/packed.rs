@@ -291,16 +291,82 @@ pub fn dot_group_wide_scalar(group: &[u8], x: WideRow, out: &mut [f32; GROUP]) {
     }
 }
 
-/// `y[t] = W x[t]` for a packed Q8_0 matrix and rows of 15-bit activations (the output head
-/// under `Activations::Q8`).
-pub fn matmul_packed_wide(w: &PackedMatrix, x: &WideActs, y: &mut [f32]) {
-    let n = x.n;
-    assert_eq!(
-        w.ty,
-        GgmlType::Q8_0,
-        "15-bit activations meet Q8_0 weights only"
+/// Output rows per parallel task for one token (8 groups).
+const MATVEC_ROWS: usize = 32;
+/// Rows per parallel task for many tokens.
+const MATMUL_ROWS: usize = 16;
+
+/// Tokens per kernel call for many tokens: each unit's unpacked weights serve four tokens.
+const TOKENS_PER_CALL: usize = 4;
+
+/// Rows of quantized activations that packed groups multiply: 8-bit ([`Q8Acts`]) or 15-bit
+/// ([`WideActs`], Q8_0 weights only).
+pub trait PackedActs: Sync {
+    type Row<'a>: Copy
+    where
+        Self: 'a;
+    /// Rows and row length.
+    fn shape(&self) -> (usize, usize);
+    fn row(&self, t: usize) -> Self::Row<'_>;
+    /// `out[t][r] = dot(row r of the group, xs[t])`.
+    fn dot<const T: usize>(
+        isa: kernels::Isa,
+        ty: GgmlType,
+        group: &[u8],
+        xs: &[Self::Row<'_>; T],
+        out: &mut [[f32; GROUP]; T],
     );
-    assert_eq!(x.k, w.cols, "matmul input length");
+}
+
+impl PackedActs for Q8Acts {
+    type Row<'a> = Q8Row<'a>;
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+    fn row(&self, t: usize) -> Q8Row<'_> {
+        Q8Acts::row(self, t)
+    }
+    fn dot<const T: usize>(
+        isa: kernels::Isa,
+        ty: GgmlType,
+        group: &[u8],
+        xs: &[Q8Row<'_>; T],
+        out: &mut [[f32; GROUP]; T],
+    ) {
+        kernels::dot_packed(isa, ty, group, xs, out);
+    }
+}
+
+impl PackedActs for WideActs {
+    type Row<'a> = WideRow<'a>;
+    fn shape(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+    fn row(&self, t: usize) -> WideRow<'_> {
+        WideActs::row(self, t)
+    }
+    fn dot<const T: usize>(
+        isa: kernels::Isa,
+        ty: GgmlType,
+        group: &[u8],
+        xs: &[WideRow<'_>; T],
+        out: &mut [[f32; GROUP]; T],
+    ) {
+        assert_eq!(
+            ty,
+            GgmlType::Q8_0,
+            "15-bit activations meet Q8_0 weights only"
+        );
+        kernels::dot_packed_wide(isa, group, xs, out);
+    }
+}
+
+/// `y[t] = W x[t]` for every activation row (`y` is `n x rows`, token-major). Each task takes a
+/// tile of rows (in L1/L2) and sweeps every token over it, four tokens per kernel call, writing
+/// its rows of each token straight into `y`.
+pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
+    let (n, k) = x.shape();
+    assert_eq!(k, w.cols, "matmul input length");
     assert_eq!(y.len(), n * w.rows, "matmul output length");
     let isa = kernels::detect();
     let tile = if n == 1 { MATVEC_ROWS } else { MATMUL_ROWS };
@@ -309,9 +375,9 @@ pub fn matmul_packed_wide(w: &PackedMatrix, x: &WideActs, y: &mut [f32]) {
             let group = w.group(r0 / GROUP + gi);
             let mut t = 0;
             while t + TOKENS_PER_CALL <= n {
-                let xs: [WideRow; TOKENS_PER_CALL] = std::array::from_fn(|i| x.row(t + i));
+                let xs: [A::Row<'_>; TOKENS_PER_CALL] = std::array::from_fn(|i| x.row(t + i));
                 let mut o = [[0f32; GROUP]; TOKENS_PER_CALL];
-                kernels::dot_packed_wide(isa, group, &xs, &mut o);
+                A::dot(isa, w.ty, group, &xs, &mut o);
                 for (dt, ot) in o.iter().enumerate() {
                     out.put(t + dt, gi * GROUP, ot);
                 }
@@ -319,64 +385,7 @@ pub fn matmul_packed_wide(w: &PackedMatrix, x: &WideActs, y: &mut [f32]) {
             }
             for t in t..n {
                 let mut o = [[0f32; GROUP]; 1];
-                kernels::dot_packed_wide(isa, group, &[x.row(t)], &mut o);
-                out.put(t, gi * GROUP, &o[0]);
-            }
-        }
-    });
-}
-
-/// Output rows per parallel task in `matvec_packed` (8 groups).
-const MATVEC_ROWS: usize = 32;
-/// Rows per parallel task in `matmul_packed`.
-const MATMUL_ROWS: usize = 16;
-
-/// Tokens per kernel call in `matmul_packed`: each block's unpacked weights serve four tokens.
-const TOKENS_PER_CALL: usize = 4;
-
-/// `y = W x` for one quantized activation row.
-pub fn matvec_packed(w: &PackedMatrix, x: Q8Row, y: &mut [f32]) {
-    assert_eq!(x.qs.len(), w.cols, "matvec input length");
-    assert_eq!(y.len(), w.rows, "matvec output length");
-    let isa = kernels::detect();
-    y.par_chunks_mut(MATVEC_ROWS)
-        .enumerate()
-        .for_each(|(c, ys)| {
-            let g0 = c * MATVEC_ROWS / GROUP;
-            for (i, yg) in ys.chunks_mut(GROUP).enumerate() {
-                let mut out = [[0f32; GROUP]; 1];
-                kernels::dot_packed(isa, w.ty, w.group(g0 + i), &[x], &mut out);
-                yg.copy_from_slice(&out[0][..yg.len()]);
-            }
-        });
-}
-
-/// `y[t] = W x[t]` for every quantized activation row (`y` is `n x rows`). Each task takes a
-/// tile of rows (in L1/L2) and sweeps every token over it, four tokens per kernel call.
-pub fn matmul_packed(w: &PackedMatrix, x: &Q8Acts, y: &mut [f32]) {
-    let n = x.n;
-    assert_eq!(x.k, w.cols, "matmul input length");
-    assert_eq!(y.len(), n * w.rows, "matmul output length");
-    if n == 1 {
-        return matvec_packed(w, x.row(0), y);
-    }
-    let isa = kernels::detect();
-    par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, rows, out| {
-        for gi in 0..rows.div_ceil(GROUP) {
-            let group = w.group(r0 / GROUP + gi);
-            let mut t = 0;
-            while t + TOKENS_PER_CALL <= n {
-                let xs: [Q8Row; TOKENS_PER_CALL] = std::array::from_fn(|i| x.row(t + i));
-                let mut o = [[0f32; GROUP]; TOKENS_PER_CALL];
-                kernels::dot_packed(isa, w.ty, group, &xs, &mut o);
-                for (dt, ot) in o.iter().enumerate() {
-                    out.put(t + dt, gi * GROUP, ot);
-                }
-                t += TOKENS_PER_CALL;
-            }
-            for t in t..n {
-                let mut o = [[0f32; GROUP]; 1];
-                kernels::dot_packed(isa, w.ty, group, &[x.row(t)], &mut o);
+                A::dot(isa, w.ty, group, &[x.row(t)], &mut o);
                 out.put(t, gi * GROUP, &o[0]);
             }
         }
@@ -388,17 +397,7 @@ mod tests {
     use super::*;
     use crate::quant::kernels::scalar;
     use crate::quant::quantize;
-
-    const FORMATS: [GgmlType; 8] = [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::MXFP4,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-    ];
+    use crate::quant::unit::FORMATS;
 
     fn weights(n: usize) -> Vec<f32> {
         (0..n)
@@ -421,7 +420,7 @@ mod tests {
         let mut q8 = Q8Acts::default();
         q8.quantize(&x, cols);
         let mut y = vec![0f32; n * rows];
-        matmul_packed_wide(&p, &wide, &mut y);
+        matmul_packed(&p, &wide, &mut y);
         let deq = crate::quant::dequantize_to_vec(GgmlType::Q8_0, &data, rows * cols).unwrap();
         let (mut err_wide, mut err_q8) = (0f64, 0f64);
         for t in 0..n {
@@ -491,8 +490,11 @@ mod tests {
             let mut y = vec![0f32; n * rows];
             matmul_packed(&p, &acts, &mut y);
             for t in 0..n {
+                // One token alone takes the single-token path.
+                let mut one = Q8Acts::default();
+                one.quantize(&x[t * cols..(t + 1) * cols], cols);
                 let mut yv = vec![0f32; rows];
-                matvec_packed(&p, acts.row(t), &mut yv);
+                matmul_packed(&p, &one, &mut yv);
                 let mut o = [0f32; GROUP];
                 dot_group_scalar(ty, p.group(0), acts.row(t), &mut o);
                 for r in 0..rows {

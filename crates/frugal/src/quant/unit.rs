@@ -37,10 +37,22 @@ pub struct Unit {
     pub min: f32,
 }
 
+/// Every format with a unit view: the block-quantized ones (each also has a packed layout and
+/// 8-bit-activation kernels).
+pub const FORMATS: [GgmlType; 8] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::MXFP4,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
 /// Whether `ty` has a unit view (the block-quantized formats).
 pub fn has_units(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | MXFP4 | Q4_K | Q6_K)
+    FORMATS.contains(&ty)
 }
 
 /// The signed integer a stored code stands for.
@@ -174,16 +186,7 @@ mod tests {
         let x: Vec<f32> = (0..512)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0)
             .collect();
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q5_1,
-            GgmlType::MXFP4,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in FORMATS {
             let data = quantize(ty, &x).unwrap();
             let want = dequantize_to_vec(ty, &data, x.len()).unwrap();
             let (bs, bb) = (ty.block_size(), ty.block_bytes());

@@ -163,18 +163,6 @@ mod tests {
         crate::quant::quantize(ty, w).expect("a format with a reference encoder")
     }
 
-    /// Every format with a packed 8-bit-activation kernel.
-    const PACKED: [GgmlType; 8] = [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::MXFP4,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-    ];
-
     /// Every level this CPU can run.
     fn levels() -> Vec<Isa> {
         let mut v = vec![Isa::Scalar];
@@ -227,7 +215,7 @@ mod tests {
 
         #[test]
         fn int8_dot_matches_scalar_at_every_level(ty_i in 0usize..8, blocks in 1usize..40, seed in any::<u64>()) {
-            let ty = PACKED[ty_i];
+            let ty = crate::quant::unit::FORMATS[ty_i];
             // Whole blocks of the format: 32 elements, or 256 for the K-quants.
             let k = if ty.block_size() == 256 { blocks.div_ceil(4) * 256 } else { blocks * 32 };
             let mut s = seed | 1;

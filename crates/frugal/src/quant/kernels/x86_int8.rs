@@ -18,7 +18,7 @@ use super::avx2::PREFETCH;
 use crate::quant::GgmlType;
 use crate::quant::act::{Q8Row, WideRow};
 use crate::quant::packed::{GROUP, layout};
-use crate::quant::unit::MXFP4_INT;
+use crate::quant::unit::{FORMATS, MXFP4_INT};
 
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -158,16 +158,7 @@ fn prefetch_ahead(p: *const u8, len: usize) {
 
 /// The packed formats, indexed by the kernels' const parameter so each format gets its own
 /// compiled loop (every `ty == ...` below folds to a constant).
-const KINDS: [GgmlType; 8] = [
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::MXFP4,
-    GgmlType::Q4_K,
-    GgmlType::Q6_K,
-];
+const KINDS: [GgmlType; 8] = FORMATS;
 
 macro_rules! dot_packed_kernel {
     ($name:ident, $inner:ident, $wide:ident, $features:literal, $udot:ident) => {
@@ -252,15 +243,15 @@ macro_rules! dot_packed_kernel {
         ) {
             // SAFETY: forwarded from the caller.
             unsafe {
-                match ty {
-                    GgmlType::Q8_0 => $inner::<T, 0>(group, xs, out),
-                    GgmlType::Q4_0 => $inner::<T, 1>(group, xs, out),
-                    GgmlType::Q4_1 => $inner::<T, 2>(group, xs, out),
-                    GgmlType::Q5_0 => $inner::<T, 3>(group, xs, out),
-                    GgmlType::Q5_1 => $inner::<T, 4>(group, xs, out),
-                    GgmlType::MXFP4 => $inner::<T, 5>(group, xs, out),
-                    GgmlType::Q4_K => $inner::<T, 6>(group, xs, out),
-                    GgmlType::Q6_K => $inner::<T, 7>(group, xs, out),
+                match KINDS.iter().position(|&k| k == ty) {
+                    Some(0) => $inner::<T, 0>(group, xs, out),
+                    Some(1) => $inner::<T, 1>(group, xs, out),
+                    Some(2) => $inner::<T, 2>(group, xs, out),
+                    Some(3) => $inner::<T, 3>(group, xs, out),
+                    Some(4) => $inner::<T, 4>(group, xs, out),
+                    Some(5) => $inner::<T, 5>(group, xs, out),
+                    Some(6) => $inner::<T, 6>(group, xs, out),
+                    Some(7) => $inner::<T, 7>(group, xs, out),
                     _ => unreachable!("{ty} has no packed layout"),
                 }
             }
