@@ -50,6 +50,7 @@ fn pack_scale_min(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
     s
 }
 
+#[inline]
 pub(super) fn decode_q4_k(bytes: &[u8], out: &mut [f32]) {
     for (y, b) in out
         .chunks_exact_mut(QK_K)
@@ -71,6 +72,7 @@ pub(super) fn decode_q4_k(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+#[inline]
 pub(super) fn decode_q6_k(bytes: &[u8], out: &mut [f32]) {
     for (y, b) in out
         .chunks_exact_mut(QK_K)

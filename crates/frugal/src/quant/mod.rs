@@ -164,6 +164,7 @@ pub fn check_blocks(ty: GgmlType, bytes: &[u8]) -> Result<(), QuantError> {
 }
 
 /// Scalar reference: decodes `out.len()` elements stored as `ty` in `bytes`.
+#[inline]
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
     if !is_supported(ty) {
         return Err(QuantError::Unsupported(ty));

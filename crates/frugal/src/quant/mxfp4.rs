@@ -30,6 +30,7 @@ pub fn e8m0_to_f32(e: u8) -> f32 {
     }
 }
 
+#[inline]
 pub(super) fn decode_mxfp4(bytes: &[u8], out: &mut [f32]) {
     for (o, b) in out
         .chunks_exact_mut(QK_MXFP4)

@@ -45,6 +45,7 @@ fn word(b: &[u8]) -> u32 {
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
+#[inline]
 pub(super) fn decode_q5_0(bytes: &[u8], out: &mut [f32]) {
     for (o, b) in out
         .chunks_exact_mut(QK5)
@@ -57,6 +58,7 @@ pub(super) fn decode_q5_0(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+#[inline]
 pub(super) fn decode_q5_1(bytes: &[u8], out: &mut [f32]) {
     for (o, b) in out
         .chunks_exact_mut(QK5)

@@ -140,7 +140,30 @@ pub unsafe fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
                 let eb = ty.block_bytes();
                 hsum(_mm256_add_ps(acc, acc2)) + scalar::dot_row(ty, &row[full * eb..], &x[full..])
             }
-            _ => scalar::dot_row(ty, row, x),
+            _ => {
+                // Formats without a hand-written f32 kernel: decode one block (32 or a 256-wide
+                // super-block) into registers-sized stack memory with the reference decoder
+                // (inlined here, so compiled with AVX2), then a fused multiply-add dot.
+                let bs = ty.block_size();
+                let bb = ty.block_bytes();
+                let mut buf = [0f32; 256];
+                for (b, blk) in row.chunks_exact(bb).enumerate().take(k / bs) {
+                    _mm_prefetch(
+                        blk.as_ptr().wrapping_add(PREFETCH) as *const i8,
+                        _MM_HINT_T0,
+                    );
+                    crate::quant::dequantize(ty, blk, &mut buf[..bs])
+                        .expect("caller validated the row");
+                    for i in (0..bs).step_by(8) {
+                        acc = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(buf.as_ptr().add(i)),
+                            _mm256_loadu_ps(xp.add(b * bs + i)),
+                            acc,
+                        );
+                    }
+                }
+                hsum(acc)
+            }
         }
     }
 }

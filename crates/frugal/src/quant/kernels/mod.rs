@@ -193,14 +193,14 @@ mod tests {
     proptest! {
         #[test]
         fn simd_dot_matches_scalar(
-            ty_i in 0usize..6,
+            ty_i in 0usize..11,
             blocks in 1usize..12,
             extra in 0usize..32,
             seed in any::<u64>(),
         ) {
-            let ty = [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1][ty_i];
+            let ty = crate::quant::SUPPORTED[ty_i];
             // Float rows may have any length; block formats need whole blocks.
-            let k = if ty.block_size() == 1 { blocks * 32 + extra } else { blocks * 32 };
+            let k = if ty.block_size() == 1 { blocks * 32 + extra } else { blocks.div_ceil(ty.block_size() / 32) * ty.block_size() };
             let mut s = seed | 1;
             let mut rnd = || { s ^= s << 13; s ^= s >> 7; s ^= s << 17; (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5 };
             let w: Vec<f32> = (0..k).map(|_| rnd() * 4.0).collect();
