@@ -226,6 +226,8 @@ fn quantize_input<'a>(
     buf: &'a mut Q8Acts,
 ) -> Option<&'a Q8Acts> {
     match act {
+        // Rows that are not whole blocks cannot meet a packed matrix (its columns are).
+        _ if !k.is_multiple_of(crate::quant::act::QK) => None,
         Activations::F32 => None,
         Activations::Q8 | Activations::Q8Full => {
             buf.quantize(x, k);

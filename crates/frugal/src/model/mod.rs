@@ -51,7 +51,8 @@ impl Model {
     /// block-quantized matrices that will take them (the output head for `q8-full`, or when it
     /// is Q8_0 and takes 15-bit activations) into
     /// the grouped layout of `quant::packed` (once; about the size of those weights on the
-    /// heap), after which their pages of the file map are released.
+    /// heap), after which their pages of the file map are released. A model with no
+    /// block-quantized matrix keeps f32 activations.
     pub fn set_activations(&mut self, a: Activations) {
         self.activations = a;
         if !a.quantized() {
@@ -70,6 +71,11 @@ impl Model {
                 // near one copy of the weights rather than two.
                 file.release(m.file_range());
             }
+        }
+        // Float weights (F32, F16, BF16) have nothing to run on integers: say so rather than
+        // quantize activations no product reads.
+        if self.weights.matrices().all(|m| m.packed.is_none()) {
+            self.activations = Activations::F32;
         }
     }
 
