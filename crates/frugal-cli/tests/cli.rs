@@ -700,7 +700,9 @@ fn report_quant_measures_every_requested_format() {
             "--ctx",
             "32",
             "--types",
-            "source,q4_0,int8-tensor",
+            "source,q4_0,int8-tensor,f16",
+            "--modes",
+            "q8,f32",
             "-p",
             "8",
             "-n",
@@ -716,16 +718,24 @@ fn report_quant_measures_every_requested_format() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 3);
-    // The source against itself (exact vs 8-bit activations) is close; every row is measured.
-    assert!(rows[0]["kl_mean"].as_f64().unwrap() < rows[1]["kl_mean"].as_f64().unwrap());
+    // Each format under both modes (the simulated INT8 one still has its Q8_0 embedding/head);
+    // F16 has nothing to run on integers: one f32 row.
+    let modes: Vec<&str> = rows
+        .iter()
+        .map(|r| r["activations"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["q8", "f32", "q8", "f32", "q8", "f32", "f32"]);
+    // The source against itself: exact under f32, close under q8; every row is measured.
+    assert!(rows[1]["kl_mean"].as_f64().unwrap() < 1e-9);
+    assert!(rows[0]["kl_mean"].as_f64().unwrap() < rows[2]["kl_mean"].as_f64().unwrap());
     for r in rows {
         assert!(
             r["ppl"].as_f64().unwrap() > 1.0 && r["tg_tokens_per_s"].as_f64().unwrap() > 0.0,
             "{r}"
         );
     }
+    // Q4_0 (row 2) stores fewer bits than the simulated INT8 one (F32 weights, row 4).
     assert!(
-        rows[1]["bits_per_weight"].as_f64().unwrap() < rows[2]["bits_per_weight"].as_f64().unwrap()
+        rows[2]["bits_per_weight"].as_f64().unwrap() < rows[4]["bits_per_weight"].as_f64().unwrap()
     );
 }

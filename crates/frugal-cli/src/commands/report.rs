@@ -44,6 +44,10 @@ pub struct QuantArgs {
     /// Generated tokens of the speed test (0 skips)
     #[arg(short = 'n', long = "gen", default_value_t = 128)]
     pub gen_tokens: usize,
+    /// Activation precisions to measure each format under (q8, q8-full, f32), comma-separated;
+    /// default: the --activations value. Float formats always run f32.
+    #[arg(long, value_delimiter = ',')]
+    pub modes: Vec<Activations>,
     /// Print one JSON object instead of a Markdown table
     #[arg(long)]
     pub json: bool,
@@ -60,6 +64,7 @@ pub fn run(c: ReportCommand) -> Result<()> {
 #[derive(serde::Serialize)]
 struct Row {
     format: String,
+    activations: Activations,
     bits_per_weight: f64,
     weight_bytes: u64,
     ppl: f64,
@@ -81,6 +86,11 @@ fn quant(a: QuantArgs) -> Result<()> {
     // The reference: the source's weights, dequantized exactly (f32 activations).
     let reference = Model::load(&path)?;
     let opts = EvalOptions::default();
+    let modes = if a.modes.is_empty() {
+        vec![a.model.activations]
+    } else {
+        a.modes.clone()
+    };
     let mut rows = Vec::new();
     for name in &a.types {
         let mut model = if name == "source" {
@@ -91,42 +101,50 @@ fn quant(a: QuantArgs) -> Result<()> {
                 .with_context(|| format!("quantizing to {name}"))?;
             Model::from_file(file)?
         };
-        // The fast path wherever the format has integer kernels; exact f32 elsewhere.
-        model.set_activations(Activations::Q8);
-        let (elements, bytes) = model.file.tensors().iter().fold((0u64, 0u64), |(e, b), t| {
-            (e + t.n_elements(), b + t.n_bytes())
-        });
-        eprintln!("{name}: scoring...");
-        let c = frugal::eval::compare_with(
-            (&model, &opts),
-            (&reference, &opts),
-            &tokens,
-            a.ctx,
-            |_, _| {},
-        )?;
-        let pp = (a.prompt > 0)
-            .then(|| frugal::bench::prefill(&model, a.prompt, 1, &opts))
-            .transpose()?;
-        let tg = (a.gen_tokens > 0)
-            .then(|| frugal::bench::decode(&model, a.gen_tokens, 1, &opts))
-            .transpose()?;
         let label = if name == "source" {
             format!("{} (source)", source_type(&model))
         } else {
             name.to_uppercase()
         };
-        rows.push(Row {
-            format: label,
-            bits_per_weight: bytes as f64 * 8.0 / elements as f64,
-            weight_bytes: bytes,
-            ppl: c.model.ppl,
-            ppl_stderr: c.model.ppl_stderr,
-            kl_mean: c.kl_mean,
-            kl_p99: c.kl_p99,
-            top1_agreement: c.top1_agreement,
-            pp_tokens_per_s: pp.map(|t| t.median),
-            tg_tokens_per_s: tg.map(|t| t.median),
+        let (elements, bytes) = model.file.tensors().iter().fold((0u64, 0u64), |(e, b), t| {
+            (e + t.n_elements(), b + t.n_bytes())
         });
+        for &mode in &modes {
+            model.set_activations(mode);
+            if rows
+                .iter()
+                .any(|r: &Row| r.format == label && r.activations == model.activations)
+            {
+                continue; // a float format under another mode: the same f32 run
+            }
+            eprintln!("{name} ({}): scoring...", model.activations);
+            let c = frugal::eval::compare_with(
+                (&model, &opts),
+                (&reference, &opts),
+                &tokens,
+                a.ctx,
+                |_, _| {},
+            )?;
+            let pp = (a.prompt > 0)
+                .then(|| frugal::bench::prefill(&model, a.prompt, 1, &opts))
+                .transpose()?;
+            let tg = (a.gen_tokens > 0)
+                .then(|| frugal::bench::decode(&model, a.gen_tokens, 1, &opts))
+                .transpose()?;
+            rows.push(Row {
+                format: label.clone(),
+                activations: model.activations,
+                bits_per_weight: bytes as f64 * 8.0 / elements as f64,
+                weight_bytes: bytes,
+                ppl: c.model.ppl,
+                ppl_stderr: c.model.ppl_stderr,
+                kl_mean: c.kl_mean,
+                kl_p99: c.kl_p99,
+                top1_agreement: c.top1_agreement,
+                pp_tokens_per_s: pp.map(|t| t.median),
+                tg_tokens_per_s: tg.map(|t| t.median),
+            });
+        }
     }
     if a.json {
         println!(
@@ -136,15 +154,16 @@ fn quant(a: QuantArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "| format | bits/weight | weights | PPL | mean KL | 99% KL | same top | pp{} tok/s | tg{} tok/s |",
+        "| format | activations | bits/weight | weights | PPL | mean KL | 99% KL | same top | pp{} tok/s | tg{} tok/s |",
         a.prompt, a.gen_tokens
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let speed = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.1}"));
     for r in &rows {
         println!(
-            "| {} | {:.2} | {} | {:.4} ± {:.3} | {:.5} | {:.4} | {:.2}% | {} | {} |",
+            "| {} | {} | {:.2} | {} | {:.4} ± {:.3} | {:.5} | {:.4} | {:.2}% | {} | {} |",
             r.format,
+            r.activations,
             r.bits_per_weight,
             common::human_bytes(r.weight_bytes),
             r.ppl,
@@ -157,7 +176,7 @@ fn quant(a: QuantArgs) -> Result<()> {
         );
     }
     println!(
-        "\n{} scored tokens, ctx {}, {} threads; reference PPL {:.4}; KL and top-1 against the exact dequantization of the source; speed with 8-bit activations for the block-quantized formats, f32 for the float ones.",
+        "\n{} scored tokens, ctx {}, {} threads; reference PPL {:.4}; KL and top-1 against the exact dequantization of the source (f32 activations).",
         (tokens.len() / a.ctx) * (a.ctx - 1 - a.ctx / 2),
         a.ctx,
         rayon::current_num_threads(),
