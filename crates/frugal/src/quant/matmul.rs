@@ -138,27 +138,16 @@ pub(super) fn par_row_tiles(
     y: &mut [f32],
     tile: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) {
-    assert_eq!(y.len(), total_rows * n);
-    let out = SharedOut(y.as_mut_ptr());
-    (0..total_rows.div_ceil(tile_rows))
-        .into_par_iter()
-        .for_each(|c| {
-            let r0 = c * tile_rows;
-            let rows = tile_rows.min(total_rows - r0);
-            OUT_TILE.with_borrow_mut(|buf| {
-                buf.resize(tile_rows * n, 0.0);
-                let buf = &mut buf[..rows * n];
-                tile(r0, rows, buf);
-                for t in 0..n {
-                    // SAFETY: y has total_rows * n elements; this task alone writes rows
-                    // r0..r0+rows of every token, and y is borrowed mutably for the whole call.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(out.ptr().add(t * total_rows + r0), rows)
-                    };
-                    dst.copy_from_slice(&buf[t * rows..(t + 1) * rows]);
-                }
-            });
+    par_row_groups(total_rows, n, tile_rows, y, |r0, rows, out| {
+        OUT_TILE.with_borrow_mut(|buf| {
+            buf.resize(tile_rows * n, 0.0);
+            let buf = &mut buf[..rows * n];
+            tile(r0, rows, buf);
+            for t in 0..n {
+                out.put_run(t, &buf[t * rows..(t + 1) * rows]);
+            }
         });
+    });
 }
 
 /// The outputs of one task of [`par_row_groups`]: rows `r0..r0 + rows` of every token of `y`.
@@ -171,6 +160,20 @@ pub(super) struct RowsOut {
 }
 
 impl RowsOut {
+    /// Writes all of this task's rows of token `t` (`vals.len()` must be the task's row count).
+    pub(super) fn put_run(&mut self, t: usize, vals: &[f32]) {
+        assert!(
+            t < self.n && vals.len() == self.rows,
+            "RowsOut::put_run outside the task"
+        );
+        // SAFETY: rows r0..r0 + rows of token t belong to this task alone (checked above), and y
+        // holds n * total_rows elements.
+        unsafe {
+            let dst = self.out.ptr().add(t * self.total_rows + self.r0);
+            std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, self.rows);
+        }
+    }
+
     /// Writes `vals` to `y[t][r0 + i0 ..]`, clipped to this task's rows.
     #[inline]
     pub(super) fn put<const W: usize>(&mut self, t: usize, i0: usize, vals: &[f32; W]) {
