@@ -68,7 +68,9 @@ impl SamplerParams {
 pub struct Sampler {
     pub params: SamplerParams,
     rng: ChaCha8Rng,
+    /// Reused every step (no allocation once warm): (token, logit) pairs and their weights.
     candidates: Vec<(u32, f32)>,
+    weights: Vec<f32>,
 }
 
 impl Sampler {
@@ -77,6 +79,7 @@ impl Sampler {
             rng: ChaCha8Rng::seed_from_u64(params.seed),
             params,
             candidates: Vec::new(),
+            weights: Vec::new(),
         }
     }
 
@@ -111,7 +114,9 @@ impl Sampler {
         c.sort_unstable_by(by_logit);
         // Probabilities at temperature 1 for the top-p and min-p cut-offs, as llama.cpp does.
         let max = c[0].1;
-        let mut probs: Vec<f32> = c.iter().map(|&(_, l)| (l - max).exp()).collect();
+        let probs = &mut self.weights;
+        probs.clear();
+        probs.extend(c.iter().map(|&(_, l)| (l - max).exp()));
         let total: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= total);
         let mut keep = c.len();
@@ -131,13 +136,12 @@ impl Sampler {
         }
         c.truncate(keep);
         // Temperature, then a draw from the renormalized distribution.
-        let weights: Vec<f32> = c
-            .iter()
-            .map(|&(_, l)| ((l - max) / p.temperature).exp())
-            .collect();
+        let weights = &mut self.weights;
+        weights.clear();
+        weights.extend(c.iter().map(|&(_, l)| ((l - max) / p.temperature).exp()));
         let total: f32 = weights.iter().sum();
         let mut r = self.rng.random::<f32>() * total;
-        for (&(id, _), &w) in c.iter().zip(&weights) {
+        for (&(id, _), &w) in c.iter().zip(weights.iter()) {
             if r < w {
                 return id;
             }

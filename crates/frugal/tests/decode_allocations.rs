@@ -1,5 +1,6 @@
-//! The per-token decode pass must not allocate once its buffers are warm: a counting global
-//! allocator watches ten decode steps of a synthetic model, in both activation precisions.
+//! The per-token decode loop must not allocate once its buffers are warm: a counting global
+//! allocator watches ten decode steps of a synthetic model (forward pass and a sampler with
+//! every cut-off on), in both activation precisions.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,6 +10,7 @@ use frugal::model::synthetic::{SyntheticSpec, build};
 use frugal::model::{Logits, Model, Scratch};
 use frugal::quant::GgmlType;
 use frugal::quant::act::Activations;
+use frugal::sample::{Sampler, SamplerParams};
 
 struct Counting;
 
@@ -70,13 +72,33 @@ fn check_decode_allocations() {
                 .forward(&[10 + t], &mut kv, &mut s, Logits::Last)
                 .unwrap();
         }
+        // A sampler with every cut-off on, warmed up by one draw.
+        let mut sampler = Sampler::new(SamplerParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            min_p: 0.05,
+            repeat_penalty: 1.1,
+            seed: 3,
+            ..SamplerParams::default()
+        });
+        let mut history: Vec<u32> = Vec::with_capacity(64);
+        history.extend([1, 2, 3, 4]);
+        let logits = model.forward(&[14], &mut kv, &mut s, Logits::Last).unwrap();
+        history.push(sampler.sample(logits, &history));
         let before = ALLOCATIONS.load(Ordering::SeqCst);
-        for t in 0..10 {
-            model
-                .forward(&[20 + t], &mut kv, &mut s, Logits::Last)
+        for _ in 0..10 {
+            let last = *history.last().unwrap();
+            let logits = model
+                .forward(&[last], &mut kv, &mut s, Logits::Last)
                 .unwrap();
+            let next = sampler.sample(logits, &history);
+            history.push(next);
         }
         let n = ALLOCATIONS.load(Ordering::SeqCst) - before;
-        assert_eq!(n, 0, "{act:?}: {n} allocations in 10 decode steps");
+        assert_eq!(
+            n, 0,
+            "{act:?}: {n} allocations in 10 decode steps with sampling"
+        );
     }
 }
