@@ -142,6 +142,8 @@ pub struct WideActs {
     pub hi: Vec<i8>,
     pub lo: Vec<u8>,
     pub d: Vec<f32>,
+    /// Sum of the block's integers (for kernels that bias the weights to unsigned).
+    pub qsum: Vec<i32>,
     pub k: usize,
     pub n: usize,
 }
@@ -152,6 +154,7 @@ pub struct WideRow<'a> {
     pub hi: &'a [i8],
     pub lo: &'a [u8],
     pub d: &'a [f32],
+    pub qsum: &'a [i32],
 }
 
 impl WideRow<'_> {
@@ -175,7 +178,9 @@ impl WideActs {
         self.hi.resize(x.len(), 0);
         self.lo.resize(x.len(), 0);
         self.d.resize(x.len() / QK, 0.0);
+        self.qsum.resize(x.len() / QK, 0);
         for (b, xb) in x.chunks_exact(QK).enumerate() {
+            let mut qsum = 0;
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / WIDE_MAX as f32;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -185,8 +190,10 @@ impl WideActs {
                 let hi = q.div_euclid(128);
                 self.hi[b * QK + i] = hi as i8;
                 self.lo[b * QK + i] = (q - 128 * hi) as u8;
+                qsum += q;
             }
             self.d[b] = d;
+            self.qsum[b] = qsum;
         }
     }
 
@@ -196,6 +203,7 @@ impl WideActs {
             hi: &self.hi[t * self.k..(t + 1) * self.k],
             lo: &self.lo[t * self.k..(t + 1) * self.k],
             d: &self.d[t * nb..(t + 1) * nb],
+            qsum: &self.qsum[t * nb..(t + 1) * nb],
         }
     }
 }
@@ -309,6 +317,10 @@ mod tests {
                 (row.q(e) as f32 * d - v).abs() <= d * 0.5 + 1e-6,
                 "element {e}"
             );
+        }
+        for b in 0..2 {
+            let sum: i32 = (32 * b..32 * (b + 1)).map(|e| row.q(e)).sum();
+            assert_eq!(row.qsum[b], sum);
         }
         // The absmax maps to the top of the range.
         assert!((0..32).any(|e| row.q(e).abs() == WIDE_MAX));

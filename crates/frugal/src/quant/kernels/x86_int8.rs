@@ -161,11 +161,11 @@ fn prefetch_ahead(p: *const u8, len: usize) {
 const KINDS: [GgmlType; 8] = FORMATS;
 
 macro_rules! dot_packed_kernel {
-    ($name:ident, $inner:ident, $wide:ident, $features:literal, $udot:ident) => {
+    ($name:ident, $inner:ident, $wide:ident, $features:literal, $udot:ident, $biased:literal) => {
         /// Dot products of one packed group of eight Q8_0 rows with `T` rows of 15-bit
-        /// activations `q = 128 hi + lo` (`act::WideActs`): `|w| * (hi * sign(w))` and
-        /// `lo * w` as two byte products per four elements, then `128 * hi_sum + lo_sum`, exact in
-        /// i32.
+        /// activations `q = 128 hi + lo` (`act::WideActs`): two byte products per four elements
+        /// (`|w| * (hi * sign(w))` and `lo * w`, or with VNNI `(w + 128) * hi` and
+        /// `(w + 128) * lo` less `128 * sum(q)`), then `128 * hi_sum + lo_sum`, exact in i32.
         ///
         /// # Safety
         /// `group` holds a whole packed Q8_0 group covering `xs[t].hi.len()` elements (equal for
@@ -195,7 +195,17 @@ macro_rules! dot_packed_kernel {
                     let w: [__m256i; 8] = std::array::from_fn(|i| {
                         _mm256_loadu_si256(data.add(32 * i) as *const __m256i)
                     });
-                    let wabs: [__m256i; 8] = std::array::from_fn(|i| _mm256_sign_epi8(w[i], w[i]));
+                    // Biased: the weights as unsigned w + 128 (a sign-bit flip), both activation
+                    // planes as the signed operand, and 128 * sum(q) taken off at the end; no
+                    // per-token sign moves. Needs non-saturating products (VNNI); AVX2's
+                    // `maddubs` would saturate 255 x 127 pairs, so it moves signs instead.
+                    let wu: [__m256i; 8] = std::array::from_fn(|i| {
+                        if $biased {
+                            _mm256_xor_si256(w[i], _mm256_set1_epi8(-128))
+                        } else {
+                            _mm256_sign_epi8(w[i], w[i])
+                        }
+                    });
                     for t in 0..T {
                         let hp = xs[t].hi.as_ptr().add(32 * c);
                         let lp = xs[t].lo.as_ptr().add(32 * c);
@@ -208,10 +218,19 @@ macro_rules! dot_packed_kernel {
                             let lo = _mm256_set1_epi32(std::ptr::read_unaligned(
                                 lp.add(4 * i) as *const i32
                             ));
-                            ih = $udot(ih, wabs[i], _mm256_sign_epi8(h, w[i]));
-                            il = $udot(il, lo, w[i]);
+                            if $biased {
+                                ih = $udot(ih, wu[i], h);
+                                il = $udot(il, wu[i], lo);
+                            } else {
+                                ih = $udot(ih, wu[i], _mm256_sign_epi8(h, w[i]));
+                                il = $udot(il, lo, w[i]);
+                            }
                         }
-                        let isum = _mm256_add_epi32(_mm256_slli_epi32(ih, 7), il);
+                        let mut isum = _mm256_add_epi32(_mm256_slli_epi32(ih, 7), il);
+                        if $biased {
+                            let bias = 128 * *xs[t].qsum.get_unchecked(c);
+                            isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(bias));
+                        }
                         let dx = _mm256_set1_ps(*xs[t].d.get_unchecked(c));
                         acc[t] = _mm256_fmadd_ps(
                             _mm256_cvtepi32_ps(isum),
@@ -401,12 +420,14 @@ dot_packed_kernel!(
     avx2_kind,
     dot_wide_avx2,
     "avx2,fma,f16c",
-    udot_avx2
+    udot_avx2,
+    false
 );
 dot_packed_kernel!(
     dot_packed_vnni,
     vnni_kind,
     dot_wide_vnni,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    udot_vnni
+    udot_vnni,
+    true
 );
