@@ -75,12 +75,6 @@ impl Weights {
             .chain(std::iter::once(&self.output))
     }
 
-    /// [`Weights::matrices`], mutably.
-    pub fn matrices_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
-        let (layers, output) = (&mut self.layers, &mut self.output);
-        Self::layer_matrices(layers).chain(std::iter::once(output))
-    }
-
     /// The matrices of the transformer layers, mutably, and the output head apart (it can
     /// take another precision).
     pub fn layer_matrices_and_head_mut(
