@@ -473,26 +473,11 @@ fn every_command_has_help() {
     }
 }
 
-/// The reference model, when present (see `crates/frugal/tests/reference_model.rs`).
-fn reference_model() -> Option<PathBuf> {
-    let p = std::env::var_os("FRUGAL_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(frugal::fetch::default_model_path);
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var_os("FRUGAL_REQUIRE_MODEL").is_none(),
-        "FRUGAL_REQUIRE_MODEL is set but {} is missing",
-        p.display()
-    );
-    eprintln!("skipping: reference model not found at {}", p.display());
-    None
-}
-
 #[test]
 fn resident_memory_stays_under_twice_the_file_plus_the_kv_cache() {
-    let Some(m) = reference_model() else { return };
+    let Some(m) = frugal::fetch::reference_model_for_tests() else {
+        return;
+    };
     let m = m.to_str().unwrap();
     for act in ["f32", "q8"] {
         let out = frugal(

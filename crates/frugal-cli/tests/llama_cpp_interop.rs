@@ -33,18 +33,6 @@ fn llama_bin() -> Option<PathBuf> {
     }
 }
 
-fn reference_model() -> Option<PathBuf> {
-    let p = std::env::var_os("FRUGAL_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(frugal::fetch::default_model_path);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: reference model not found at {}", p.display());
-        None
-    }
-}
-
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().expect("the command starts");
     let text = format!(
@@ -125,7 +113,7 @@ fn assert_close(what: &str, frugal: f64, llama: f64) {
 
 #[test]
 fn llama_cpp_runs_frugal_files_and_frugal_runs_llama_cpp_files() {
-    let (Some(bin), Some(model)) = (llama_bin(), reference_model()) else {
+    let (Some(bin), Some(model)) = (llama_bin(), frugal::fetch::reference_model_for_tests()) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -35,6 +35,28 @@ pub fn default_model_path() -> PathBuf {
     home().join(DEFAULT_FILE)
 }
 
+/// Test support: the reference model at `$FRUGAL_MODEL`, else the fetched default, or `None`
+/// (with a note on stderr) when it is absent, so tests that need it skip cleanly. With
+/// `$FRUGAL_REQUIRE_MODEL` set (CI), absence panics instead: those tests must not skip there.
+pub fn reference_model_for_tests() -> Option<PathBuf> {
+    let p = std::env::var_os("FRUGAL_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(default_model_path);
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("FRUGAL_REQUIRE_MODEL").is_none(),
+        "FRUGAL_REQUIRE_MODEL is set but {} is missing",
+        p.display()
+    );
+    eprintln!(
+        "skipping: reference model not found at {} (run `frugal fetch`)",
+        p.display()
+    );
+    None
+}
+
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |source| Error::Io {
         path: path.display().to_string(),

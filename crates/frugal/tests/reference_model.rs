@@ -5,8 +5,6 @@
 //! The model is found at `$FRUGAL_MODEL` or in the frugal cache. When it is absent these tests
 //! skip, unless `FRUGAL_REQUIRE_MODEL=1` (set by CI) makes that a failure.
 
-use std::path::PathBuf;
-
 use frugal::attention::Attention;
 use frugal::eval::EvalOptions;
 use frugal::generate::{GenerateOptions, Session, StopReason};
@@ -18,27 +16,9 @@ use frugal::tokenizer::Tokenizer;
 
 const PROMPT: &str = "The capital of France is";
 
-fn model_path() -> Option<PathBuf> {
-    let p = std::env::var_os("FRUGAL_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(frugal::fetch::default_model_path);
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(
-        std::env::var_os("FRUGAL_REQUIRE_MODEL").is_none(),
-        "FRUGAL_REQUIRE_MODEL is set but {} is missing",
-        p.display()
-    );
-    eprintln!(
-        "skipping: reference model not found at {} (run `frugal fetch`)",
-        p.display()
-    );
-    None
-}
-
 fn load() -> Option<(Model, Tokenizer)> {
-    let model = Model::load(model_path()?).expect("reference model loads");
+    let model =
+        Model::load(frugal::fetch::reference_model_for_tests()?).expect("reference model loads");
     let tok = Tokenizer::from_gguf(&model.file).expect("tokenizer builds");
     Some((model, tok))
 }

@@ -364,11 +364,9 @@ mod tests {
     fn estimate_gguf_real_file_params_match_config_arithmetic() {
         // The reference model, where it has been fetched; the arithmetic must reproduce the
         // file's own tensor count exactly (134,515,008).
-        let path = crate::fetch::default_model_path();
-        if !path.exists() {
-            eprintln!("default model not fetched; skipping");
+        let Some(path) = crate::fetch::reference_model_for_tests() else {
             return;
-        }
+        };
         let f = GgufFile::open(&path).unwrap();
         let d = from_gguf(&f, &path.display().to_string()).unwrap();
         let fp = d.file_params.as_ref().unwrap();
