@@ -1,0 +1,357 @@
+//! Finite-difference checks of every backward, on small random shapes that are not multiples of
+//! any SIMD width, and of the whole model.
+//!
+//! The forward functions compute in f32; each check's scalar loss `L = Σ r ⊙ f(x)` (random `r`)
+//! is summed in f64 and differentiated by central differences with step `EPS`. Truncation error
+//! is O(EPS²·f''') ≈ 1e-4 relative for these smooth functions and f32 rounding adds about
+//! `|L|·6e-8 / EPS` ≈ 1e-5 absolute, so a gradient passes when
+//! `|analytic - numeric| <= 2e-2·max(|analytic|, |numeric|) + 2e-4`. A wrong backward (a missing
+//! term, a transposed index) misses by O(1) relative.
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::gemm::Precision;
+use crate::loss::{Divergence, Objective, Targets, TeacherRows};
+use crate::model::{Batch, RunOptions};
+use crate::ops::{self, AttnDims, Rope};
+use crate::params::{Params, normal};
+
+const EPS: f32 = 2e-3;
+const RTOL: f64 = 2e-2;
+const ATOL: f64 = 2e-4;
+
+fn randn(rng: &mut ChaCha8Rng, n: usize, std: f32) -> Vec<f32> {
+    (0..n).map(|_| normal(rng) * std).collect()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum()
+}
+
+/// Compares `analytic` with central differences of `f` around `x`, at every element (or at
+/// `sample` evenly spread ones).
+fn check(
+    name: &str,
+    x: &[f32],
+    analytic: &[f32],
+    sample: Option<usize>,
+    f: impl Fn(&[f32]) -> f64,
+) {
+    assert_eq!(x.len(), analytic.len(), "{name}");
+    let idx: Vec<usize> = match sample {
+        Some(s) if s < x.len() => (0..s)
+            .map(|i| i * x.len() / s + (i % 3))
+            .map(|i| i.min(x.len() - 1))
+            .collect(),
+        _ => (0..x.len()).collect(),
+    };
+    let mut xp = x.to_vec();
+    for i in idx {
+        let orig = xp[i];
+        xp[i] = orig + EPS;
+        let lp = f(&xp);
+        xp[i] = orig - EPS;
+        let lm = f(&xp);
+        xp[i] = orig;
+        let num = (lp - lm) / (2.0 * f64::from(EPS));
+        let ana = f64::from(analytic[i]);
+        let tol = RTOL * num.abs().max(ana.abs()) + ATOL;
+        assert!(
+            (ana - num).abs() <= tol,
+            "{name}[{i}]: analytic {ana:.6e}, numeric {num:.6e}"
+        );
+    }
+}
+
+#[test]
+fn linear_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let (n, i, o) = (3, 7, 5);
+    let (x, w, r) = (
+        randn(&mut rng, n * i, 1.0),
+        randn(&mut rng, o * i, 1.0),
+        randn(&mut rng, n * o, 1.0),
+    );
+    let f = |x: &[f32], w: &[f32]| {
+        let mut y = vec![0f32; n * o];
+        ops::linear_forward(x, w, i, &mut y, Precision::F32);
+        dot(&y, &r)
+    };
+    let (mut dx, mut dw) = (vec![0f32; n * i], vec![0f32; o * i]);
+    ops::linear_backward(
+        &x,
+        &w,
+        &r,
+        Some((&mut dx, false)),
+        Some(&mut dw),
+        i,
+        Precision::F32,
+    );
+    check("dx", &x, &dx, None, |x| f(x, &w));
+    check("dw", &w, &dw, None, |w| f(&x, w));
+}
+
+#[test]
+fn rmsnorm_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let (n, d) = (3, 13);
+    let (x, w, r) = (
+        randn(&mut rng, n * d, 1.0),
+        randn(&mut rng, d, 1.0),
+        randn(&mut rng, n * d, 1.0),
+    );
+    let f = |x: &[f32], w: &[f32]| {
+        let (mut y, mut rs) = (vec![0f32; n * d], vec![0f32; n]);
+        ops::rmsnorm_forward(x, w, 1e-5, &mut y, &mut rs);
+        dot(&y, &r)
+    };
+    let (mut y, mut rs) = (vec![0f32; n * d], vec![0f32; n]);
+    ops::rmsnorm_forward(&x, &w, 1e-5, &mut y, &mut rs);
+    let (mut dx, mut dw) = (vec![0f32; n * d], vec![0f32; d]);
+    ops::rmsnorm_backward(&x, &w, &rs, &r, &mut dx, &mut dw);
+    check("dx", &x, &dx, None, |x| f(x, &w));
+    check("dw", &w, &dw, None, |w| f(&x, w));
+}
+
+#[test]
+fn rope_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    // Two sequences of 5 positions, 3 heads of 6 dims of which 4 are rotated.
+    let (seq, heads, hd) = (5, 3, 6);
+    let table = Rope::new(seq, 4, 100.0);
+    let n = 2 * seq * heads * hd;
+    let (x, r) = (randn(&mut rng, n, 1.0), randn(&mut rng, n, 1.0));
+    let f = |x: &[f32]| {
+        let mut y = x.to_vec();
+        ops::rope(&mut y, heads, hd, seq, &table, false);
+        dot(&y, &r)
+    };
+    let mut dx = r.clone();
+    ops::rope(&mut dx, heads, hd, seq, &table, true);
+    check("dx", &x, &dx, None, f);
+}
+
+#[test]
+fn swiglu_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let n = 37;
+    let (g, u, r) = (
+        randn(&mut rng, n, 2.0),
+        randn(&mut rng, n, 1.0),
+        randn(&mut rng, n, 1.0),
+    );
+    let f = |g: &[f32], u: &[f32]| {
+        let mut h = vec![0f32; n];
+        ops::swiglu_forward(g, u, &mut h);
+        dot(&h, &r)
+    };
+    let (mut dg, mut du) = (vec![0f32; n], vec![0f32; n]);
+    ops::swiglu_backward(&g, &u, &r, &mut dg, &mut du);
+    check("dg", &g, &dg, None, |g| f(g, &u));
+    check("du", &u, &du, None, |u| f(&g, u));
+}
+
+fn attention_case(n_head: usize, n_head_kv: usize) {
+    let mut rng = ChaCha8Rng::seed_from_u64(5 + n_head_kv as u64);
+    let dims = AttnDims {
+        batch: 2,
+        seq: 5,
+        n_head,
+        n_head_kv,
+        head_dim: 6,
+    };
+    let rows = dims.batch * dims.seq;
+    let (qw, kw) = (n_head * 6, n_head_kv * 6);
+    let (q, k, v) = (
+        randn(&mut rng, rows * qw, 1.0),
+        randn(&mut rng, rows * kw, 1.0),
+        randn(&mut rng, rows * kw, 1.0),
+    );
+    let r = randn(&mut rng, rows * qw, 1.0);
+    let run = |q: &[f32], k: &[f32], v: &[f32], probs: &mut Vec<f32>| {
+        probs.resize(dims.probs_len(), 0.0);
+        let mut o = vec![0f32; rows * qw];
+        ops::attention_forward(q, k, v, dims, probs, &mut o, Precision::F32);
+        o
+    };
+    let f = |q: &[f32], k: &[f32], v: &[f32]| dot(&run(q, k, v, &mut Vec::new()), &r);
+    let mut probs = Vec::new();
+    let o = run(&q, &k, &v, &mut probs);
+    let (mut dq, mut dk, mut dv) = (
+        vec![0f32; rows * qw],
+        vec![0f32; rows * kw],
+        vec![0f32; rows * kw],
+    );
+    ops::attention_backward(
+        &q,
+        &k,
+        &v,
+        &probs,
+        &o,
+        &r,
+        dims,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+        Precision::F32,
+    );
+    check("dq", &q, &dq, None, |q| f(q, &k, &v));
+    check("dk", &k, &dk, None, |k| f(&q, k, &v));
+    check("dv", &v, &dv, None, |v| f(&q, &k, v));
+}
+
+#[test]
+fn attention_backward_matches_finite_differences_mha_gqa_mqa() {
+    attention_case(4, 4);
+    attention_case(4, 2);
+    attention_case(3, 1);
+}
+
+#[test]
+fn embedding_backward_scatters_rows() {
+    let mut d = vec![0f32; 4 * 3];
+    ops::embedding_backward(&mut d, &[2, 0, 2], 3, &[1., 2., 3., 4., 5., 6., 7., 8., 9.]);
+    assert_eq!(d, [4., 5., 6., 0., 0., 0., 8., 10., 12., 0., 0., 0.]);
+}
+
+fn loss_case(teacher: Option<TeacherRows>, alpha: f32, tau: f32, div: Divergence) {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let (rows, nv) = (3, 11);
+    let z = randn(&mut rng, rows * nv, 2.0);
+    let t = Targets {
+        labels: &[4, 0, 10],
+        teacher,
+        alpha,
+        temperature: tau,
+        divergence: div,
+        step_rows: rows,
+    };
+    let f = |z: &[f32]| t.rows(0..rows, &mut z.to_vec(), false).objective / rows as f64;
+    let mut g = z.clone();
+    let sums = t.rows(0..rows, &mut g, true);
+    assert!((sums.objective / rows as f64 - f(&z)).abs() < 1e-9);
+    check("dz", &z, &g, None, f);
+}
+
+#[test]
+fn losses_backward_match_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let (t1, t2) = (randn(&mut rng, 33, 2.0), randn(&mut rng, 33, 2.0));
+    loss_case(None, 0.0, 1.0, Divergence::Forward);
+    loss_case(
+        Some(TeacherRows::Dense(vec![(&t1, 1.0)])),
+        0.3,
+        1.0,
+        Divergence::Forward,
+    );
+    loss_case(
+        Some(TeacherRows::Dense(vec![(&t1, 1.0)])),
+        0.7,
+        2.0,
+        Divergence::Forward,
+    );
+    loss_case(
+        Some(TeacherRows::Dense(vec![(&t1, 1.0)])),
+        1.0,
+        4.0,
+        Divergence::Reverse,
+    );
+    loss_case(
+        Some(TeacherRows::Dense(vec![(&t1, 2.0), (&t2, 1.0)])),
+        0.5,
+        2.0,
+        Divergence::Forward,
+    );
+    loss_case(
+        Some(TeacherRows::Dense(vec![(&t1, 1.0), (&t2, 1.0)])),
+        0.5,
+        1.5,
+        Divergence::Reverse,
+    );
+    let ids = [1u32, 5, 7, 0, 3, 9, 10, 2, 4];
+    let logp = [-0.5f32, -1.5, -2.0, -0.2, -2.5, -3.0, -1.0, -1.1, -1.2];
+    loss_case(
+        Some(TeacherRows::TopK {
+            k: 3,
+            ids: &ids,
+            logp: &logp,
+        }),
+        0.8,
+        2.0,
+        Divergence::Forward,
+    );
+}
+
+/// A tiny model with every feature the forward reads: GQA, RoPE on part of each head, tied or
+/// untied head.
+pub(crate) fn tiny_config() -> frugal::model::Config {
+    frugal::model::Config {
+        arch: "llama".into(),
+        n_layers: 2,
+        n_embd: 12,
+        n_ff: 20,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 6,
+        n_vocab: 17,
+        n_ctx_train: 64,
+        rms_eps: 1e-5,
+        rope_base: 10_000.0,
+        rope_dim: 4,
+    }
+}
+
+fn whole_model_case(tied: bool, recompute: bool) {
+    let c = tiny_config();
+    let mut p = Params::random(&c, tied, 3);
+    // Larger weights than pre-training init so every path carries a visible gradient.
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    for t in p.tensors_mut() {
+        for v in &mut t.data {
+            *v += normal(&mut rng) * 0.3;
+        }
+    }
+    let tokens = [1u32, 5, 9, 16, 2, 2, 7, 0, 11, 3];
+    let labels = [5u32, 9, 16, 2, 4, 7, 0, 11, 3, 8];
+    let b = Batch {
+        tokens: &tokens,
+        batch: 2,
+        seq: 5,
+    };
+    let opts = RunOptions {
+        precision: Precision::F32,
+        recompute,
+    };
+    let obj = Targets {
+        labels: &labels,
+        teacher: None,
+        alpha: 0.0,
+        temperature: 1.0,
+        divergence: Divergence::Forward,
+        step_rows: labels.len(),
+    };
+    let mut grads = p.zeros_like();
+    let saved = p.forward(&b, opts);
+    p.backward(&b, saved, &obj, Vec::new(), &mut grads, opts);
+    let names: Vec<String> = p.tensors().iter().map(|t| t.name.clone()).collect();
+    for (ti, name) in names.iter().enumerate() {
+        let x = p.tensors()[ti].data.clone();
+        let g = grads.tensors()[ti].data.clone();
+        let f = |x: &[f32]| {
+            let mut q = p.clone();
+            q.tensors_mut()[ti].data.copy_from_slice(x);
+            q.loss(&b, &obj, Precision::F32).mean_objective()
+        };
+        check(name, &x, &g, Some(12), f);
+    }
+}
+
+#[test]
+fn whole_model_gradient_matches_finite_differences() {
+    whole_model_case(true, true);
+    whole_model_case(false, false);
+}

@@ -1,0 +1,450 @@
+//! The training forward and backward of a Llama-family model, top to bottom.
+//!
+//! The forward keeps what the backward needs. With `recompute`, it keeps only each layer's
+//! input (one `rows x n_embd` buffer per layer) and the backward recomputes the layer's
+//! activations just before it needs them: one extra forward of the layers buys a peak of one
+//! layer's activations instead of all of them (activation checkpointing at layer granularity).
+//! The output head is computed in chunks of rows, and each chunk's loss gradient goes straight
+//! back through the head, so the `rows x vocabulary` logits never exist whole.
+
+use rayon::prelude::*;
+
+use crate::gemm::Precision;
+use crate::loss::{LossSums, Objective};
+use crate::ops::{self, AttnDims, Rope};
+use crate::params::{LayerParams, Params};
+
+/// Rows of logits computed at once by the head.
+const HEAD_CHUNK: usize = 256;
+
+/// How the products run and what the forward keeps.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    pub precision: Precision,
+    /// Keep only layer inputs and recompute the rest during the backward.
+    pub recompute: bool,
+}
+
+/// A batch of `batch` sequences of `seq` tokens (row `b*seq + t`), with RoPE tables for them.
+pub struct Batch<'a> {
+    pub tokens: &'a [u32],
+    pub batch: usize,
+    pub seq: usize,
+}
+
+/// Everything one layer's backward reads.
+#[derive(Default, Debug)]
+pub struct LayerActs {
+    xn1: Vec<f32>,
+    rstd1: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    probs: Vec<f32>,
+    att: Vec<f32>,
+    x_mid: Vec<f32>,
+    xn2: Vec<f32>,
+    rstd2: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    h: Vec<f32>,
+}
+
+impl LayerActs {
+    pub fn bytes(&self) -> usize {
+        4 * [
+            &self.xn1,
+            &self.rstd1,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.probs,
+            &self.att,
+            &self.x_mid,
+            &self.xn2,
+            &self.rstd2,
+            &self.g,
+            &self.u,
+            &self.h,
+        ]
+        .iter()
+        .map(|v| v.capacity())
+        .sum::<usize>()
+    }
+}
+
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.clear();
+    v.resize(n, 0.0);
+    &mut v[..]
+}
+
+/// The state a forward leaves for the backward.
+pub struct Saved {
+    /// Input of layer `l` at index `l`; the last entry is the final residual stream.
+    pub residual: Vec<Vec<f32>>,
+    acts: Vec<Option<LayerActs>>,
+    xf: Vec<f32>,
+    rstd_f: Vec<f32>,
+    rope: Rope,
+    dims: AttnDims,
+}
+
+impl Saved {
+    /// Bytes of activations held between the forward and the backward.
+    pub fn bytes(&self) -> usize {
+        let acts: usize = self.acts.iter().flatten().map(LayerActs::bytes).sum();
+        acts + 4 * (self.residual.iter().map(Vec::len).sum::<usize>() + self.xf.len())
+    }
+}
+
+/// Hidden-state targets injected into the backward: `(layer, gradient of the loss with respect
+/// to that layer's output)`, computed by the caller from [`Saved::residual`].
+pub type HiddenGrads = Vec<(usize, Vec<f32>)>;
+
+impl Params {
+    fn dims(&self, b: &Batch) -> AttnDims {
+        let c = &self.config;
+        AttnDims {
+            batch: b.batch,
+            seq: b.seq,
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+        }
+    }
+
+    /// One transformer block: `x_out = x + attn(norm(x))`, then `+= ffn(norm(.))`.
+    fn layer_forward(
+        &self,
+        lp: &LayerParams,
+        x: &[f32],
+        rope: &Rope,
+        dims: AttnDims,
+        a: &mut LayerActs,
+        x_out: &mut [f32],
+        prec: Precision,
+    ) {
+        let c = &self.config;
+        let (d, n) = (c.n_embd, x.len() / c.n_embd);
+        let (qd, kd, ff) = (c.q_dim(), c.kv_dim(), c.n_ff);
+        // Attention: norm -> Q, K, V -> RoPE -> causal attention -> output projection.
+        ops::rmsnorm_forward(
+            x,
+            &lp.attn_norm.data,
+            c.rms_eps,
+            sized(&mut a.xn1, n * d),
+            sized(&mut a.rstd1, n),
+        );
+        ops::linear_forward(&a.xn1, &lp.wq.data, d, sized(&mut a.q, n * qd), prec);
+        ops::linear_forward(&a.xn1, &lp.wk.data, d, sized(&mut a.k, n * kd), prec);
+        ops::linear_forward(&a.xn1, &lp.wv.data, d, sized(&mut a.v, n * kd), prec);
+        ops::rope(&mut a.q, c.n_head, c.head_dim, dims.seq, rope, false);
+        ops::rope(&mut a.k, c.n_head_kv, c.head_dim, dims.seq, rope, false);
+        ops::attention_forward(
+            &a.q,
+            &a.k,
+            &a.v,
+            dims,
+            sized(&mut a.probs, dims.probs_len()),
+            sized(&mut a.att, n * qd),
+            prec,
+        );
+        let x_mid = sized(&mut a.x_mid, n * d);
+        ops::linear_forward(&a.att, &lp.wo.data, qd, x_mid, prec);
+        x_mid.par_iter_mut().zip(x).for_each(|(m, &r)| *m += r);
+        // Feed-forward: norm -> SwiGLU(gate, up) -> down projection.
+        ops::rmsnorm_forward(
+            &a.x_mid,
+            &lp.ffn_norm.data,
+            c.rms_eps,
+            sized(&mut a.xn2, n * d),
+            sized(&mut a.rstd2, n),
+        );
+        ops::linear_forward(&a.xn2, &lp.w_gate.data, d, sized(&mut a.g, n * ff), prec);
+        ops::linear_forward(&a.xn2, &lp.w_up.data, d, sized(&mut a.u, n * ff), prec);
+        ops::swiglu_forward(&a.g, &a.u, sized(&mut a.h, n * ff));
+        ops::linear_forward(&a.h, &lp.w_down.data, ff, x_out, prec);
+        x_out
+            .par_iter_mut()
+            .zip(&a.x_mid)
+            .for_each(|(o, &m)| *o += m);
+    }
+
+    /// Backward of [`layer_forward`](Self::layer_forward): `dx` holds the gradient of the
+    /// layer's output on entry and of its input on return; parameter gradients are added to `gl`.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_backward(
+        &self,
+        lp: &LayerParams,
+        x: &[f32],
+        rope: &Rope,
+        dims: AttnDims,
+        a: &LayerActs,
+        dx: &mut [f32],
+        gl: &mut LayerParams,
+        prec: Precision,
+    ) {
+        let c = &self.config;
+        let (d, n) = (c.n_embd, x.len() / c.n_embd);
+        let (qd, kd, ff) = (c.q_dim(), c.kv_dim(), c.n_ff);
+        // Feed-forward block; the residual passes dx through unchanged.
+        let mut dh = vec![0f32; n * ff];
+        ops::linear_backward(
+            &a.h,
+            &lp.w_down.data,
+            dx,
+            Some((&mut dh, false)),
+            Some(&mut gl.w_down.data),
+            ff,
+            prec,
+        );
+        let (mut dg, mut du) = (vec![0f32; n * ff], vec![0f32; n * ff]);
+        ops::swiglu_backward(&a.g, &a.u, &dh, &mut dg, &mut du);
+        drop(dh);
+        let mut dxn = vec![0f32; n * d];
+        ops::linear_backward(
+            &a.xn2,
+            &lp.w_gate.data,
+            &dg,
+            Some((&mut dxn, false)),
+            Some(&mut gl.w_gate.data),
+            d,
+            prec,
+        );
+        ops::linear_backward(
+            &a.xn2,
+            &lp.w_up.data,
+            &du,
+            Some((&mut dxn, true)),
+            Some(&mut gl.w_up.data),
+            d,
+            prec,
+        );
+        drop((dg, du));
+        // dx now becomes the gradient at x_mid.
+        ops::rmsnorm_backward(
+            &a.x_mid,
+            &lp.ffn_norm.data,
+            &a.rstd2,
+            &dxn,
+            dx,
+            &mut gl.ffn_norm.data,
+        );
+        // Attention block.
+        let mut datt = vec![0f32; n * qd];
+        ops::linear_backward(
+            &a.att,
+            &lp.wo.data,
+            dx,
+            Some((&mut datt, false)),
+            Some(&mut gl.wo.data),
+            qd,
+            prec,
+        );
+        let (mut dq, mut dk, mut dv) = (vec![0f32; n * qd], vec![0f32; n * kd], vec![0f32; n * kd]);
+        ops::attention_backward(
+            &a.q, &a.k, &a.v, &a.probs, &a.att, &datt, dims, &mut dq, &mut dk, &mut dv, prec,
+        );
+        drop(datt);
+        ops::rope(&mut dq, c.n_head, c.head_dim, dims.seq, rope, true);
+        ops::rope(&mut dk, c.n_head_kv, c.head_dim, dims.seq, rope, true);
+        ops::linear_backward(
+            &a.xn1,
+            &lp.wq.data,
+            &dq,
+            Some((&mut dxn, false)),
+            Some(&mut gl.wq.data),
+            d,
+            prec,
+        );
+        ops::linear_backward(
+            &a.xn1,
+            &lp.wk.data,
+            &dk,
+            Some((&mut dxn, true)),
+            Some(&mut gl.wk.data),
+            d,
+            prec,
+        );
+        ops::linear_backward(
+            &a.xn1,
+            &lp.wv.data,
+            &dv,
+            Some((&mut dxn, true)),
+            Some(&mut gl.wv.data),
+            d,
+            prec,
+        );
+        ops::rmsnorm_backward(
+            x,
+            &lp.attn_norm.data,
+            &a.rstd1,
+            &dxn,
+            dx,
+            &mut gl.attn_norm.data,
+        );
+    }
+
+    /// The forward through every layer and the final norm, keeping what the backward needs.
+    pub fn forward(&self, b: &Batch, opts: RunOptions) -> Saved {
+        let c = &self.config;
+        let (d, n) = (c.n_embd, b.tokens.len());
+        let dims = self.dims(b);
+        let rope = Rope::new(b.seq, c.rope_dim, c.rope_base);
+        let mut x = vec![0f32; n * d];
+        ops::embedding_forward(&self.token_embd.data, b.tokens, d, &mut x);
+        let mut residual = Vec::with_capacity(c.n_layers + 1);
+        let mut acts = Vec::with_capacity(c.n_layers);
+        let mut scratch = LayerActs::default();
+        for lp in &self.layers {
+            let mut out = vec![0f32; n * d];
+            if opts.recompute {
+                self.layer_forward(lp, &x, &rope, dims, &mut scratch, &mut out, opts.precision);
+                acts.push(None);
+            } else {
+                let mut a = LayerActs::default();
+                self.layer_forward(lp, &x, &rope, dims, &mut a, &mut out, opts.precision);
+                acts.push(Some(a));
+            }
+            residual.push(std::mem::replace(&mut x, out));
+        }
+        let (mut xf, mut rstd_f) = (vec![0f32; n * d], vec![0f32; n]);
+        ops::rmsnorm_forward(&x, &self.output_norm.data, c.rms_eps, &mut xf, &mut rstd_f);
+        residual.push(x);
+        Saved {
+            residual,
+            acts,
+            xf,
+            rstd_f,
+            rope,
+            dims,
+        }
+    }
+
+    /// The head, chunk by chunk: logits, the objective's loss and logit gradient, and that
+    /// gradient back through the head. Returns the loss sums and the gradient at the final
+    /// norm's output (`None` for `grads` evaluates the loss only).
+    fn head_pass(
+        &self,
+        s: &Saved,
+        obj: &dyn Objective,
+        mut grads: Option<&mut Params>,
+        prec: Precision,
+    ) -> (LossSums, Vec<f32>) {
+        let c = &self.config;
+        let (d, nv) = (c.n_embd, c.n_vocab);
+        let n = s.xf.len() / d;
+        let head = &self.head().data;
+        let mut sums = LossSums::default();
+        let mut dxf = vec![0f32; if grads.is_some() { n * d } else { 0 }];
+        let mut logits = vec![0f32; HEAD_CHUNK.min(n) * nv];
+        for r0 in (0..n).step_by(HEAD_CHUNK) {
+            let r1 = (r0 + HEAD_CHUNK).min(n);
+            let xr = &s.xf[r0 * d..r1 * d];
+            let lg = &mut logits[..(r1 - r0) * nv];
+            ops::linear_forward(xr, head, d, lg, prec);
+            sums.add(&obj.rows(r0..r1, lg, grads.is_some()));
+            if let Some(g) = grads.as_deref_mut() {
+                let dhead = match g.output.as_mut() {
+                    Some(o) => &mut o.data,
+                    None => &mut g.token_embd.data,
+                };
+                ops::linear_backward(
+                    xr,
+                    head,
+                    lg,
+                    Some((&mut dxf[r0 * d..r1 * d], false)),
+                    Some(dhead),
+                    d,
+                    prec,
+                );
+            }
+        }
+        (sums, dxf)
+    }
+
+    /// The loss of a batch, without gradients (held-out evaluation).
+    pub fn loss(&self, b: &Batch, obj: &dyn Objective, prec: Precision) -> LossSums {
+        let s = self.forward(
+            b,
+            RunOptions {
+                precision: prec,
+                recompute: true,
+            },
+        );
+        self.head_pass(&s, obj, None, prec).0
+    }
+
+    /// Logits of every row (`rows x n_vocab`), for tests and small evaluations.
+    pub fn logits(&self, b: &Batch, prec: Precision) -> Vec<f32> {
+        let s = self.forward(
+            b,
+            RunOptions {
+                precision: prec,
+                recompute: true,
+            },
+        );
+        let mut out = vec![0f32; b.tokens.len() * self.config.n_vocab];
+        ops::linear_forward(&s.xf, &self.head().data, self.config.n_embd, &mut out, prec);
+        out
+    }
+
+    /// Forward and backward of one batch: adds the gradients of `obj` (and of the hidden-state
+    /// terms `hidden`, gradients at layer outputs) into `grads` and returns the loss sums. The
+    /// caller may look at `saved.residual` between [`forward`](Self::forward) and this call.
+    pub fn backward(
+        &self,
+        b: &Batch,
+        saved: Saved,
+        obj: &dyn Objective,
+        hidden: HiddenGrads,
+        grads: &mut Params,
+        opts: RunOptions,
+    ) -> LossSums {
+        let c = &self.config;
+        let prec = opts.precision;
+        let (sums, dxf) = self.head_pass(&saved, obj, Some(grads), prec);
+        let Saved {
+            residual,
+            mut acts,
+            rstd_f,
+            rope,
+            dims,
+            ..
+        } = saved;
+        let n_layers = c.n_layers;
+        let mut dx = vec![0f32; dxf.len()];
+        ops::rmsnorm_backward(
+            &residual[n_layers],
+            &self.output_norm.data,
+            &rstd_f,
+            &dxf,
+            &mut dx,
+            &mut grads.output_norm.data,
+        );
+        drop(dxf);
+        let mut scratch = LayerActs::default();
+        for l in (0..n_layers).rev() {
+            for (_, g) in hidden.iter().filter(|(hl, _)| *hl == l) {
+                dx.par_iter_mut().zip(g).for_each(|(a, &b)| *a += b);
+            }
+            let x = &residual[l];
+            let lp = &self.layers[l];
+            let a = match acts[l].take() {
+                Some(a) => {
+                    scratch = a;
+                    &scratch
+                }
+                None => {
+                    let mut out = vec![0f32; x.len()];
+                    self.layer_forward(lp, x, &rope, dims, &mut scratch, &mut out, prec);
+                    &scratch
+                }
+            };
+            self.layer_backward(lp, x, &rope, dims, a, &mut dx, &mut grads.layers[l], prec);
+        }
+        ops::embedding_backward(&mut grads.token_embd.data, b.tokens, c.n_embd, &dx);
+        sums
+    }
+}
