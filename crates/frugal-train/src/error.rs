@@ -8,6 +8,8 @@ pub enum TrainError {
     Gguf(#[from] GgufError),
     #[error(transparent)]
     Engine(#[from] frugal::Error),
+    #[error(transparent)]
+    Kv(#[from] frugal::kv::KvError),
     #[error("{path}: {source}")]
     Io {
         path: String,

@@ -150,6 +150,7 @@ fn key(s: Site) -> SiteKey {
         Site::AttnOutput => 1,
         Site::FfnInput => 2,
         Site::FfnDownInput => 3,
+        Site::LayerOutput => 4,
     })
 }
 
@@ -159,11 +160,16 @@ fn site_of(k: SiteKey) -> Site {
         Site::AttnOutput,
         Site::FfnInput,
         Site::FfnDownInput,
+        Site::LayerOutput,
     ][k.0 as usize]
 }
 
 impl Observer for ActivationRecorder {
     fn observe(&mut self, layer: usize, site: Site, x: &[f32], width: usize) {
+        // Only the inputs of matrix products are quantized; the residual stream is not.
+        if site == Site::LayerOutput {
+            return;
+        }
         let acc = self.sites.entry((layer, key(site))).or_default();
         if acc.width == 0 {
             acc.width = width;

@@ -70,6 +70,9 @@ pub enum Site {
     FfnInput,
     /// The SwiGLU product, input of the down projection.
     FfnDownInput,
+    /// The residual stream after the block (its output, the next block's input): what
+    /// hidden-state distillation matches.
+    LayerOutput,
 }
 
 /// Receives activations as the forward pass produces them, for analysis tools (which activation
@@ -178,6 +181,7 @@ impl Model {
             let hq = quantize_input(act, gate, c.n_ff, &mut s.acts);
             self.linear(&lw.w_down, gate, hq, proj);
             add_assign(&mut s.x, proj);
+            observe(&mut obs, l, Site::LayerOutput, &s.x, d);
         }
         kv.commit(n);
 
