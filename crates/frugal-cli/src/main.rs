@@ -47,6 +47,11 @@ enum Command {
     Report(commands::report::ReportCommand),
     /// Estimate KV-cache and memory needs for a model at a context length.
     Estimate(commands::estimate::Args),
+    /// Train a model on text (next-token cross-entropy), from any GGUF frugal runs.
+    Train(commands::train::TrainCmd),
+    /// Train a student to imitate one or more teachers (knowledge distillation): layer-dropped,
+    /// another architecture, any GGUF, or the teacher itself.
+    Distill(commands::train::DistillCmd),
     /// Download the default model (SmolLM2-135M-Instruct, Q4_1) into the cache.
     Fetch(commands::fetch::Args),
 }
@@ -103,5 +108,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Report(c) => commands::report::run(c),
         Command::Estimate(a) => commands::estimate::run(a),
         Command::Fetch(a) => commands::fetch::run(a),
+        Command::Train(a) => commands::train::run_train(a),
+        Command::Distill(a) => commands::train::run_distill(a),
     }
 }

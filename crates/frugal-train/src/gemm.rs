@@ -1,7 +1,38 @@
-//! Matrix products of the training engine (placeholder: plain loops, replaced by the blocked
-//! kernels).
+//! Matrix products for the CPU training engine.
+//!
+//! Forward `Y = X·Wᵀ`, backward `dX = dY·W` and `dW += dYᵀ·X` are all one
+//! operation here, `c = (accumulate ? c : 0) + a·b`, on strided views
+//! ([`MatRef`]) so that transposes cost nothing at the call site: the packing
+//! step (which every fast GEMM needs anyway) reads any stride.
+//!
+//! Layout of the implementation:
+//! - `driver`: the cache-blocked loop nest (GotoBLAS/BLIS order), generic over
+//!   a [`driver::Kernel`], with rayon parallelism over output blocks and
+//!   thread-local packing buffers.
+//! - `pack`: f32 → packed panel conversion (with optional bf16 rounding), one
+//!   generic routine used by every kernel.
+//! - `f32k`: f32 microkernels (AVX-512F, AVX2+FMA, scalar).
+//! - `bf16k`: AVX512_BF16 (`VDPBF16PS`) microkernel and its scalar twin.
+//! - `amx`: AMX (`TDPBF16PS`) detection, tile configuration and microkernel.
+//! - `bench`: [`peak_gflops`] and register-resident peak loops.
+//!
+//! Determinism: every output element is produced by exactly one task, which
+//! adds the K dimension in a fixed order (K blocks in increasing order, a
+//! fixed order inside a block). The blocking does not depend on the thread
+//! count, so results are bit-identical run to run *and* across thread counts.
 
-use rayon::prelude::*;
+mod amx;
+mod bench;
+mod bf16k;
+mod driver;
+mod f32k;
+mod pack;
+#[cfg(test)]
+mod tests;
+
+pub use bench::{peak_gflops, register_peak_gflops};
+
+use std::sync::OnceLock;
 
 /// A strided view of an f32 matrix: element (i, j) is `data[i * rs + j * cs]`.
 #[derive(Clone, Copy, Debug)]
@@ -14,7 +45,7 @@ pub struct MatRef<'a> {
 }
 
 impl<'a> MatRef<'a> {
-    /// A row-major `rows x cols` matrix.
+    /// A dense row-major view of `data` (which must hold at least rows·cols elements).
     pub fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
         MatRef {
             data,
@@ -25,7 +56,7 @@ impl<'a> MatRef<'a> {
         }
     }
 
-    /// The transposed view.
+    /// The transposed view: no data moves, rows/cols and strides swap.
     pub fn t(self) -> Self {
         MatRef {
             data: self.data,
@@ -36,65 +67,236 @@ impl<'a> MatRef<'a> {
         }
     }
 
-    fn at(&self, i: usize, j: usize) -> f32 {
+    /// Element (i, j). Bounds are those of the slice (checked).
+    #[inline(always)]
+    pub(crate) fn at(&self, i: usize, j: usize) -> f32 {
         self.data[i * self.rs + j * self.cs]
+    }
+
+    /// Panics unless every element of the view lies inside `data`. Done once
+    /// per call so that the packing loops may index without re-checking.
+    pub(crate) fn assert_in_bounds(&self, name: &str) {
+        if self.rows == 0 || self.cols == 0 {
+            return;
+        }
+        let last = (self.rows - 1)
+            .checked_mul(self.rs)
+            .and_then(|r| (self.cols - 1).checked_mul(self.cs).map(|c| (r, c)))
+            .and_then(|(r, c)| r.checked_add(c));
+        assert!(
+            matches!(last, Some(l) if l < self.data.len()),
+            "matmul: view {name} ({}x{}, strides {}/{}) exceeds its slice of {}",
+            self.rows,
+            self.cols,
+            self.rs,
+            self.cs,
+            self.data.len()
+        );
     }
 }
 
 /// Which arithmetic the products use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Precision {
+    /// Plain f32 multiply-add.
     #[default]
     F32,
+    /// Inputs rounded to bf16 (round to nearest even), products summed in f32.
     Bf16,
 }
 
-/// `c (a.rows x b.cols, row-major) = (c if accumulate, else 0) + a . b`.
-pub fn matmul(a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool, precision: Precision) {
-    assert_eq!(a.cols, b.rows);
-    assert_eq!(c.len(), a.rows * b.cols);
-    let round = |x: f32| match precision {
-        Precision::F32 => x,
-        Precision::Bf16 => bf16_round(x),
-    };
-    let n = b.cols;
-    if n == 0 {
-        return;
+/// Round an f32 to the nearest bf16 (ties to even); returns the bf16 bits.
+/// NaN stays NaN (quieted); overflow rounds to ±infinity as IEEE requires.
+#[inline(always)]
+pub(crate) fn f32_to_bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) as u16) | 0x0040;
     }
-    c.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-        for (j, out) in row.iter_mut().enumerate() {
-            let mut s = 0f32;
-            for p in 0..a.cols {
-                s += round(a.at(i, p)) * round(b.at(p, j));
+    let rounding = 0x7FFF + ((bits >> 16) & 1);
+    (bits.wrapping_add(rounding) >> 16) as u16
+}
+
+/// `x` rounded to bf16 precision, as an f32.
+#[inline(always)]
+pub(crate) fn round_bf16(x: f32) -> f32 {
+    f32::from_bits((f32_to_bf16_bits(x) as u32) << 16)
+}
+
+/// The f32 kernels this build can choose from.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum F32Backend {
+    Avx512,
+    Avx2,
+    Scalar,
+}
+
+/// The bf16 kernels this build can choose from.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bf16Backend {
+    Amx,
+    Avx512Bf16,
+    /// Inputs rounded to bf16 while packing, then the f32 kernel.
+    Emulated(F32Backend),
+}
+
+fn f32_backend() -> F32Backend {
+    static B: OnceLock<F32Backend> = OnceLock::new();
+    *B.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return F32Backend::Avx512;
             }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return F32Backend::Avx2;
+            }
+        }
+        F32Backend::Scalar
+    })
+}
+
+fn bf16_backend_kind() -> Bf16Backend {
+    static B: OnceLock<Bf16Backend> = OnceLock::new();
+    *B.get_or_init(|| {
+        if amx::amx_available() {
+            return Bf16Backend::Amx;
+        }
+        if bf16k::avx512bf16_available() {
+            return Bf16Backend::Avx512Bf16;
+        }
+        Bf16Backend::Emulated(f32_backend())
+    })
+}
+
+/// What `Precision::Bf16` runs on here.
+pub fn bf16_backend() -> &'static str {
+    match bf16_backend_kind() {
+        Bf16Backend::Amx => "amx-bf16",
+        Bf16Backend::Avx512Bf16 => "avx512-bf16",
+        Bf16Backend::Emulated(_) => "f32 (no bf16 hardware)",
+    }
+}
+
+/// Below this many multiply-adds a product runs on the calling thread: rayon's
+/// fork/join costs a few microseconds, comparable to the whole product.
+const PARALLEL_MIN_FMAS: usize = 1 << 20;
+
+fn check_shapes(a: &MatRef, b: &MatRef, c: &[f32]) {
+    assert_eq!(
+        a.cols, b.rows,
+        "matmul: inner dimensions differ ({}x{} · {}x{})",
+        a.rows, a.cols, b.rows, b.cols
+    );
+    assert_eq!(
+        c.len(),
+        a.rows * b.cols,
+        "matmul: c has {} elements, expected {}x{}",
+        c.len(),
+        a.rows,
+        b.cols
+    );
+    a.assert_in_bounds("a");
+    b.assert_in_bounds("b");
+}
+
+/// `c` (a.rows × b.cols, row-major, dense) = (if accumulate { c } else { 0 }) + a · b.
+///
+/// Panics (assert) if shapes disagree or a view would index out of its slice.
+/// Runs on the current rayon pool (single-threaded for small products).
+pub fn matmul(a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool, precision: Precision) {
+    check_shapes(&a, &b, c);
+    let fmas = a.rows.saturating_mul(a.cols).saturating_mul(b.cols);
+    let parallel = fmas >= PARALLEL_MIN_FMAS && rayon::current_num_threads() > 1;
+    match precision {
+        Precision::F32 => run_f32(f32_backend(), a, b, c, accumulate, parallel, false),
+        Precision::Bf16 => run_bf16(bf16_backend_kind(), a, b, c, accumulate, parallel),
+    }
+}
+
+/// Runs one f32 backend; `round` rounds inputs to bf16 while packing.
+pub(crate) fn run_f32(
+    backend: F32Backend,
+    a: MatRef,
+    b: MatRef,
+    c: &mut [f32],
+    accumulate: bool,
+    parallel: bool,
+    round: bool,
+) {
+    match backend {
+        #[cfg(target_arch = "x86_64")]
+        F32Backend::Avx512 => {
+            driver::gemm(&f32k::F32Avx512 { round }, a, b, c, accumulate, parallel)
+        }
+        #[cfg(target_arch = "x86_64")]
+        F32Backend::Avx2 => driver::gemm(&f32k::F32Avx2 { round }, a, b, c, accumulate, parallel),
+        _ => driver::gemm(&f32k::F32Scalar { round }, a, b, c, accumulate, parallel),
+    }
+}
+
+/// Runs one bf16 backend (the caller has checked it is available).
+pub(crate) fn run_bf16(
+    backend: Bf16Backend,
+    a: MatRef,
+    b: MatRef,
+    c: &mut [f32],
+    accumulate: bool,
+    parallel: bool,
+) {
+    match backend {
+        #[cfg(target_arch = "x86_64")]
+        Bf16Backend::Amx => driver::gemm(&amx::Amx::new(), a, b, c, accumulate, parallel),
+        #[cfg(target_arch = "x86_64")]
+        Bf16Backend::Avx512Bf16 => {
+            driver::gemm(&bf16k::Avx512Bf16::new(), a, b, c, accumulate, parallel)
+        }
+        Bf16Backend::Emulated(f) => run_f32(f, a, b, c, accumulate, parallel, true),
+        #[allow(unreachable_patterns)]
+        _ => run_f32(F32Backend::Scalar, a, b, c, accumulate, parallel, true),
+    }
+}
+
+/// Reference for `Precision::Bf16`: every input element rounded to bf16
+/// (round to nearest even), products (exact in f32) summed in f32 in
+/// increasing k order, plain loops.
+pub fn matmul_bf16_reference(a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
+    check_shapes(&a, &b, c);
+    let n = b.cols;
+    for i in 0..a.rows {
+        for j in 0..n {
+            let mut s = 0.0f32;
+            for p in 0..a.cols {
+                s += round_bf16(a.at(i, p)) * round_bf16(b.at(p, j));
+            }
+            let out = &mut c[i * n + j];
             *out = if accumulate { *out + s } else { s };
         }
-    });
+    }
 }
 
-/// Reference for [`Precision::Bf16`].
-pub fn matmul_bf16_reference(a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
-    matmul(a, b, c, accumulate, Precision::Bf16)
-}
-
-/// Reference for [`Precision::F32`].
+/// Reference for `Precision::F32`: plain triple loop, products and sums in
+/// **f64** (then rounded once to f32), so it is more accurate than any f32
+/// kernel and tests can bound the kernel's error against it.
 pub fn matmul_f32_reference(a: MatRef, b: MatRef, c: &mut [f32], accumulate: bool) {
-    matmul(a, b, c, accumulate, Precision::F32)
-}
-
-/// Rounds to the nearest bf16 (ties to even).
-pub fn bf16_round(x: f32) -> f32 {
-    let b = x.to_bits();
-    let r = b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
-    f32::from_bits(r)
-}
-
-/// What [`Precision::Bf16`] runs on.
-pub fn bf16_backend() -> &'static str {
-    "f32 loops (placeholder)"
-}
-
-/// GFLOP/s of a large product.
-pub fn peak_gflops(_precision: Precision, _threads: usize) -> f64 {
-    0.0
+    check_shapes(&a, &b, c);
+    let n = b.cols;
+    for i in 0..a.rows {
+        for j in 0..n {
+            let mut s = 0.0f64;
+            for p in 0..a.cols {
+                s += a.at(i, p) as f64 * b.at(p, j) as f64;
+            }
+            let out = &mut c[i * n + j];
+            *out = if accumulate {
+                (*out as f64 + s) as f32
+            } else {
+                s as f32
+            };
+        }
+    }
 }

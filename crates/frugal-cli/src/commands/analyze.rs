@@ -49,6 +49,7 @@ fn site_name(s: Site) -> &'static str {
         Site::AttnOutput => "attn_output",
         Site::FfnInput => "ffn_input",
         Site::FfnDownInput => "ffn_down_input",
+        Site::LayerOutput => "layer_output",
     }
 }
 

@@ -12,3 +12,4 @@ pub mod generate;
 pub mod info;
 pub mod quantize;
 pub mod report;
+pub mod train;

@@ -1,0 +1,452 @@
+//! AMX bf16 microkernel (`TDPBF16PS`).
+//!
+//! Tile registers (palette 1, every tile 16 rows × 64 bytes):
+//! - tmm0..tmm3: the 32×32 f32 C block as four 16×16 tiles (C00 C01 / C10 C11),
+//! - tmm4, tmm5: A rows 0–15 and 16–31, 32 bf16 of k each (row-major),
+//! - tmm6, tmm7: B columns 0–15 and 16–31, in VNNI pair layout: tile row q
+//!   holds `B[2q][j], B[2q+1][j]` for j = 0..16.
+//!
+//! One k step (32 values of k) is 4 tile loads and 4 `TDPBF16PS`
+//! (4 × 16·16·32 multiply-adds). Packed panels store each k step's tiles as
+//! contiguous 1 KiB blocks, so every load has a 64-byte stride:
+//! A panel: `[k/32][half][16 rows][32 k]`, B panel: `[k/32][half][16 k-pairs][16 cols][2]`.
+//!
+//! `TDPBF16PS` treats bf16 denormal inputs as zero and flushes denormal
+//! results (DAZ/FTZ) regardless of MXCSR; rounding is to nearest even.
+
+use super::driver::Kernel;
+use super::pack::pack_panels;
+use super::{MatRef, f32_to_bf16_bits};
+use std::sync::OnceLock;
+
+pub(crate) const MR: usize = 32;
+pub(crate) const NR: usize = 32;
+const KU: usize = 32;
+// bf16 elements. KC is large because each microkernel call loads and stores
+// its 4 KiB C tile once per KC: at KC = 1024 that is 32 k steps (~2000
+// cycles of TDPBF16PS) per 8 KiB of C traffic; smaller KC made C traffic
+// the bottleneck. A block 256·1024·2 B = 512 KiB (L2, 2 MiB per core); the
+// B micro-panel (64 KiB) streams from L2 along with the A panels.
+const KC: usize = 1024;
+const MC: usize = 256;
+const NC: usize = 4096;
+
+/// Whether AMX-TILE and AMX-BF16 are usable: CPUID says so and Linux granted
+/// this process the XTILEDATA state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`).
+/// Checked once; the permission is process-wide.
+pub(crate) fn amx_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(detect)
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    #[allow(unused_unsafe)]
+    // SAFETY: CPUID is always available on x86_64.
+    let (max_leaf, edx7) = unsafe { (__cpuid_count(0, 0).eax, __cpuid_count(7, 0).edx) };
+    if max_leaf < 7 {
+        return false;
+    }
+    let amx_bf16 = edx7 & (1 << 22) != 0;
+    let amx_tile = edx7 & (1 << 24) != 0;
+    if !(amx_bf16 && amx_tile) {
+        return false;
+    }
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with this request only changes the process's
+    // permitted XSAVE features; it reads no memory of ours.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        )
+    };
+    rc == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect() -> bool {
+    false
+}
+
+/// Offset of element (r, kk) inside a packed A panel (see the module doc).
+#[inline(always)]
+#[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
+fn a_index(r: usize, kk: usize) -> usize {
+    (kk / 32) * 1024 + (r / 16) * 512 + (r % 16) * 32 + kk % 32
+}
+
+/// Offset of element (column r, kk) inside a packed B panel.
+#[inline(always)]
+#[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
+fn b_index(r: usize, kk: usize) -> usize {
+    (kk / 32) * 1024 + (r / 16) * 512 + ((kk % 32) / 2) * 32 + (r % 16) * 2 + (kk & 1)
+}
+
+/// Packs A into tile order. Fast path for k-contiguous rows (the common
+/// row-major activations): each row's 32 k values are one contiguous 64-byte
+/// tile row, so this is a straight conversion; other strides go through
+/// the generic `pack_panels`.
+#[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
+fn pack_a_tiles(a: MatRef, r0: usize, rlen: usize, k0: usize, klen: usize, dst: &mut [u16]) {
+    let kp = klen.next_multiple_of(KU);
+    if a.cs != 1 || rlen == 0 || klen == 0 {
+        pack_panels(
+            a,
+            r0,
+            rlen,
+            k0,
+            klen,
+            MR,
+            kp,
+            dst,
+            a_index,
+            f32_to_bf16_bits,
+            0,
+        );
+        return;
+    }
+    assert!(r0 + rlen <= a.rows && k0 + klen <= a.cols);
+    a.assert_in_bounds("packed operand");
+    let npanels = rlen.div_ceil(MR);
+    for (p, panel) in dst.chunks_exact_mut(MR * kp).take(npanels).enumerate() {
+        let rows = MR.min(rlen - p * MR);
+        for i in 0..MR {
+            let row = (i < rows).then(|| &a.data[(r0 + p * MR + i) * a.rs + k0..][..klen]);
+            for ks in 0..kp / KU {
+                let out = &mut panel[a_index(i, ks * KU)..][..KU];
+                let src = row
+                    .map(|r| &r[(ks * KU).min(klen)..((ks + 1) * KU).min(klen)])
+                    .unwrap_or(&[]);
+                for (o, &x) in out.iter_mut().zip(src) {
+                    *o = f32_to_bf16_bits(x);
+                }
+                out[src.len()..].fill(0);
+            }
+        }
+    }
+}
+
+/// Packs B into VNNI tile order. Fast paths: k-contiguous columns (B = Wᵀ)
+/// write each (k, k+1) pair as one u32; column-contiguous rows (B = W or X)
+/// interleave two source rows into one contiguous tile row.
+#[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
+fn pack_b_tiles(b: MatRef, k0: usize, klen: usize, c0: usize, clen: usize, dst: &mut [u16]) {
+    let kp = klen.next_multiple_of(KU);
+    let bt = b.t(); // rows of bt = columns of b
+    let dense_k = bt.cs == 1 && bt.rs != 1;
+    let dense_c = bt.rs == 1;
+    if !(dense_k || dense_c) || clen == 0 || klen == 0 {
+        pack_panels(
+            bt,
+            c0,
+            clen,
+            k0,
+            klen,
+            NR,
+            kp,
+            dst,
+            b_index,
+            f32_to_bf16_bits,
+            0,
+        );
+        return;
+    }
+    assert!(c0 + clen <= bt.rows && k0 + klen <= bt.cols);
+    bt.assert_in_bounds("packed operand");
+    let npanels = clen.div_ceil(NR);
+    for (p, panel) in dst.chunks_exact_mut(NR * kp).take(npanels).enumerate() {
+        let cols = NR.min(clen - p * NR);
+        let j0 = p * NR;
+        if dense_k {
+            for j in 0..NR {
+                let row: &[f32] = if j < cols {
+                    &bt.data[(c0 + j0 + j) * bt.rs + k0..][..klen]
+                } else {
+                    &[]
+                };
+                for q in 0..kp / 2 {
+                    let o = b_index(j, 2 * q);
+                    panel[o] = row.get(2 * q).map_or(0, |&x| f32_to_bf16_bits(x));
+                    panel[o + 1] = row.get(2 * q + 1).map_or(0, |&x| f32_to_bf16_bits(x));
+                }
+            }
+        } else {
+            for q in 0..kp / 2 {
+                for h in 0..NR / 16 {
+                    let out = &mut panel[b_index(h * 16, 2 * q)..][..32];
+                    let n = cols.saturating_sub(h * 16).min(16);
+                    let start = c0 + j0 + h * 16;
+                    let row = |kk: usize| -> &[f32] {
+                        if kk < klen && n > 0 {
+                            &bt.data[start + (k0 + kk) * bt.cs..][..n]
+                        } else {
+                            &[]
+                        }
+                    };
+                    let (r0s, r1s) = (row(2 * q), row(2 * q + 1));
+                    for (jj, pair) in out.chunks_exact_mut(2).enumerate() {
+                        pair[0] = r0s.get(jj).map_or(0, |&x| f32_to_bf16_bits(x));
+                        pair[1] = r1s.get(jj).map_or(0, |&x| f32_to_bf16_bits(x));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Scalar twin of the AMX kernel on the same tile layout (tests use it to
+/// check the layout and the driver on machines without AMX).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) struct AmxScalar;
+
+impl Kernel for AmxScalar {
+    type E = u16;
+    const MR: usize = MR;
+    const NR: usize = NR;
+    const KU: usize = KU;
+    const MC: usize = MC;
+    const KC: usize = KC;
+    const NC: usize = NC;
+    fn pack_a(&self, a: MatRef, r0: usize, rlen: usize, k0: usize, klen: usize, dst: &mut [u16]) {
+        pack_a_tiles(a, r0, rlen, k0, klen, dst);
+    }
+    fn pack_b(&self, b: MatRef, k0: usize, klen: usize, c0: usize, clen: usize, dst: &mut [u16]) {
+        pack_b_tiles(b, k0, klen, c0, clen, dst);
+    }
+    unsafe fn micro(
+        &self,
+        kp: usize,
+        ap: *const u16,
+        bp: *const u16,
+        c: *mut f32,
+        ldc: usize,
+        load: bool,
+    ) {
+        let bf = |x: u16| f32::from_bits((x as u32) << 16);
+        // SAFETY: panel sizes per the `Kernel` contract.
+        let (a, b) = unsafe {
+            (
+                std::slice::from_raw_parts(ap, MR * kp),
+                std::slice::from_raw_parts(bp, NR * kp),
+            )
+        };
+        let mut acc = [[0.0f32; NR]; MR];
+        for (i, accr) in acc.iter_mut().enumerate() {
+            for (j, x) in accr.iter_mut().enumerate() {
+                for kk in 0..kp {
+                    *x += bf(a[a_index(i, kk)]) * bf(b[b_index(j, kk)]);
+                }
+            }
+        }
+        for (i, accr) in acc.iter().enumerate() {
+            // SAFETY: row i of the C tile is writable.
+            let crow = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), NR) };
+            for (cv, &x) in crow.iter_mut().zip(accr) {
+                *cv = if load { *cv + x } else { x };
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::*;
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::asm;
+
+    /// The 64-byte LDTILECFG operand.
+    #[repr(C, align(64))]
+    struct TileConfig {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    /// Palette 1, tiles 0..8 all 16 rows × 64 bytes.
+    static CONFIG: TileConfig = TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
+        rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+    };
+
+    /// Loads the tile configuration on this thread.
+    ///
+    /// # Safety
+    /// AMX must be available ([`amx_available`] returned true).
+    pub(crate) unsafe fn tiles_configure() {
+        // SAFETY: CONFIG is a valid palette-1 configuration, 64-byte aligned.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+    }
+
+    /// Returns the tiles to their initial state (frees the XSAVE area use).
+    ///
+    /// # Safety
+    /// AMX must be available.
+    pub(crate) unsafe fn tiles_release() {
+        // SAFETY: TILERELEASE has no operands.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+
+    /// The AMX kernel; construct only where [`amx_available`].
+    ///
+    /// Soundness of the tile state across asm blocks: `task_begin` loads the
+    /// configuration and `task_end` releases it, with only `micro` calls (each
+    /// one self-contained asm block that keeps no tile *data* across blocks)
+    /// and ordinary Rust in between, on one thread. The compiler never
+    /// allocates or touches tmm registers or the tile configuration, the OS
+    /// preserves them across preemption (XSAVE, permission requested in
+    /// `amx_available`), and no rayon call happens inside a task, so no other
+    /// job can run on this thread in between.
+    pub(crate) struct Amx(());
+    impl Amx {
+        pub(crate) fn new() -> Self {
+            assert!(amx_available());
+            Amx(())
+        }
+    }
+
+    impl Kernel for Amx {
+        type E = u16;
+        const MR: usize = MR;
+        const NR: usize = NR;
+        const KU: usize = KU;
+        const MC: usize = MC;
+        const KC: usize = KC;
+        const NC: usize = NC;
+        fn pack_a(
+            &self,
+            a: MatRef,
+            r0: usize,
+            rlen: usize,
+            k0: usize,
+            klen: usize,
+            dst: &mut [u16],
+        ) {
+            pack_a_tiles(a, r0, rlen, k0, klen, dst);
+        }
+        fn pack_b(
+            &self,
+            b: MatRef,
+            k0: usize,
+            klen: usize,
+            c0: usize,
+            clen: usize,
+            dst: &mut [u16],
+        ) {
+            pack_b_tiles(b, k0, klen, c0, clen, dst);
+        }
+        fn task_begin(&self) {
+            // SAFETY: `Amx` exists only where AMX is available.
+            unsafe { tiles_configure() }
+        }
+        fn task_end(&self) {
+            // SAFETY: as above.
+            unsafe { tiles_release() }
+        }
+        unsafe fn micro(
+            &self,
+            kp: usize,
+            ap: *const u16,
+            bp: *const u16,
+            c: *mut f32,
+            ldc: usize,
+            load: bool,
+        ) {
+            debug_assert!(kp >= KU && kp.is_multiple_of(KU));
+            let ksteps = kp / KU;
+            let ldc_bytes = ldc * 4;
+            // SAFETY (pointer arithmetic): rows 16..32 of the C tile exist.
+            let c_lower = unsafe { c.add(16 * ldc) };
+            // SAFETY: the tile configuration is loaded (contract: task_begin
+            // ran). Loads read 16 rows × 64 bytes: from C at stride ldc·4
+            // (32×32 f32 tile, writable per the contract) and from the packed
+            // panels at stride 64, `ksteps` blocks of 2 KiB each for A and B
+            // (panel sizes MR·kp and NR·kp u16). Stores write the same C tile.
+            unsafe {
+                asm!(
+                    "test {load}, {load}",
+                    "jz 2f",
+                    "tileloadd tmm0, [{c0} + {ldc}*1]",
+                    "tileloadd tmm1, [{c0} + {ldc}*1 + 64]",
+                    "tileloadd tmm2, [{c1} + {ldc}*1]",
+                    "tileloadd tmm3, [{c1} + {ldc}*1 + 64]",
+                    "jmp 3f",
+                    "2:",
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    "3:",
+                    "tileloadd tmm4, [{ap} + {s64}*1]",
+                    "tileloadd tmm6, [{bp} + {s64}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{bp} + {s64}*1 + 1024]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{ap} + {s64}*1 + 1024]",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "add {ap}, 2048",
+                    "add {bp}, 2048",
+                    "dec {n}",
+                    "jnz 3b",
+                    "tilestored [{c0} + {ldc}*1], tmm0",
+                    "tilestored [{c0} + {ldc}*1 + 64], tmm1",
+                    "tilestored [{c1} + {ldc}*1], tmm2",
+                    "tilestored [{c1} + {ldc}*1 + 64], tmm3",
+                    load = in(reg) load as usize,
+                    c0 = in(reg) c,
+                    c1 = in(reg) c_lower,
+                    ldc = in(reg) ldc_bytes,
+                    s64 = in(reg) 64usize,
+                    ap = inout(reg) ap => _,
+                    bp = inout(reg) bp => _,
+                    n = inout(reg) ksteps => _,
+                    options(nostack),
+                );
+            }
+        }
+    }
+
+    /// Register-resident `TDPBF16PS` loop: the AMX peak (GFLOP/s counted as
+    /// 2 per multiply-add) measured over `iters` × 4 instructions.
+    ///
+    /// # Safety
+    /// AMX must be available.
+    pub(crate) unsafe fn amx_register_loop(iters: usize) {
+        let zeros = [0u8; 1024];
+        // SAFETY: the configuration is loaded first; the loads read 1 KiB of
+        // `zeros` at stride 64; released at the end.
+        unsafe {
+            tiles_configure();
+            asm!(
+                "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
+                "tileloadd tmm4, [{z} + {s64}*1]",
+                "tileloadd tmm5, [{z} + {s64}*1]",
+                "tileloadd tmm6, [{z} + {s64}*1]",
+                "tileloadd tmm7, [{z} + {s64}*1]",
+                "2:",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "dec {n}",
+                "jnz 2b",
+                z = in(reg) zeros.as_ptr(),
+                s64 = in(reg) 64usize,
+                n = inout(reg) iters.max(1) => _,
+                options(nostack, readonly),
+            );
+            tiles_release();
+        }
+    }
+}
