@@ -110,11 +110,10 @@ pub enum Precision {
 #[inline(always)]
 pub(crate) fn f32_to_bf16_bits(x: f32) -> u16 {
     let bits = x.to_bits();
-    if x.is_nan() {
-        return ((bits >> 16) as u16) | 0x0040;
-    }
-    let rounding = 0x7FFF + ((bits >> 16) & 1);
-    (bits.wrapping_add(rounding) >> 16) as u16
+    // Branch-free (a select), so packing loops vectorize.
+    let rounded = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
+    let quiet_nan = ((bits >> 16) as u16) | 0x0040;
+    if x.is_nan() { quiet_nan } else { rounded }
 }
 
 /// `x` rounded to bf16 precision, as an f32.

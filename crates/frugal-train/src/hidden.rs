@@ -118,6 +118,7 @@ mod tests {
     use rand::SeedableRng;
 
     /// Central differences of the loss (see `gradcheck` for the tolerance's reasoning).
+    #[allow(clippy::needless_range_loop)]
     fn check(kind: HiddenKind, project: bool) {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
         let (rows, ds, dt) = (3, 5, if project { 7 } else { 5 });

@@ -115,6 +115,7 @@ impl Params {
     }
 
     /// One transformer block: `x_out = x + attn(norm(x))`, then `+= ffn(norm(.))`.
+    #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
         lp: &LayerParams,

@@ -200,13 +200,13 @@ impl StudentConfig {
                 c.n_layers, c.n_embd, c.n_ff, c.n_head, c.n_head_kv
             ));
         }
-        if c.n_head % c.n_head_kv != 0 {
+        if !c.n_head.is_multiple_of(c.n_head_kv) {
             return err(format!(
                 "{} query heads cannot share {} KV heads evenly",
                 c.n_head, c.n_head_kv
             ));
         }
-        if c.head_dim == 0 || c.head_dim % 2 != 0 {
+        if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
             return err(format!(
                 "head dimension {} (width {} / {} heads) must be even and positive for RoPE",
                 c.head_dim, c.n_embd, c.n_head

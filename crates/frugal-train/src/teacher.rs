@@ -229,21 +229,21 @@ impl TopKCache {
     pub fn save(&self, path: &Path) -> Result<()> {
         let tmp = path.with_extension("tmp");
         let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io_err(&tmp))?);
-        let mut w = |b: &[u8]| f.write_all(b).map_err(io_err(&tmp));
-        w(MAGIC)?;
+        let mut head = Vec::with_capacity(64);
+        head.extend_from_slice(MAGIC);
         for v in [self.k, self.seq, self.windows, self.n_vocab] {
-            w(&(v as u64).to_le_bytes())?;
+            head.extend_from_slice(&(v as u64).to_le_bytes());
         }
-        w(&self.data_hash.to_le_bytes())?;
-        w(&self.mean_missing_mass.to_le_bytes())?;
-        w(&self.mean_truncation_kl.to_le_bytes())?;
+        head.extend_from_slice(&self.data_hash.to_le_bytes());
+        head.extend_from_slice(&self.mean_missing_mass.to_le_bytes());
+        head.extend_from_slice(&self.mean_truncation_kl.to_le_bytes());
+        f.write_all(&head).map_err(io_err(&tmp))?;
         for &i in &self.ids {
-            w(&i.to_le_bytes())?;
+            f.write_all(&i.to_le_bytes()).map_err(io_err(&tmp))?;
         }
         for &l in &self.logp {
-            w(&l.to_le_bytes())?;
+            f.write_all(&l.to_le_bytes()).map_err(io_err(&tmp))?;
         }
-        drop(w);
         f.into_inner()
             .map_err(|e| io_err(&tmp)(e.into_error()))?
             .sync_all()

@@ -509,13 +509,14 @@ impl<'a> Trainer<'a> {
             let s = self.train_step()?;
             on(Event::Step(&s));
             let last = self.step == self.cfg.steps;
-            if last || (self.cfg.eval_every > 0 && self.step % self.cfg.eval_every == 0) {
+            if last || (self.cfg.eval_every > 0 && self.step.is_multiple_of(self.cfg.eval_every)) {
                 let e = self.evaluate()?;
                 on(Event::Eval(&e));
                 self.history.push(e);
             }
             if let Some(path) = self.cfg.checkpoint.clone()
-                && (last || (self.cfg.save_every > 0 && self.step % self.cfg.save_every == 0))
+                && (last
+                    || (self.cfg.save_every > 0 && self.step.is_multiple_of(self.cfg.save_every)))
             {
                 crate::checkpoint::save(self, &path)?;
                 on(Event::Saved(&path));

@@ -93,6 +93,28 @@ fn b_index(r: usize, kk: usize) -> usize {
 #[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
 fn pack_a_tiles(a: MatRef, r0: usize, rlen: usize, k0: usize, klen: usize, dst: &mut [u16]) {
     let kp = klen.next_multiple_of(KU);
+    if a.rs == 1 && a.cs != 1 && rlen > 0 && klen > 0 {
+        // A transposed view (dYᵀ in dW = dYᵀ·X): rows are contiguous in memory. Read each k's
+        // run of rows once and scatter it down the tile column; `a_index(r, kk)` is
+        // `(kk/32)·1024 + r·32 + kk%32` for r < 32.
+        assert!(r0 + rlen <= a.rows && k0 + klen <= a.cols);
+        a.assert_in_bounds("packed operand");
+        let npanels = rlen.div_ceil(MR);
+        for (p, panel) in dst.chunks_exact_mut(MR * kp).take(npanels).enumerate() {
+            let rows = MR.min(rlen - p * MR);
+            if rows < MR || klen < kp {
+                panel.fill(0);
+            }
+            for kk in 0..klen {
+                let src = &a.data[(k0 + kk) * a.cs + r0 + p * MR..][..rows];
+                let out = &mut panel[(kk / 32) * 1024 + kk % 32..];
+                for (r, &x) in src.iter().enumerate() {
+                    out[r * 32] = f32_to_bf16_bits(x);
+                }
+            }
+        }
+        return;
+    }
     if a.cs != 1 || rlen == 0 || klen == 0 {
         pack_panels(
             a,

@@ -10,7 +10,8 @@ mod attention;
 mod context;
 mod kv;
 mod model;
-mod plot;
+pub mod plot;
+mod train;
 
 use std::path::PathBuf;
 
@@ -33,6 +34,9 @@ pub enum BenchCommand {
     Attention(attention::Args),
     /// KV-cache bytes against context length for each KV type, against the weight bytes.
     Context(context::Args),
+    /// Training tokens/s of the model and of layer-dropped students, and the fraction of the
+    /// GEMM peak (measured in the same run) the step's products reach.
+    Train(train::Args),
 }
 
 /// Where charts go.
@@ -75,5 +79,6 @@ pub fn run(a: Args) -> Result<()> {
         Some(BenchCommand::Kv(a)) => kv::run(a),
         Some(BenchCommand::Attention(a)) => attention::run(a),
         Some(BenchCommand::Context(a)) => context::run(a),
+        Some(BenchCommand::Train(a)) => train::run(a),
     }
 }
