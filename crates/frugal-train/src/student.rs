@@ -167,8 +167,9 @@ pub struct StudentConfig {
     pub n_head: Option<usize>,
     pub n_head_kv: Option<usize>,
     pub head_dim: Option<usize>,
-    /// `random`, or `teacher`: copy every tensor whose shape matches (layers mapped evenly
-    /// over the teacher's depth), random elsewhere.
+    /// `random`, or `teacher` (the default): every tensor from the teacher's (layers mapped
+    /// evenly over its depth), whole where shapes match, its leading rows and columns where the
+    /// student is narrower; random where the student is wider.
     #[serde(default)]
     pub init: Option<String>,
 }
@@ -236,9 +237,14 @@ impl StudentConfig {
                         i * (lt - 1) / (c.n_layers - 1)
                     }
                 };
+                // Equal shapes are copied; a smaller student tensor takes the teacher's leading
+                // rows and columns (its first heads, channels and FFN units: truncation, the
+                // importance-free form of width pruning); a larger one stays random.
                 let copy = |dst: &mut crate::Tensor, src: &crate::Tensor| {
-                    if dst.rows == src.rows && dst.cols == src.cols {
-                        dst.data.copy_from_slice(&src.data);
+                    if dst.rows <= src.rows && dst.cols <= src.cols {
+                        for (r, row) in dst.data.chunks_exact_mut(dst.cols).enumerate() {
+                            row.copy_from_slice(&src.data[r * src.cols..r * src.cols + row.len()]);
+                        }
                     }
                 };
                 copy(&mut p.token_embd, &teacher.token_embd);

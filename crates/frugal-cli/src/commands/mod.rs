@@ -12,4 +12,5 @@ pub mod generate;
 pub mod info;
 pub mod quantize;
 pub mod report;
+pub mod report_distill;
 pub mod train;

@@ -21,6 +21,10 @@ use super::common::{self, ModelArgs};
 pub enum ReportCommand {
     /// Every storage format side by side: bits/weight, size, PPL, KL to the exact model, speed.
     Quant(QuantArgs),
+    /// The distillation experiment (docs/distillation.md): a third-depth student as cut, after
+    /// hard-label training and after distillation at several temperatures, cached top-k, an
+    /// ensemble, another architecture; curves and speeds.
+    Distill(super::report_distill::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -58,6 +62,7 @@ pub struct QuantArgs {
 pub fn run(c: ReportCommand) -> Result<()> {
     match c {
         ReportCommand::Quant(a) => quant(a),
+        ReportCommand::Distill(a) => super::report_distill::run(a),
     }
 }
 

@@ -86,12 +86,45 @@ fn b_index(r: usize, kk: usize) -> usize {
     (kk / 32) * 1024 + (r / 16) * 512 + ((kk % 32) / 2) * 32 + (r % 16) * 2 + (kk & 1)
 }
 
-/// Packs A into tile order. Fast path for k-contiguous rows (the common
+/// Packs A into tile order: the AVX-512 version where the CPU has it (every
+/// AMX CPU does) and the view has a unit stride, else the scalar twin.
+/// Both produce bit-identical panels (`tests::amx_simd_packing_matches_scalar`).
+#[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
+fn pack_a_tiles(a: MatRef, r0: usize, rlen: usize, k0: usize, klen: usize, dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() && (a.cs == 1 || a.rs == 1) && rlen > 0 && klen > 0 {
+        // SAFETY: AVX-512F/BW detected just above.
+        unsafe { simd::pack_a(a, r0, rlen, k0, klen, dst) };
+        return;
+    }
+    pack_a_tiles_scalar(a, r0, rlen, k0, klen, dst);
+}
+
+/// Packs B into VNNI tile order; dispatch as in [`pack_a_tiles`].
+#[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
+fn pack_b_tiles(b: MatRef, k0: usize, klen: usize, c0: usize, clen: usize, dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() && (b.rs == 1 || b.cs == 1) && clen > 0 && klen > 0 {
+        // SAFETY: AVX-512F/BW detected just above.
+        unsafe { simd::pack_b(b, k0, klen, c0, clen, dst) };
+        return;
+    }
+    pack_b_tiles_scalar(b, k0, klen, c0, clen, dst);
+}
+
+/// Scalar twin of the A packing. Fast path for k-contiguous rows (the common
 /// row-major activations): each row's 32 k values are one contiguous 64-byte
 /// tile row, so this is a straight conversion; other strides go through
 /// the generic `pack_panels`.
 #[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
-fn pack_a_tiles(a: MatRef, r0: usize, rlen: usize, k0: usize, klen: usize, dst: &mut [u16]) {
+pub(crate) fn pack_a_tiles_scalar(
+    a: MatRef,
+    r0: usize,
+    rlen: usize,
+    k0: usize,
+    klen: usize,
+    dst: &mut [u16],
+) {
     let kp = klen.next_multiple_of(KU);
     if a.rs == 1 && a.cs != 1 && rlen > 0 && klen > 0 {
         // A transposed view (dYᵀ in dW = dYᵀ·X): rows are contiguous in memory. Read each k's
@@ -152,11 +185,18 @@ fn pack_a_tiles(a: MatRef, r0: usize, rlen: usize, k0: usize, klen: usize, dst: 
     }
 }
 
-/// Packs B into VNNI tile order. Fast paths: k-contiguous columns (B = Wᵀ)
+/// Scalar twin of the B packing. Fast paths: k-contiguous columns (B = Wᵀ)
 /// write each (k, k+1) pair as one u32; column-contiguous rows (B = W or X)
 /// interleave two source rows into one contiguous tile row.
 #[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
-fn pack_b_tiles(b: MatRef, k0: usize, klen: usize, c0: usize, clen: usize, dst: &mut [u16]) {
+pub(crate) fn pack_b_tiles_scalar(
+    b: MatRef,
+    k0: usize,
+    klen: usize,
+    c0: usize,
+    clen: usize,
+    dst: &mut [u16],
+) {
     let kp = klen.next_multiple_of(KU);
     let bt = b.t(); // rows of bt = columns of b
     let dense_k = bt.cs == 1 && bt.rs != 1;
@@ -213,6 +253,280 @@ fn pack_b_tiles(b: MatRef, k0: usize, klen: usize, c0: usize, clen: usize, dst: 
                     for (jj, pair) in out.chunks_exact_mut(2).enumerate() {
                         pair[0] = r0s.get(jj).map_or(0, |&x| f32_to_bf16_bits(x));
                         pair[1] = r1s.get(jj).map_or(0, |&x| f32_to_bf16_bits(x));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// AVX-512 packing into the AMX tile layouts (see the module doc).
+///
+/// The f32 → bf16 conversion is done with integer ops, lane for lane the same
+/// formula as [`f32_to_bf16_bits`] (NaN quieted the same way, denormals kept),
+/// so the panels are bit-identical to the scalar twins'. `VCVTNE2PS2BF16`
+/// would be one instruction per 32 values but flushes denormal inputs to zero
+/// (invisible to `TDPBF16PS`, which ignores them anyway, yet a difference from
+/// the reference rounding); packing is bound by reading the f32 source, so
+/// the few extra integer ops cost nothing measurable.
+///
+/// Transposed sources are handled 16×16 blocks of 32-bit (k, k+1) pairs at a
+/// time, transposed in registers: A with rows contiguous (`rs == 1`, dYᵀ) is
+/// read as pairs of k rows and transposed into tile rows; B with k
+/// contiguous (`B = Wᵀ`) is read as 32 k of a column and transposed into
+/// VNNI rows. Partial blocks use masked loads (masked lanes read nothing and
+/// give 0.0 → bf16 0), so every position of a panel is written and padding is
+/// zero, as the `Kernel` contract requires.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{KU, MR, MatRef, NR};
+    use std::arch::x86_64::*;
+
+    /// Whether AVX-512F and AVX-512BW are there (cached by std).
+    #[inline]
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+    }
+
+    /// bf16 bits of 16 f32 lanes, in the low half of each u32 lane (high half
+    /// zero): the lane-wise twin of `f32_to_bf16_bits`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn bf16_lanes(v: __m512) -> __m512i {
+        let bits = _mm512_castps_si512(v);
+        let hi = _mm512_srli_epi32::<16>(bits);
+        let bias = _mm512_add_epi32(
+            _mm512_and_si512(hi, _mm512_set1_epi32(1)),
+            _mm512_set1_epi32(0x7FFF),
+        );
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, bias));
+        let quiet_nan = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        _mm512_mask_blend_epi32(nan, rounded, quiet_nan)
+    }
+
+    /// 16 (k, k+1) pairs: lane i = bf16(lo[i]) | bf16(hi[i]) << 16.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn pairs(lo: __m512, hi: __m512) -> __m512i {
+        _mm512_or_si512(bf16_lanes(lo), _mm512_slli_epi32::<16>(bf16_lanes(hi)))
+    }
+
+    /// 32 consecutive values (v0 then v1) as 32 bf16 in order.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn packed32(v0: __m512, v1: __m512) -> __m512i {
+        let lo = _mm512_cvtepi32_epi16(bf16_lanes(v0));
+        let hi = _mm512_cvtepi32_epi16(bf16_lanes(v1));
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+    }
+
+    /// Mask of the first `n` (≤ 16) lanes.
+    #[inline]
+    fn mask16(n: usize) -> __mmask16 {
+        debug_assert!(n <= 16);
+        ((1u32 << n) - 1) as __mmask16
+    }
+
+    /// Up to 16 f32 from `p` (lanes beyond `mask` read nothing and are 0).
+    ///
+    /// # Safety
+    /// The lanes selected by `mask` must be readable.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn load(mask: __mmask16, p: *const f32) -> __m512 {
+        // SAFETY: masked-off lanes are not accessed (no fault); the caller
+        // vouches for the others.
+        unsafe { _mm512_maskz_loadu_ps(mask, p) }
+    }
+
+    /// In-register transpose of a 16×16 matrix of u32 (row i = `r[i]`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) fn transpose16(r: &mut [__m512i; 16]) {
+        let mut t = [_mm512_setzero_si512(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4g + c], 128-bit lane l: rows 4g..4g+4 of column 4l + c.
+        let mut u = [_mm512_setzero_si512(); 16];
+        for g in 0..4 {
+            let (a, b, c, d) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+            u[4 * g] = _mm512_unpacklo_epi64(a, c);
+            u[4 * g + 1] = _mm512_unpackhi_epi64(a, c);
+            u[4 * g + 2] = _mm512_unpacklo_epi64(b, d);
+            u[4 * g + 3] = _mm512_unpackhi_epi64(b, d);
+        }
+        for c in 0..4 {
+            let v0 = _mm512_shuffle_i32x4::<0x88>(u[c], u[4 + c]);
+            let v1 = _mm512_shuffle_i32x4::<0xdd>(u[c], u[4 + c]);
+            let v2 = _mm512_shuffle_i32x4::<0x88>(u[8 + c], u[12 + c]);
+            let v3 = _mm512_shuffle_i32x4::<0xdd>(u[8 + c], u[12 + c]);
+            r[c] = _mm512_shuffle_i32x4::<0x88>(v0, v2);
+            r[8 + c] = _mm512_shuffle_i32x4::<0xdd>(v0, v2);
+            r[4 + c] = _mm512_shuffle_i32x4::<0x88>(v1, v3);
+            r[12 + c] = _mm512_shuffle_i32x4::<0xdd>(v1, v3);
+        }
+    }
+
+    /// Stores one 64-byte tile row.
+    ///
+    /// # Safety
+    /// `p` must have 32 writable u16.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn store(p: *mut u16, v: __m512i) {
+        // SAFETY: per the contract.
+        unsafe { _mm512_storeu_si512(p.cast(), v) }
+    }
+
+    /// [`super::pack_a_tiles_scalar`] for views with `cs == 1` or `rs == 1`.
+    ///
+    /// # Safety
+    /// AVX-512F/BW must be available.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn pack_a(
+        a: MatRef,
+        r0: usize,
+        rlen: usize,
+        k0: usize,
+        klen: usize,
+        dst: &mut [u16],
+    ) {
+        let kp = klen.next_multiple_of(KU);
+        let npanels = rlen.div_ceil(MR);
+        assert!(rlen > 0 && klen > 0 && r0 + rlen <= a.rows && k0 + klen <= a.cols);
+        assert!(dst.len() >= npanels * MR * kp);
+        a.assert_in_bounds("packed operand");
+        let src = a.data.as_ptr();
+        let out = dst.as_mut_ptr();
+        let zero = _mm512_setzero_si512();
+        // SAFETY (all loads below): a lane is enabled only for row
+        // r0 + p·MR + i < r0 + rlen ≤ rows and k k0 + kk < k0 + klen ≤ cols,
+        // inside the view, which lies in `a.data` (asserted). Addresses of
+        // disabled lanes are formed with `wrapping_add` and never accessed.
+        // Stores: offsets < npanels·MR·kp ≤ dst.len() (asserted).
+        for p in 0..npanels {
+            let rows = MR.min(rlen - p * MR);
+            let panel = out.wrapping_add(p * MR * kp);
+            if a.cs == 1 {
+                // Row-major: each tile row is 32 consecutive k of one row.
+                for i in 0..MR {
+                    let row = src.wrapping_add((r0 + p * MR + i) * a.rs + k0);
+                    for ks in 0..kp / KU {
+                        let v = if i < rows {
+                            let n = (klen - ks * KU).min(KU);
+                            let (m0, m1) = (mask16(n.min(16)), mask16(n.saturating_sub(16)));
+                            unsafe {
+                                let x = row.wrapping_add(ks * KU);
+                                packed32(load(m0, x), load(m1, x.wrapping_add(16)))
+                            }
+                        } else {
+                            zero
+                        };
+                        unsafe { store(panel.add(super::a_index(i, ks * KU)), v) };
+                    }
+                }
+            } else {
+                // rs == 1 (dYᵀ): source rows are A's k; pair up two of them
+                // (k, k+1) for 16 A rows, then transpose into 16 tile rows.
+                for h in 0..MR / 16 {
+                    let n = rows.saturating_sub(16 * h).min(16);
+                    let m = mask16(n);
+                    let col = src.wrapping_add(r0 + p * MR + 16 * h);
+                    for ks in 0..kp / KU {
+                        let mut t = [zero; 16];
+                        if n > 0 {
+                            for (q, tq) in t.iter_mut().enumerate() {
+                                let kk = ks * KU + 2 * q;
+                                let ld = |kk: usize| {
+                                    if kk < klen {
+                                        unsafe { load(m, col.wrapping_add((k0 + kk) * a.cs)) }
+                                    } else {
+                                        _mm512_setzero_ps()
+                                    }
+                                };
+                                *tq = pairs(ld(kk), ld(kk + 1));
+                            }
+                            transpose16(&mut t);
+                        }
+                        let blk = panel.wrapping_add(ks * 1024 + h * 512);
+                        for (i, &ti) in t.iter().enumerate() {
+                            unsafe { store(blk.add(i * 32), ti) };
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`super::pack_b_tiles_scalar`] for views with `rs == 1` or `cs == 1`.
+    ///
+    /// # Safety
+    /// AVX-512F/BW must be available.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn pack_b(
+        b: MatRef,
+        k0: usize,
+        klen: usize,
+        c0: usize,
+        clen: usize,
+        dst: &mut [u16],
+    ) {
+        let kp = klen.next_multiple_of(KU);
+        let bt = b.t(); // rows of bt = columns of b
+        let dense_k = bt.cs == 1 && bt.rs != 1;
+        let npanels = clen.div_ceil(NR);
+        assert!(clen > 0 && klen > 0 && c0 + clen <= bt.rows && k0 + klen <= bt.cols);
+        assert!(bt.cs == 1 || bt.rs == 1);
+        assert!(dst.len() >= npanels * NR * kp);
+        bt.assert_in_bounds("packed operand");
+        let src = bt.data.as_ptr();
+        let out = dst.as_mut_ptr();
+        let zero = _mm512_setzero_si512();
+        // SAFETY: as in `pack_a`, with B's columns c0 + p·NR + j < c0 + clen
+        // and k0 + kk < k0 + klen for every enabled lane.
+        for p in 0..npanels {
+            let cols = NR.min(clen - p * NR);
+            let panel = out.wrapping_add(p * NR * kp);
+            for h in 0..NR / 16 {
+                let n = cols.saturating_sub(16 * h).min(16);
+                let j0 = c0 + p * NR + 16 * h;
+                for ks in 0..kp / KU {
+                    let blk = panel.wrapping_add(ks * 1024 + h * 512);
+                    let mut t = [zero; 16];
+                    if dense_k {
+                        // B = Wᵀ: 32 consecutive k of column j are 16 pairs;
+                        // transpose so that tile row q holds pair q of all columns.
+                        if n > 0 {
+                            let cnt = (klen - ks * KU).min(KU);
+                            let (m0, m1) = (mask16(cnt.min(16)), mask16(cnt.saturating_sub(16)));
+                            for (j, tj) in t.iter_mut().enumerate().take(n) {
+                                let x = src.wrapping_add((j0 + j) * bt.rs + k0 + ks * KU);
+                                *tj =
+                                    unsafe { packed32(load(m0, x), load(m1, x.wrapping_add(16))) };
+                            }
+                            transpose16(&mut t);
+                        }
+                    } else if n > 0 {
+                        // Row-major B: interleave rows k and k+1, 16 columns.
+                        let m = mask16(n);
+                        for (q, tq) in t.iter_mut().enumerate() {
+                            let kk = ks * KU + 2 * q;
+                            let ld = |kk: usize| {
+                                if kk < klen {
+                                    unsafe { load(m, src.wrapping_add(j0 + (k0 + kk) * bt.cs)) }
+                                } else {
+                                    _mm512_setzero_ps()
+                                }
+                            };
+                            *tq = pairs(ld(kk), ld(kk + 1));
+                        }
+                    }
+                    for (q, &tq) in t.iter().enumerate() {
+                        unsafe { store(blk.add(q * 32), tq) };
                     }
                 }
             }
@@ -319,6 +633,10 @@ mod x86 {
         unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 
+    /// A 64-byte aligned 32×32 f32 tile (see `micro`).
+    #[repr(C, align(64))]
+    struct CTile([f32; MR * NR]);
+
     /// The AMX kernel; construct only where [`amx_available`].
     ///
     /// Soundness of the tile state across asm blocks: `task_begin` loads the
@@ -385,6 +703,31 @@ mod x86 {
             load: bool,
         ) {
             debug_assert!(kp >= KU && kp.is_multiple_of(KU));
+            // Tile loads and stores whose 64-byte rows straddle two cache
+            // lines run several times slower (measured: ~3× for loads), and
+            // callers' C arrays are usually only 16-byte aligned. Then go
+            // through an aligned local tile; plain copies handle the split
+            // lines at full speed.
+            if !(c as usize | (ldc * 4)).is_multiple_of(64) {
+                let mut tile = CTile([0.0; MR * NR]);
+                let t = tile.0.as_mut_ptr();
+                for r in 0..MR {
+                    // SAFETY: row r of the caller's C tile has NR valid f32
+                    // (contract); `tile` has MR rows of NR.
+                    unsafe {
+                        if load {
+                            std::ptr::copy_nonoverlapping(c.add(r * ldc), t.add(r * NR), NR);
+                        }
+                    }
+                }
+                // SAFETY: same contract, with an aligned C of row stride NR.
+                unsafe { self.micro(kp, ap, bp, t, NR, load) };
+                for r in 0..MR {
+                    // SAFETY: as above.
+                    unsafe { std::ptr::copy_nonoverlapping(t.add(r * NR), c.add(r * ldc), NR) };
+                }
+                return;
+            }
             let ksteps = kp / KU;
             let ldc_bytes = ldc * 4;
             // SAFETY (pointer arithmetic): rows 16..32 of the C tile exist.

@@ -110,6 +110,8 @@ thread_local! {
     static A_BUF: Cell<Scratch> = Cell::new(Scratch::default());
     /// Packed-B buffer of the calling thread (shared read-only by the tasks).
     static B_BUF: Cell<Scratch> = Cell::new(Scratch::default());
+    /// Shared packed-A buffer of the calling thread (see [`A_SHARED_MAX_BYTES`]).
+    static A_SHARED: Cell<Scratch> = Cell::new(Scratch::default());
 }
 
 /// Runs `f` with this thread's buffer taken *out* of the thread-local, and
@@ -133,6 +135,48 @@ struct CPtr(*mut f32);
 // distinct column panels), and the owning `&mut [f32]` outlives the tasks.
 unsafe impl Send for CPtr {}
 unsafe impl Sync for CPtr {}
+
+/// Packing A once per call (shared by all tasks) instead of once per task and
+/// column block pays off whenever A would otherwise be packed repeatedly:
+/// several column groups per row block (few row blocks, e.g. the 256-row
+/// logits chunks or 576-row weight gradients at 2 threads) or several NC
+/// blocks (n > NC, the 49152-wide head). This caps the shared buffer; above
+/// it A is packed per K block (if it would still be repacked) or per task.
+const A_SHARED_MAX_BYTES: usize = 8 << 20;
+
+/// How the driver packs A (see [`A_SHARED_MAX_BYTES`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum APacking {
+    /// Every task packs its own MC×KC block (best L2 locality).
+    PerTask,
+    /// All rows of the current K block, once per (jc, pc), shared.
+    PerBlock,
+    /// All of A once per call, shared (K blocks one after another).
+    Whole,
+}
+
+/// Packs all rows of A for k `pc..pc+klen` into `dst` (`ceil(m/MR)` panels),
+/// split into MC row blocks that run in parallel when `threads > 1`.
+fn pack_a_all<K: Kernel>(
+    k: &K,
+    a: MatRef,
+    pc: usize,
+    klen: usize,
+    kp: usize,
+    dst: &mut [K::E],
+    threads: usize,
+) {
+    let m = a.rows;
+    let pack = |(ib, d): (usize, &mut [K::E])| {
+        let i0 = ib * K::MC;
+        k.pack_a(a, i0, K::MC.min(m - i0), pc, klen, d);
+    };
+    if threads > 1 && m > K::MC {
+        dst.par_chunks_mut(K::MC * kp).enumerate().for_each(pack);
+    } else {
+        dst.chunks_mut(K::MC * kp).enumerate().for_each(pack);
+    }
+}
 
 /// Largest MR·NR of any kernel (AMX: 32×32); edge tiles go through a buffer this big.
 const MAX_TILE: usize = 32 * 32;
@@ -169,81 +213,130 @@ pub(crate) fn gemm<K: Kernel>(
     let cptr = CPtr(c.as_mut_ptr());
     let ldc = n;
 
-    with_scratch(&B_BUF, |bbuf| {
-        for jc in (0..n).step_by(K::NC) {
-            let nlen = K::NC.min(n - jc);
-            let npanels = nlen.div_ceil(K::NR);
-            for pc in (0..kk).step_by(K::KC) {
+    let mblocks = m.div_ceil(K::MC);
+    let mpanels = m.div_ceil(K::MR);
+    let ngroups_for = |npanels: usize| {
+        if threads > 1 {
+            (4 * threads).div_ceil(mblocks).clamp(1, npanels)
+        } else {
+            1
+        }
+    };
+    let kblocks = kk.div_ceil(K::KC);
+    let kp_last = (kk - (kblocks - 1) * K::KC).next_multiple_of(K::KU);
+    let esize = std::mem::size_of::<K::E>();
+    let whole_len = mpanels * K::MR * ((kblocks - 1) * K::KC + kp_last);
+    let block_len = mpanels * K::MR * K::KC.min(kk.next_multiple_of(K::KU));
+    let repacked = n > K::NC || ngroups_for(K::NC.min(n).div_ceil(K::NR)) > 1;
+    let a_packing = if !repacked {
+        APacking::PerTask
+    } else if whole_len * esize <= A_SHARED_MAX_BYTES {
+        APacking::Whole
+    } else if block_len * esize <= A_SHARED_MAX_BYTES && mblocks < 4 * threads {
+        APacking::PerBlock
+    } else {
+        APacking::PerTask
+    };
+
+    with_scratch(&A_SHARED, |abuf| {
+        let ashared: &mut [K::E] = abuf.slice(match a_packing {
+            APacking::PerTask => 0,
+            APacking::PerBlock => block_len,
+            APacking::Whole => whole_len,
+        });
+        if a_packing == APacking::Whole {
+            for (kb, dst) in ashared.chunks_mut(mpanels * K::MR * K::KC).enumerate() {
+                let pc = kb * K::KC;
                 let klen = K::KC.min(kk - pc);
-                let kp = klen.next_multiple_of(K::KU);
-                let bpanel = K::NR * kp;
-                let bp: &mut [K::E] = bbuf.slice(npanels * bpanel);
-
-                // Pack B (shared). Split by panel groups when parallel.
-                if threads > 1 && npanels >= 2 * threads {
-                    let per = npanels.div_ceil(2 * threads);
-                    bp.par_chunks_mut(per * bpanel)
-                        .enumerate()
-                        .for_each(|(g, dst)| {
-                            let c0 = g * per * K::NR;
-                            k.pack_b(b, pc, klen, jc + c0, (per * K::NR).min(nlen - c0), dst);
-                        });
-                } else {
-                    k.pack_b(b, pc, klen, jc, nlen, bp);
-                }
-                let bp: &[K::E] = bp;
-                let load = accumulate || pc > 0;
-
-                // Tasks: MC row blocks × groups of B panels. Enough tasks that
-                // rayon's work stealing balances the threads.
-                let mblocks = m.div_ceil(K::MC);
-                let ngroups = if threads > 1 {
-                    (4 * threads).div_ceil(mblocks).clamp(1, npanels)
-                } else {
-                    1
-                };
-                let per_group = npanels.div_ceil(ngroups);
-                let ngroups = npanels.div_ceil(per_group);
-                let task = |t: usize| {
-                    let (ib, g) = (t / ngroups, t % ngroups);
-                    let i0 = ib * K::MC;
-                    let mlen = K::MC.min(m - i0);
-                    let q0 = g * per_group;
-                    let q1 = (q0 + per_group).min(npanels);
-                    run_task(
-                        k,
-                        a,
-                        i0,
-                        mlen,
-                        pc,
-                        klen,
-                        kp,
-                        bp,
-                        q0..q1,
-                        jc,
-                        nlen,
-                        cptr,
-                        ldc,
-                        load,
-                    );
-                };
-                let ntasks = mblocks * ngroups;
-                if threads > 1 && ntasks > 1 {
-                    (0..ntasks).into_par_iter().for_each(task);
-                } else {
-                    (0..ntasks).for_each(task);
-                }
+                pack_a_all(k, a, pc, klen, klen.next_multiple_of(K::KU), dst, threads);
             }
         }
+        with_scratch(&B_BUF, |bbuf| {
+            for jc in (0..n).step_by(K::NC) {
+                let nlen = K::NC.min(n - jc);
+                let npanels = nlen.div_ceil(K::NR);
+                for pc in (0..kk).step_by(K::KC) {
+                    let klen = K::KC.min(kk - pc);
+                    let kp = klen.next_multiple_of(K::KU);
+                    let bpanel = K::NR * kp;
+                    let bp: &mut [K::E] = bbuf.slice(npanels * bpanel);
+
+                    // Pack B (shared). Split by panel groups when parallel.
+                    if threads > 1 && npanels >= 2 * threads {
+                        let per = npanels.div_ceil(2 * threads);
+                        bp.par_chunks_mut(per * bpanel)
+                            .enumerate()
+                            .for_each(|(g, dst)| {
+                                let c0 = g * per * K::NR;
+                                k.pack_b(b, pc, klen, jc + c0, (per * K::NR).min(nlen - c0), dst);
+                            });
+                    } else {
+                        k.pack_b(b, pc, klen, jc, nlen, bp);
+                    }
+                    let bp: &[K::E] = bp;
+                    let load = accumulate || pc > 0;
+                    let apre: Option<&[K::E]> = match a_packing {
+                        APacking::PerTask => None,
+                        APacking::PerBlock => {
+                            let dst = &mut ashared[..mpanels * K::MR * kp];
+                            pack_a_all(k, a, pc, klen, kp, dst, threads);
+                            Some(dst)
+                        }
+                        APacking::Whole => Some(
+                            &ashared[(pc / K::KC) * mpanels * K::MR * K::KC..]
+                                [..mpanels * K::MR * kp],
+                        ),
+                    };
+
+                    // Tasks: MC row blocks × groups of B panels. Enough tasks that
+                    // rayon's work stealing balances the threads.
+                    let ngroups = ngroups_for(npanels);
+                    let per_group = npanels.div_ceil(ngroups);
+                    let ngroups = npanels.div_ceil(per_group);
+                    let task = |t: usize| {
+                        let (ib, g) = (t / ngroups, t % ngroups);
+                        let i0 = ib * K::MC;
+                        let mlen = K::MC.min(m - i0);
+                        let q0 = g * per_group;
+                        let q1 = (q0 + per_group).min(npanels);
+                        run_task(
+                            k,
+                            a,
+                            apre,
+                            i0,
+                            mlen,
+                            pc,
+                            klen,
+                            kp,
+                            bp,
+                            q0..q1,
+                            jc,
+                            nlen,
+                            cptr,
+                            ldc,
+                            load,
+                        );
+                    };
+                    let ntasks = mblocks * ngroups;
+                    if threads > 1 && ntasks > 1 {
+                        (0..ntasks).into_par_iter().for_each(task);
+                    } else {
+                        (0..ntasks).for_each(task);
+                    }
+                }
+            }
+        });
     });
 }
 
-/// One task: pack the A block, then run the microkernel over B panels
-/// `panels` (jr, outer) × A panels (ir, inner).
+/// One task: pack the A block (unless `apre` holds all of A's rows for this
+/// K block, packed), then run the microkernel over B panels `panels` (jr,
+/// outer) × A panels (ir, inner).
 #[allow(clippy::too_many_arguments)]
 fn run_task<K: Kernel>(
     k: &K,
     a: MatRef,
+    apre: Option<&[K::E]>,
     i0: usize,
     mlen: usize,
     pc: usize,
@@ -260,8 +353,15 @@ fn run_task<K: Kernel>(
     with_scratch(&A_BUF, |abuf| {
         let mpanels = mlen.div_ceil(K::MR);
         let apanel = K::MR * kp;
-        let ap: &mut [K::E] = abuf.slice(mpanels * apanel);
-        k.pack_a(a, i0, mlen, pc, klen, ap);
+        let ap: &[K::E] = match apre {
+            // i0 is a multiple of MC, hence of MR: panel i0/MR onwards.
+            Some(all) => &all[(i0 / K::MR) * apanel..][..mpanels * apanel],
+            None => {
+                let ap: &mut [K::E] = abuf.slice(mpanels * apanel);
+                k.pack_a(a, i0, mlen, pc, klen, ap);
+                ap
+            }
+        };
         let bpanel = K::NR * kp;
         let mut edge = EdgeTile([0.0; MAX_TILE]);
         k.task_begin();

@@ -475,3 +475,212 @@ fn bench_packing() {
     }
     let _ = (&mut dst, &mut dst16);
 }
+
+/// Training-step shapes for the bf16 path, timed per shape: 1 thread by the
+/// worker's thread CPU time (immune to other load), 2 threads by wall time,
+/// best of many repetitions. `BENCH_PREC=f32` times the f32 path instead;
+/// `BENCH_THREADS=1` / `=2` picks one thread count.
+/// `cargo test --release --lib bench_step_shapes -- --ignored --nocapture`
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn bench_step_shapes() {
+    // (label, m, n, k, a transposed, b transposed)
+    let shapes: &[(&str, usize, usize, usize, bool, bool)] = &[
+        ("fwd 2048x576x576", 2048, 576, 576, false, true),
+        ("fwd 2048x1536x576", 2048, 1536, 576, false, true),
+        ("fwd 2048x576x1536", 2048, 576, 1536, false, true),
+        ("fwd head 256x49152x576", 256, 49152, 576, false, true),
+        ("dX 2048x576x576", 2048, 576, 576, false, false),
+        ("dX 2048x576x1536", 2048, 576, 1536, false, false),
+        ("dX 2048x1536x576", 2048, 1536, 576, false, false),
+        ("dX head 256x576x49152", 256, 576, 49152, false, false),
+        ("dW 576x576x2048 (Aᵀ)", 576, 576, 2048, true, false),
+        ("dW 1536x576x2048 (Aᵀ)", 1536, 576, 2048, true, false),
+        ("dW 576x1536x2048 (Aᵀ)", 576, 1536, 2048, true, false),
+        ("dW head 49152x576x256 (Aᵀ)", 49152, 576, 256, true, false),
+        ("attn QKᵀ 512x512x64", 512, 512, 64, false, true),
+        ("attn 128x512x64", 128, 512, 64, false, true),
+        ("attn PV 512x64x512", 512, 64, 512, false, false),
+        ("attn 128x64x512", 128, 64, 512, false, false),
+        ("attn dV 512x64x512 (Aᵀ)", 512, 64, 512, true, false),
+        ("attn dK 512x64x512 (Aᵀ,Bᵀ)", 512, 64, 512, true, true),
+    ];
+    let precision = match std::env::var("BENCH_PREC").as_deref() {
+        Ok("f32") => Precision::F32,
+        _ => Precision::Bf16,
+    };
+    let threads: Vec<usize> = match std::env::var("BENCH_THREADS").as_deref() {
+        Ok("1") => vec![1],
+        Ok("2") => vec![2],
+        _ => vec![1, 2],
+    };
+    println!("precision {precision:?}, bf16 backend: {}", bf16_backend());
+    for &t in &threads {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build()
+            .unwrap();
+        println!("threads={t}");
+        let mut total_s = 0.0;
+        for &(label, m, n, k, at, bt) in shapes {
+            let mut a = vec![0.0f32; m * k];
+            let mut b = vec![0.0f32; k * n];
+            bench::fill_pseudo_random(&mut a, 1);
+            bench::fill_pseudo_random(&mut b, 2);
+            let mut c = vec![0.0f32; m * n];
+            let av = if at {
+                MatRef::new(&a, k, m).t()
+            } else {
+                MatRef::new(&a, m, k)
+            };
+            let bv = if bt {
+                MatRef::new(&b, n, k).t()
+            } else {
+                MatRef::new(&b, k, n)
+            };
+            let flops = 2.0 * (m * n * k) as f64;
+            let reps = ((2e10 / flops) as usize).clamp(3, 300);
+            let best = pool.install(|| {
+                matmul(av, bv, &mut c, false, precision);
+                let mut best = f64::INFINITY;
+                for _ in 0..reps {
+                    let (w, cpu) = (std::time::Instant::now(), thread_cpu_secs());
+                    matmul(av, bv, &mut c, false, precision);
+                    let s = if t == 1 {
+                        thread_cpu_secs() - cpu
+                    } else {
+                        w.elapsed().as_secs_f64()
+                    };
+                    best = best.min(s);
+                }
+                best
+            });
+            total_s += best;
+            println!("  {label:30} {:8.1} GFLOP/s", flops / best / 1e9);
+        }
+        println!("  sum of best times: {:.2} ms", total_s * 1e3);
+    }
+}
+
+/// The AVX-512 AMX packers against their scalar twins, bit for bit: every
+/// stride case, partial panels and k steps, offsets, and special values
+/// (NaN with payloads, ±inf, denormals, rounding ties, overflow to inf).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_simd_packing_matches_scalar() {
+    if !(std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw"))
+    {
+        return;
+    }
+    let specials = [
+        f32::NAN,
+        f32::from_bits(0x7F80_0001),
+        f32::from_bits(0xFFC1_2345),
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        -f32::MAX,
+        f32::from_bits(1),
+        f32::from_bits(0x8000_7FFF),
+        f32::from_bits(0x0000_8000),
+        -0.0,
+        1.0 + 1.0 / 256.0,
+        1.0 + 3.0 / 256.0,
+        f32::from_bits(0x3F80_8000),
+        f32::from_bits(0x3F81_8000),
+    ];
+    let mut seed = 11u64;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as usize
+    };
+    let same = |x: &[u16], y: &[u16]| x == y;
+    for case in 0..300 {
+        let rows = 1 + next() % 80;
+        let cols = 1 + next() % 100;
+        let pad = next() % 3;
+        let mut data = vec![0.0f32; (rows + pad) * (cols + pad) + 8];
+        for (i, d) in data.iter_mut().enumerate() {
+            *d = if next() % 7 == 0 {
+                specials[i % specials.len()]
+            } else {
+                f32::from_bits(next() as u32 ^ ((next() as u32) << 17))
+            };
+        }
+        // Row-major, column-major (transposed view), and a generic stride.
+        let views = [
+            MatRef {
+                data: &data,
+                rows,
+                cols,
+                rs: cols + pad,
+                cs: 1,
+            },
+            MatRef {
+                data: &data,
+                rows,
+                cols,
+                rs: 1,
+                cs: rows + pad,
+            },
+        ];
+        for v in views {
+            let r0 = next() % rows;
+            let rlen = 1 + next() % (rows - r0);
+            let k0 = next() % cols;
+            let klen = 1 + next() % (cols - k0);
+            let kp = klen.next_multiple_of(32);
+            let len = rlen.div_ceil(32) * 32 * kp;
+            let (mut x, mut y) = (vec![0xAAAAu16; len], vec![0x5555u16; len]);
+            amx::pack_a_tiles_scalar(v, r0, rlen, k0, klen, &mut x);
+            amx::AmxScalar.pack_a(v, r0, rlen, k0, klen, &mut y); // dispatches to SIMD
+            assert!(
+                same(&x, &y),
+                "pack_a case {case}: {v:?} {r0} {rlen} {k0} {klen}"
+            );
+            // The same view as B (k × n = rows × cols).
+            let (k0, klen, c0, clen) = (r0, rlen, k0, klen);
+            let kp = klen.next_multiple_of(32);
+            let len = clen.div_ceil(32) * 32 * kp;
+            let (mut x, mut y) = (vec![0xAAAAu16; len], vec![0x5555u16; len]);
+            amx::pack_b_tiles_scalar(v, k0, klen, c0, clen, &mut x);
+            amx::AmxScalar.pack_b(v, k0, klen, c0, clen, &mut y); // dispatches to SIMD
+            assert!(
+                same(&x, &y),
+                "pack_b case {case}: {v:?} {k0} {klen} {c0} {clen}"
+            );
+        }
+    }
+}
+
+/// Long k with few rows: A is too big to pack whole but is shared per K
+/// block (`APacking::PerBlock`) when parallel; must match the reference and
+/// the serial (per-task packing) result bit for bit.
+#[test]
+fn shared_a_per_k_block() {
+    let (m, n, k) = (40, 100, 110_000);
+    let mut a = vec![0.0; m * k];
+    let mut b = vec![0.0; k * n];
+    bench::fill_pseudo_random(&mut a, 9);
+    bench::fill_pseudo_random(&mut b, 10);
+    let (av, bv) = (MatRef::new(&a, m, k), MatRef::new(&b, n, k).t());
+    let zero = vec![0.0; m * n];
+    let sums = abs_sums(av, bv, true);
+    let mut want = zero.clone();
+    matmul_bf16_reference(av, bv, &mut want, false);
+    for be in available_bf16() {
+        let got = run_both(&zero, |c, par| run_bf16(be, av, bv, c, false, par));
+        check_close(&got, &want, &sums, &zero, k, 2.0, &format!("{be:?}"));
+    }
+    let sums = abs_sums(av, bv, false);
+    let mut want = zero.clone();
+    matmul_f32_reference(av, bv, &mut want, false);
+    for be in available_f32() {
+        let got = run_both(&zero, |c, par| run_f32(be, av, bv, c, false, par, false));
+        check_close(&got, &want, &sums, &zero, k, 1.0, &format!("{be:?}"));
+    }
+}
