@@ -335,8 +335,8 @@ pub fn run(a: Args) -> Result<()> {
         let c = &t_params.config;
         let sc = StudentConfig {
             n_layers: Some(n_layers),
-            n_embd: Some((c.n_embd * 2 / 3).next_multiple_of(64)),
-            n_ff: Some((c.n_ff * 2 / 3).next_multiple_of(64)),
+            n_embd: Some((c.n_embd * 2 / 3).next_multiple_of(32).min(c.n_embd)),
+            n_ff: Some((c.n_ff * 2 / 3).next_multiple_of(32).min(c.n_ff)),
             n_head: Some((c.n_head * 2 / 3).max(1)),
             n_head_kv: Some(c.n_head_kv.min((c.n_head * 2 / 3).max(1)).max(1)),
             head_dim: Some(c.head_dim),
@@ -463,6 +463,8 @@ pub fn run(a: Args) -> Result<()> {
             chart_note,
             prec,
             corpus: &data,
+            head_params: t_params.token_embd.data.len()
+                + t_params.output.as_ref().map_or(0, |o| o.data.len()),
         },
     );
     let path = a.out.join("distillation.md");
@@ -520,6 +522,8 @@ struct ReportData<'a> {
     chart_note: String,
     prec: Precision,
     corpus: &'a Corpus,
+    /// Embedding and output head parameters of the teacher.
+    head_params: usize,
 }
 
 fn report(a: &Args, d: &ReportData) -> String {
@@ -731,7 +735,9 @@ fn report(a: &Args, d: &ReportData) -> String {
     }
     let _ = writeln!(
         s,
-        "\nThe students keep the teacher's embedding and output head (28M of the 135M parameters for SmolLM2-135M), which every token still pays for, so a third of the layers is less than a third of the cost."
+        "\nThe layer-dropped students keep the teacher's embedding and output head ({:.1}M of its {:.1}M parameters), which every token still pays for, so a third of the layers costs more than a third of the time.",
+        d.head_params as f64 / 1e6,
+        *t_n as f64 / 1e6
     );
     s
 }
