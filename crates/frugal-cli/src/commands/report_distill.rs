@@ -499,6 +499,10 @@ fn teacher_format(f: &GgufFile) -> String {
         .unwrap_or_else(|| "q8_0".into())
 }
 
+/// Speed rows: the teacher's format, prefill and decode tokens/s, parameters and layers, then
+/// `(run, layers, parameters, prefill, decode)` per measured student.
+type Speeds<'a> = (String, f64, f64, usize, usize, &'a [(String, usize, usize, f64, f64)]);
+
 struct ReportData<'a> {
     teacher: String,
     teacher_eval: (f64, Option<f64>),
@@ -511,14 +515,7 @@ struct ReportData<'a> {
     topk_note: String,
     ensemble_note: String,
     arch_desc: String,
-    speed: (
-        String,
-        f64,
-        f64,
-        usize,
-        usize,
-        &'a [(String, usize, usize, f64, f64)],
-    ),
+    speed: Speeds<'a>,
     chart_note: String,
     prec: Precision,
     corpus: &'a Corpus,
@@ -670,8 +667,8 @@ fn report(a: &Args, d: &ReportData) -> String {
     if !d.arch_desc.is_empty() {
         let _ = writeln!(
             s,
-            "The student of another architecture: {}. Its loss adds 0.5 × (1 − cos) between its last layer's output and the teacher's, through a learned {}-to-{} projection.\n",
-            d.arch_desc, "student", "teacher width"
+            "The student of another architecture: {}. Its loss adds 0.5 × (1 − cos) between its last layer's output and the teacher's, through a learned student-to-teacher-width projection.\n",
+            d.arch_desc
         );
     }
     let _ = writeln!(
