@@ -169,3 +169,43 @@ fn llama_cpp_runs_frugal_files_and_frugal_runs_llama_cpp_files() {
         );
     }
 }
+
+/// What `frugal distill` writes (a layer-dropped student after one distillation step, in F32
+/// and quantized) loads and runs in llama.cpp with the perplexity frugal measures.
+#[test]
+fn llama_cpp_runs_distilled_students() {
+    let (Some(bin), Some(model)) = (llama_bin(), frugal::fetch::reference_model_for_tests()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let text = text(dir.path());
+    for ty in ["f32", "q8_0"] {
+        let out = dir.path().join(format!("student-{ty}.gguf"));
+        run(Command::new(env!("CARGO_BIN_EXE_frugal")).args([
+            "distill",
+            "--teacher",
+            model.to_str().unwrap(),
+            "--student",
+            "keep-layers:0,5,10,15,20,25,29",
+            "--data",
+            text.to_str().unwrap(),
+            "--tokens",
+            "256",
+            "--seq",
+            "128",
+            "--batch",
+            "2",
+            "--eval-windows",
+            "1",
+            "--type",
+            ty,
+            "--out",
+            out.to_str().unwrap(),
+        ]));
+        assert_close(
+            &format!("distilled student ({ty})"),
+            frugal_ppl(&out, &text),
+            llama_ppl(&bin, &out, &text),
+        );
+    }
+}

@@ -11,10 +11,11 @@
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::attention::{self, AttnDims};
 use crate::gemm::Precision;
 use crate::loss::{Divergence, Objective, Targets, TeacherRows};
 use crate::model::{Batch, RunOptions};
-use crate::ops::{self, AttnDims, Rope};
+use crate::ops::{self, Rope};
 use crate::params::{Params, normal};
 
 const EPS: f32 = 2e-3;
@@ -175,7 +176,7 @@ fn attention_case(n_head: usize, n_head_kv: usize) {
     let run = |q: &[f32], k: &[f32], v: &[f32], probs: &mut Vec<f32>| {
         probs.resize(dims.probs_len(), 0.0);
         let mut o = vec![0f32; rows * qw];
-        ops::attention_forward(q, k, v, dims, probs, &mut o, Precision::F32);
+        attention::attention_forward(q, k, v, dims, probs, &mut o, Precision::F32);
         o
     };
     let f = |q: &[f32], k: &[f32], v: &[f32]| dot(&run(q, k, v, &mut Vec::new()), &r);
@@ -186,7 +187,7 @@ fn attention_case(n_head: usize, n_head_kv: usize) {
         vec![0f32; rows * kw],
         vec![0f32; rows * kw],
     );
-    ops::attention_backward(
+    attention::attention_backward(
         &q,
         &k,
         &v,

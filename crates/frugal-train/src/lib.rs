@@ -10,6 +10,7 @@
 //!
 //! The inference library does not depend on this crate.
 
+pub mod attention;
 pub mod checkpoint;
 pub mod data;
 pub mod error;

@@ -9,13 +9,15 @@
 
 use rayon::prelude::*;
 
+use crate::attention::{self, AttnDims};
 use crate::gemm::Precision;
 use crate::loss::{LossSums, Objective};
-use crate::ops::{self, AttnDims, Rope};
+use crate::ops::{self, Rope};
 use crate::params::{LayerParams, Params};
 
-/// Rows of logits computed at once by the head.
-const HEAD_CHUNK: usize = 256;
+/// Rows of logits computed at once by the head: large enough that the head's products run near
+/// the GEMM's speed (m = 1024), small enough that the logits stay 200 MB, not `rows x vocabulary`.
+const HEAD_CHUNK: usize = 1024;
 
 /// How the products run and what the forward keeps.
 #[derive(Clone, Copy, Debug, Default)]
@@ -142,7 +144,7 @@ impl Params {
         ops::linear_forward(&a.xn1, &lp.wv.data, d, sized(&mut a.v, n * kd), prec);
         ops::rope(&mut a.q, c.n_head, c.head_dim, dims.seq, rope, false);
         ops::rope(&mut a.k, c.n_head_kv, c.head_dim, dims.seq, rope, false);
-        ops::attention_forward(
+        attention::attention_forward(
             &a.q,
             &a.k,
             &a.v,
@@ -244,7 +246,7 @@ impl Params {
             prec,
         );
         let (mut dq, mut dk, mut dv) = (vec![0f32; n * qd], vec![0f32; n * kd], vec![0f32; n * kd]);
-        ops::attention_backward(
+        attention::attention_backward(
             &a.q, &a.k, &a.v, &a.probs, &a.att, &datt, dims, &mut dq, &mut dk, &mut dv, prec,
         );
         drop(datt);

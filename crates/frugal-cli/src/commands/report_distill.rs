@@ -501,7 +501,14 @@ fn teacher_format(f: &GgufFile) -> String {
 
 /// Speed rows: the teacher's format, prefill and decode tokens/s, parameters and layers, then
 /// `(run, layers, parameters, prefill, decode)` per measured student.
-type Speeds<'a> = (String, f64, f64, usize, usize, &'a [(String, usize, usize, f64, f64)]);
+type Speeds<'a> = (
+    String,
+    f64,
+    f64,
+    usize,
+    usize,
+    &'a [(String, usize, usize, f64, f64)],
+);
 
 struct ReportData<'a> {
     teacher: String,
