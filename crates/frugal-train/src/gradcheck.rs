@@ -327,14 +327,7 @@ fn whole_model_case(tied: bool, recompute: bool) {
         precision: Precision::F32,
         recompute,
     };
-    let obj = Targets {
-        labels: &labels,
-        teacher: None,
-        alpha: 0.0,
-        temperature: 1.0,
-        divergence: Divergence::Forward,
-        step_rows: labels.len(),
-    };
+    let obj = Targets::hard(&labels);
     let mut grads = p.zeros_like();
     let saved = p.forward(&b, opts);
     p.backward(&b, saved, &obj, Vec::new(), &mut grads, opts);

@@ -95,6 +95,20 @@ pub struct Targets<'a> {
     pub step_rows: usize,
 }
 
+impl<'a> Targets<'a> {
+    /// Hard labels only: next-token cross-entropy, averaged over `labels`.
+    pub fn hard(labels: &'a [u32]) -> Self {
+        Targets {
+            labels,
+            teacher: None,
+            alpha: 0.0,
+            temperature: 1.0,
+            divergence: Divergence::Forward,
+            step_rows: labels.len(),
+        }
+    }
+}
+
 impl Objective for Targets<'_> {
     fn rows(&self, rows: Range<usize>, logits: &mut [f32], grad: bool) -> LossSums {
         let nv = logits.len() / rows.len().max(1);

@@ -8,7 +8,7 @@ use frugal::model::Config;
 use crate::data::Windows;
 use crate::error::{Result, TrainError, io_err};
 use crate::gemm::Precision;
-use crate::loss::{Divergence, Targets};
+use crate::loss::Targets;
 use crate::model::{Batch, RunOptions};
 use crate::params::Params;
 
@@ -52,14 +52,7 @@ pub fn layer_importance(
         batch: calib.len(),
         seq,
     };
-    let obj = Targets {
-        labels: &labels,
-        teacher: None,
-        alpha: 0.0,
-        temperature: 1.0,
-        divergence: Divergence::Forward,
-        step_rows: labels.len(),
-    };
+    let obj = Targets::hard(&labels);
     match how {
         Importance::LossIncrease => {
             let base = p.loss(&b, &obj, prec).mean_ce();

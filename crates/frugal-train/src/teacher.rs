@@ -46,6 +46,19 @@ impl Observer for Recorder<'_> {
     }
 }
 
+impl TeacherBatch {
+    /// The soft targets these logits give, each teacher with its ensemble weight.
+    pub fn rows<'a>(&'a self, teachers: &OnlineTeachers) -> crate::loss::TeacherRows<'a> {
+        crate::loss::TeacherRows::Dense(
+            self.logits
+                .iter()
+                .zip(&teachers.models)
+                .map(|(l, (_, w))| (&l[..], *w))
+                .collect(),
+        )
+    }
+}
+
 impl OnlineTeachers {
     pub fn n_vocab(&self) -> usize {
         self.models

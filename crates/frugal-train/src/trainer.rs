@@ -309,15 +309,7 @@ impl<'a> Trainer<'a> {
             let (mut topk_ids, mut topk_logp) = (Vec::new(), Vec::new());
             let teacher = match &self.signal {
                 Signal::None => None,
-                Signal::Online(t) => online.as_ref().map(|o| {
-                    TeacherRows::Dense(
-                        o.logits
-                            .iter()
-                            .zip(&t.models)
-                            .map(|(l, (_, w))| (&l[..], *w))
-                            .collect(),
-                    )
-                }),
+                Signal::Online(t) => online.as_ref().map(|o| o.rows(t)),
                 Signal::Cached(c) => {
                     for &w in &idx {
                         let (i, l) = c.window(w);
@@ -576,15 +568,7 @@ pub fn evaluate(
         };
         let targets = Targets {
             labels: &labels,
-            teacher: out.as_ref().zip(teacher).map(|(o, t)| {
-                TeacherRows::Dense(
-                    o.logits
-                        .iter()
-                        .zip(&t.models)
-                        .map(|(l, (_, w))| (&l[..], *w))
-                        .collect(),
-                )
-            }),
+            teacher: out.as_ref().zip(teacher).map(|(o, t)| o.rows(t)),
             // α = 1 makes the objective the KL itself; the CE is reported alongside.
             alpha: if teacher.is_some() { 1.0 } else { 0.0 },
             temperature: 1.0,

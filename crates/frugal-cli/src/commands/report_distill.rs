@@ -130,11 +130,7 @@ pub fn run(a: Args) -> Result<()> {
     let tokens = parse_count(&a.tokens)?;
     let per_step = a.seq * a.batch;
     let steps = tokens.div_ceil(per_step).max(1);
-    let prec = if gemm::bf16_backend().starts_with("f32") {
-        Precision::F32
-    } else {
-        Precision::Bf16
-    };
+    let prec = super::train::precision("auto")?;
     let run_opts = RunOptions {
         precision: prec,
         recompute: false,

@@ -187,7 +187,8 @@ pub fn parse_count(s: &str) -> Result<usize> {
     Ok((v * mult).round() as usize)
 }
 
-fn precision(s: &str) -> Result<Precision> {
+/// `--precision`: auto (bf16 where the CPU multiplies bf16 in hardware), bf16 or f32.
+pub fn precision(s: &str) -> Result<Precision> {
     Ok(match s {
         "f32" => Precision::F32,
         "bf16" => Precision::Bf16,

@@ -15,6 +15,7 @@ use frugal_train::trainer::{LossConfig, Signal, TrainConfig, Trainer};
 use rand::{Rng, SeedableRng};
 
 use crate::commands::common::{self, ModelArgs};
+use crate::commands::train::precision;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -70,16 +71,6 @@ pub fn step_flops(c: &Config, batch: usize, seq: usize, recompute: bool) -> f64 
     let layers_fwd = linear_fwd + attn_fwd;
     let fwd = layers_fwd + head_fwd;
     3.0 * fwd + if recompute { layers_fwd } else { 0.0 }
-}
-
-fn precision(s: &str) -> Result<Precision> {
-    Ok(match s {
-        "f32" => Precision::F32,
-        "bf16" => Precision::Bf16,
-        "auto" if gemm::bf16_backend().starts_with("f32") => Precision::F32,
-        "auto" => Precision::Bf16,
-        other => anyhow::bail!("unknown precision {other:?}: use auto, bf16 or f32"),
-    })
 }
 
 #[derive(serde::Serialize)]
