@@ -11,7 +11,7 @@
 use rayon::prelude::*;
 
 use crate::gemm::{MatRef, Precision, matmul};
-use crate::math::exp_fast;
+use crate::math::{exp_in_place_sum, max_f32};
 
 /// The shape of causal grouped-query attention over a batch of `batch` sequences of `seq`.
 #[derive(Clone, Copy, Debug)]
@@ -77,13 +77,8 @@ fn stack(x: &[f32], d: &AttnDims, b: usize, g: usize, r0: usize, n: usize, out: 
 
 /// `row = softmax(row * scale)` (the row holds the unmasked scores of one query).
 fn softmax_scaled(row: &mut [f32], scale: f32) {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * scale;
-    let mut sum = 0f32;
-    for v in row.iter_mut() {
-        *v = exp_fast(*v * scale - max);
-        sum += *v;
-    }
-    let inv = 1.0 / sum;
+    let max = max_f32(row) * scale;
+    let inv = 1.0 / exp_in_place_sum(row, scale, max);
     for v in row.iter_mut() {
         *v *= inv;
     }

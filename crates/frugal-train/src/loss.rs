@@ -16,7 +16,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::math::exp_fast;
+use crate::math::{exp_fast, max_f32, sum_map, sum_map2, sum_map3};
 
 /// Loss totals over some rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -163,32 +163,29 @@ impl Targets<'_> {
         teacher_row(teacher, r, tau, p, lp);
         // Student at τ: ln q = z/τ - lse_τ.
         let lse_t = log_sum_exp(z, tau);
+        let lset = lse_t as f32;
         let kl = match self.divergence {
-            Divergence::Forward => {
-                let mut kl = 0f64;
-                for i in 0..z.len() {
-                    if p[i] > 0.0 {
-                        let lq = f64::from(z[i] / tau) - lse_t;
-                        kl += f64::from(p[i]) * (f64::from(lp[i]) - lq);
-                    }
+            // Σ p (ln p - ln q) over the teacher's support (p = 0 contributes nothing, also
+            // where a top-k teacher has ln p = -inf).
+            Divergence::Forward => sum_map3(p, lp, z, |p, lp, z| {
+                if p > 0.0 {
+                    p * (lp - (z / tau - lset))
+                } else {
+                    0.0
                 }
-                kl
-            }
-            Divergence::Reverse => {
-                let mut kl = 0f64;
-                for i in 0..z.len() {
-                    let lq = f64::from(z[i] / tau) - lse_t;
-                    kl += lq.exp() * (lq - f64::from(lp[i]));
-                }
-                kl
-            }
+            }),
+            // Σ q (ln q - ln p).
+            Divergence::Reverse => sum_map2(z, lp, |z, lp| {
+                let lq = z / tau - lset;
+                exp_fast(lq) * (lq - lp)
+            }),
         };
         out.kl = kl.max(0.0);
         out.objective += f64::from(alpha * tau * tau) * out.kl;
         if grad {
             // Hard part: (1-α)(softmax(z) - onehot); soft part per the divergence.
             let (wh, ws) = ((1.0 - alpha) * scale, alpha * tau * scale);
-            let (lse1, lset) = (lse as f32, lse_t as f32);
+            let lse1 = lse as f32;
             match self.divergence {
                 Divergence::Forward => {
                     for i in 0..z.len() {
@@ -198,12 +195,8 @@ impl Targets<'_> {
                     }
                 }
                 Divergence::Reverse => {
-                    let mut mean_f = 0f64;
-                    for i in 0..z.len() {
-                        let lq = z[i] / tau - lset;
-                        mean_f += f64::from(exp_fast(lq)) * f64::from(lq - lp[i]);
-                    }
-                    let mean_f = mean_f as f32;
+                    // E_q[ln q - ln p] is the reverse KL itself.
+                    let mean_f = kl as f32;
                     for i in 0..z.len() {
                         let q1 = exp_fast(z[i] - lse1);
                         let lq = z[i] / tau - lset;
@@ -263,16 +256,10 @@ fn teacher_row(t: &TeacherRows, r: usize, tau: f32, p: &mut [f32], lp: &mut [f32
     }
 }
 
-/// `ln Σ exp(z/τ)`, accumulated in f64.
+/// `ln Σ exp(z/τ)` (f32 terms, blocks accumulated in f64; see [`sum_map`]).
 pub fn log_sum_exp(z: &[f32], tau: f32) -> f64 {
-    let max = z.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) / tau;
-    // f32 partial sums of terms <= 1 in blocks, added in f64: the error stays near f32 epsilon.
-    let mut total = 0f64;
-    for c in z.chunks(256) {
-        let s: f32 = c.iter().map(|&v| exp_fast(v / tau - max)).sum();
-        total += f64::from(s);
-    }
-    f64::from(max) + total.ln()
+    let max = max_f32(z) / tau;
+    f64::from(max) + sum_map(z, |v| exp_fast(v / tau - max)).ln()
 }
 
 /// `z = softmax(z/τ)` given `lse = ln Σ exp(z/τ)`.

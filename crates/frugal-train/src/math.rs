@@ -31,6 +31,94 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp_fast(-x))
 }
 
+/// Lanes of the partial sums below: a sum accumulated in one variable is a chain of dependent
+/// additions that the compiler may not reorder (strict IEEE semantics), so it cannot vectorize;
+/// sixteen independent partial sums can.
+const LANES: usize = 16;
+/// Elements per f32 block before it is added into the f64 total (bounds f32 rounding).
+const BLOCK: usize = 256;
+
+/// `Σ f(a_i)`: f32 partial sums in 16 lanes per block of 256, blocks added in f64. The order is
+/// fixed by the length alone, so results are reproducible.
+#[inline(always)]
+pub fn sum_map(a: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+    sum_map2(a, a, |x, _| f(x))
+}
+
+/// `Σ f(a_i, b_i)` in the order of [`sum_map`].
+#[inline(always)]
+pub fn sum_map2(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
+    sum_map3(a, b, a, |x, y, _| f(x, y))
+}
+
+/// `Σ f(a_i, b_i, c_i)` in the order of [`sum_map`].
+#[inline(always)]
+pub fn sum_map3(a: &[f32], b: &[f32], c: &[f32], f: impl Fn(f32, f32, f32) -> f32) -> f64 {
+    let n = a.len().min(b.len()).min(c.len());
+    let mut total = 0f64;
+    for ((ab, bb), cb) in a[..n]
+        .chunks(BLOCK)
+        .zip(b[..n].chunks(BLOCK))
+        .zip(c[..n].chunks(BLOCK))
+    {
+        let mut lanes = [0f32; LANES];
+        let (mut ai, mut bi, mut ci) = (
+            ab.chunks_exact(LANES),
+            bb.chunks_exact(LANES),
+            cb.chunks_exact(LANES),
+        );
+        for ((x, y), z) in (&mut ai).zip(&mut bi).zip(&mut ci) {
+            for l in 0..LANES {
+                lanes[l] += f(x[l], y[l], z[l]);
+            }
+        }
+        let mut s: f32 = lanes.iter().sum();
+        for ((&x, &y), &z) in ai
+            .remainder()
+            .iter()
+            .zip(bi.remainder())
+            .zip(ci.remainder())
+        {
+            s += f(x, y, z);
+        }
+        total += f64::from(s);
+    }
+    total
+}
+
+/// The largest element (NEG_INFINITY for an empty slice), in 16 lanes.
+#[inline(always)]
+pub fn max_f32(a: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut it = a.chunks_exact(LANES);
+    for x in &mut it {
+        for l in 0..LANES {
+            lanes[l] = lanes[l].max(x[l]);
+        }
+    }
+    let m = lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    it.remainder().iter().fold(m, |m, &v| m.max(v))
+}
+
+/// `row = exp(row * scale - shift)` in place; returns the sum of the new values (16 lanes).
+#[inline(always)]
+pub fn exp_in_place_sum(row: &mut [f32], scale: f32, shift: f32) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let mut it = row.chunks_exact_mut(LANES);
+    for x in &mut it {
+        for l in 0..LANES {
+            x[l] = exp_fast(x[l] * scale - shift);
+            lanes[l] += x[l];
+        }
+    }
+    let mut s: f32 = lanes.iter().sum();
+    for v in it.into_remainder() {
+        *v = exp_fast(*v * scale - shift);
+        s += *v;
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,6 +139,26 @@ mod tests {
         assert!(worst <= 2, "worst error {worst} ulp");
         assert_eq!(exp_fast(-200.0), (-87.0f32).exp());
         assert!(exp_fast(0.0) == 1.0);
+    }
+
+    #[test]
+    fn lane_sums_match_plain_sums() {
+        for n in [0, 1, 15, 16, 17, 255, 256, 257, 1000] {
+            let a: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01)
+                .collect();
+            let want: f64 = a.iter().map(|&x| f64::from(x * x)).sum();
+            assert!(
+                (sum_map(&a, |x| x * x) - want).abs() <= 1e-5 * want.max(1.0),
+                "{n}"
+            );
+            let m = a.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(max_f32(&a), m);
+            let mut r = a.clone();
+            let s = exp_in_place_sum(&mut r, 2.0, 0.5);
+            let want: f64 = a.iter().map(|&x| f64::from(x * 2.0 - 0.5).exp()).sum();
+            assert!((f64::from(s) - want).abs() <= 1e-5 * want.max(1.0), "{n}");
+        }
     }
 
     #[test]
