@@ -28,6 +28,20 @@ pub mod teacher;
 pub mod trainer;
 
 pub use error::{Result, TrainError};
+
+/// Asks the C allocator to keep freed memory for reuse instead of returning large blocks to the
+/// system: a training step allocates and frees the same few hundred megabytes of activations
+/// every step, and with glibc's defaults each block above 32 MB is a fresh `mmap` whose pages
+/// the kernel faults in and zeroes again (10% of a step, measured). Call it once from a
+/// program that trains; it changes allocation policy for the whole process.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; the values are in range.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
 pub use params::{LayerParams, Params, Tensor};
 
 #[cfg(test)]

@@ -153,9 +153,10 @@ impl Targets<'_> {
         };
         let Some(teacher) = self.teacher.as_ref().filter(|_| alpha > 0.0) else {
             if grad {
-                softmax_into(z, 1.0, lse);
-                z[y] -= 1.0;
-                z.iter_mut().for_each(|v| *v *= scale);
+                // (softmax(z) - onehot(y)) / rows, in one pass.
+                let lse = lse as f32;
+                z.iter_mut().for_each(|v| *v = exp_fast(*v - lse) * scale);
+                z[y] -= scale;
             }
             return out;
         };
@@ -259,13 +260,11 @@ fn teacher_row(t: &TeacherRows, r: usize, tau: f32, p: &mut [f32], lp: &mut [f32
 /// `ln Σ exp(z/τ)` (f32 terms, blocks accumulated in f64; see [`sum_map`]).
 pub fn log_sum_exp(z: &[f32], tau: f32) -> f64 {
     let max = max_f32(z) / tau;
-    f64::from(max) + sum_map(z, |v| exp_fast(v / tau - max)).ln()
-}
-
-/// `z = softmax(z/τ)` given `lse = ln Σ exp(z/τ)`.
-fn softmax_into(z: &mut [f32], tau: f32, lse: f64) {
-    let lse = lse as f32;
-    for v in z.iter_mut() {
-        *v = exp_fast(*v / tau - lse);
-    }
+    // τ = 1 (every hard-label row) skips a division per element.
+    let sum = if tau == 1.0 {
+        sum_map(z, |v| exp_fast(v - max))
+    } else {
+        sum_map(z, |v| exp_fast(v / tau - max))
+    };
+    f64::from(max) + sum.ln()
 }

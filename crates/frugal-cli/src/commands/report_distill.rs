@@ -109,6 +109,7 @@ fn speed_of(path: &Path) -> Result<(f64, f64)> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    frugal_train::keep_freed_memory();
     let teacher_path = common::model_path(&a.model)?;
     let teacher_file = GgufFile::open(&teacher_path)?;
     let tok = Tokenizer::from_gguf(&teacher_file)?;

@@ -248,6 +248,7 @@ fn load_corpus(tok: &Tokenizer, a: &TrainArgs) -> Result<Corpus> {
 }
 
 pub fn run_train(c: TrainCmd) -> Result<()> {
+    frugal_train::keep_freed_memory();
     let path = super::common::model_path(&super::common::ModelArgs {
         model: c.model.clone(),
         activations: Activations::F32,
@@ -276,6 +277,7 @@ pub fn run_train(c: TrainCmd) -> Result<()> {
 }
 
 pub fn run_distill(c: DistillCmd) -> Result<()> {
+    frugal_train::keep_freed_memory();
     ensure!(
         c.teacher_weights.is_empty() || c.teacher_weights.len() == c.teachers.len(),
         "give one --teacher-weight per --teacher ({} teachers, {} weights)",

@@ -87,6 +87,7 @@ struct Row {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    frugal_train::keep_freed_memory();
     ensure!(
         a.steps > 0 && a.batch > 0 && a.seq > 1,
         "--steps, --batch must be positive and --seq at least 2"
