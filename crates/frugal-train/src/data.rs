@@ -33,6 +33,15 @@ impl Windows {
         &self.tokens[i * (self.seq + 1)..(i + 1) * (self.seq + 1)]
     }
 
+    /// The first `n` windows (all, if there are fewer): calibration text.
+    pub fn first(&self, n: usize) -> Windows {
+        let n = n.min(self.len());
+        Windows {
+            seq: self.seq,
+            tokens: self.tokens[..n * (self.seq + 1)].to_vec(),
+        }
+    }
+
     fn push(&mut self, w: &[u32]) {
         debug_assert_eq!(w.len(), self.seq + 1);
         self.tokens.extend_from_slice(w);

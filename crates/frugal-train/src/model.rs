@@ -27,7 +27,7 @@ pub struct RunOptions {
     pub recompute: bool,
 }
 
-/// A batch of `batch` sequences of `seq` tokens (row `b*seq + t`), with RoPE tables for them.
+/// A batch of `batch` sequences of `seq` tokens each (row `b*seq + t`), every one from position 0.
 pub struct Batch<'a> {
     pub tokens: &'a [u32],
     pub batch: usize,

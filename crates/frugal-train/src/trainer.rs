@@ -289,15 +289,15 @@ impl<'a> Trainer<'a> {
             .for_each(|t| t.data.fill(0.0));
         let mut sums = LossSums::default();
         let mut hidden_total = 0f64;
+        let hidden_teacher_layers: Vec<usize> = cfg
+            .loss
+            .hidden
+            .iter()
+            .flat_map(|h| h.pairs.iter().map(|p| p.1))
+            .collect();
         for micro in 0..cfg.accum {
             let first = (self.step * cfg.accum + micro) * cfg.batch;
             let (idx, inputs, labels) = self.gather(first, cfg.batch);
-            let hidden_teacher_layers: Vec<usize> = cfg
-                .loss
-                .hidden
-                .iter()
-                .flat_map(|h| h.pairs.iter().map(|p| p.1))
-                .collect();
             // The teacher's view of this micro-batch.
             let online = match (&self.signal, self.eval_teachers) {
                 (Signal::Online(t), _) => Some(t.run(&inputs, cfg.seq, &hidden_teacher_layers)?),

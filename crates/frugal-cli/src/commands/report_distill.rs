@@ -114,8 +114,8 @@ pub fn run(a: Args) -> Result<()> {
     let teacher_file = GgufFile::open(&teacher_path)?;
     let tok = Tokenizer::from_gguf(&teacher_file)?;
     let data = corpus_from_files(&tok, &a.data, a.seq, a.heldout)?;
-    let t_params = Params::from_model(&Model::load(&teacher_path)?)?;
     let mut teacher = Model::load(&teacher_path)?;
+    let t_params = Params::from_model(&teacher)?;
     teacher.set_activations(Activations::Q8);
     let teachers = OnlineTeachers {
         models: vec![(teacher, 1.0)],
@@ -164,10 +164,7 @@ pub fn run(a: Args) -> Result<()> {
 
     // The student as cut.
     eprintln!("measuring layer importance...");
-    let calib = frugal_train::data::Windows {
-        seq: a.seq,
-        tokens: data.train.tokens[..4.min(data.train.len()) * (a.seq + 1)].to_vec(),
-    };
+    let calib = data.train.first(4);
     let mut tp = t_params.clone();
     let importance = layer_importance(&mut tp, &calib, Importance::LossIncrease, prec);
     drop(tp);

@@ -310,7 +310,8 @@ pub fn run_distill(c: DistillCmd) -> Result<()> {
     let teachers = OnlineTeachers { models };
     let (first, _) = &teachers.models[0];
     let tok = Tokenizer::from_gguf(&first.file)?;
-    let t_params = Params::from_model(&Model::load(&c.teachers[0])?)?;
+    // The student's starting weights decode from the first teacher's file (already open).
+    let t_params = Params::from_model(first)?;
 
     // Data: text files, or the teacher's own samples.
     let data = if c.train.data.is_empty() {
@@ -443,7 +444,7 @@ fn build_student(
                 teacher.config.n_layers
             );
             let how: Importance = c.importance.parse().map_err(anyhow::Error::msg)?;
-            let calib = calibration(&data.train, 4);
+            let calib = data.train.first(4);
             let mut t = teacher.clone();
             let imp = layer_importance(&mut t, &calib, how, precision(&c.train.precision)?);
             let keep = choose_layers(&imp, n);
@@ -476,15 +477,6 @@ fn build_student(
     let m = Model::load(p).with_context(|| format!("loading the student {}", p.display()))?;
     let params = Params::from_model(&m)?;
     Ok((params, GgufFile::open(p)?))
-}
-
-/// The first `n` windows, the calibration text for layer importance.
-fn calibration(w: &frugal_train::data::Windows, n: usize) -> frugal_train::data::Windows {
-    let n = n.min(w.len());
-    frugal_train::data::Windows {
-        seq: w.seq,
-        tokens: w.tokens[..n * (w.seq + 1)].to_vec(),
-    }
 }
 
 fn parse_pairs(s: &str) -> Result<Vec<(usize, usize)>> {
