@@ -25,9 +25,14 @@ pub struct RopeTable {
 impl RopeTable {
     /// Fills the tables for positions `pos0..pos0+n` (reusing the buffers).
     pub fn fill(&mut self, pos0: usize, n: usize, rope_dim: usize, base: f32) {
-        self.half = rope_dim / 2;
         self.cos.clear();
         self.sin.clear();
+        self.extend(pos0, n, rope_dim, base);
+    }
+
+    /// Appends rows for positions `pos0..pos0+n` (the next segment of a batch).
+    pub fn extend(&mut self, pos0: usize, n: usize, rope_dim: usize, base: f32) {
+        self.half = rope_dim / 2;
         for p in pos0..pos0 + n {
             for i in 0..self.half {
                 let inv_freq = f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);

@@ -75,10 +75,11 @@ pub struct TrainArgs {
     /// AVX512-BF16 where the CPU has them), f32, or auto (bf16 where the hardware has it)
     #[arg(long = "precision", default_value = "auto")]
     pub precision: String,
-    /// Keep every layer's activations instead of recomputing them in the backward (faster,
-    /// about 30x the activation memory)
-    #[arg(long = "no-recompute")]
-    pub no_recompute: bool,
+    /// Recompute each layer's activations in the backward instead of keeping them all: about
+    /// half the peak memory (2.4 GiB against 5.2 GiB for the 135M model at 4 x 512), 20-30%
+    /// slower
+    #[arg(long = "recompute")]
+    pub recompute: bool,
     /// Evaluate on the held-out windows every N steps (0: start and end only)
     #[arg(long = "eval-every", default_value_t = 0)]
     pub eval_every: usize,
@@ -233,7 +234,7 @@ fn train_config(a: &TrainArgs, loss: LossConfig) -> Result<TrainConfig> {
         seed: a.seed,
         run: RunOptions {
             precision: precision(&a.precision)?,
-            recompute: !a.no_recompute,
+            recompute: a.recompute,
         },
         loss,
         eval_every: a.eval_every,

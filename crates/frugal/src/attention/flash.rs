@@ -13,10 +13,12 @@
 //! heads that share the KV head under GQA, so a decoded tile is reused by every row of the block.
 //! Tiles entirely above the causal diagonal are never loaded.
 //!
-//! Decode (a few query rows) over a long context has too few (KV head, query block) tasks to
-//! keep the threads busy, so the key range is split instead (flash-decoding): each split
-//! produces `(m, l, acc)` for its keys, and the splits merge exactly by rescaling each to the
-//! common maximum: `l = sum_i l_i exp(m_i - M)`, `acc = sum_i acc_i exp(m_i - M)`.
+//! Keys are taken in fixed chunks of absolute positions ([`key_chunk`]): each chunk produces
+//! `(m, l, acc)` for its keys, and the chunks merge in order by rescaling to the common
+//! maximum. Decode (a few query rows) over a long context has too few (KV head, query block)
+//! tasks to keep the threads busy, so there the chunks run in parallel (flash-decoding) and are
+//! merged afterwards, in the same order with the same arithmetic: a row's output is the same
+//! bits whichever path computed it and whatever rows it was computed with.
 //!
 //! The inner loops are written so the compiler vectorizes them (scores are computed against a
 //! transposed key tile: no horizontal sums); on x86-64 the same code is also compiled for
@@ -34,7 +36,9 @@ const KV_TILE_BYTES: usize = 32 * 1024;
 /// Query rows (tokens x heads sharing a KV head) of a block: their queries and accumulators
 /// (`rows x head_dim x 8` bytes) fit in this much L2.
 const Q_BLOCK_BYTES: usize = 128 * 1024;
-/// A split of the key range shorter than this is not worth a task of its own.
+/// Keys per chunk (rounded up to whole tiles), see [`key_chunk`]: long enough that the merge
+/// of a chunk costs little next to computing it, short enough that decode over a context of a
+/// few hundred tokens already has several chunks to spread across threads.
 const MIN_SPLIT_KEYS: usize = 256;
 
 /// Keys per tile: 64 for head_dim 64, 32 for head_dim 128.
@@ -139,19 +143,16 @@ pub(super) fn flash_with(
         simd,
     };
     let br = query_block(hd, group);
+    let chunk = key_chunk(hd);
     let optr = OutPtr(out.as_mut_ptr());
+    let nchunks = len.div_ceil(chunk);
 
-    // Flash-decoding: one query block over a long context is split along the keys.
-    let threads = rayon::current_num_threads();
-    let nsplit = (2 * threads)
-        .div_ceil(s.n_head_kv)
-        .min(len / MIN_SPLIT_KEYS);
-    if n <= br && nsplit >= 2 {
-        let chunk = len.div_ceil(nsplit).next_multiple_of(job.bc);
-        let nsplit = len.div_ceil(chunk);
+    // Flash-decoding: a few query rows over several key chunks compute the chunks in parallel
+    // and merge them in order (the result is the same as the tiled path's, see `key_chunk`).
+    if n <= br && nchunks >= 2 {
         let rows = n * group;
         let stride = rows * (hd + 2);
-        let total = s.n_head_kv * nsplit * stride;
+        let total = s.n_head_kv * nchunks * stride;
         if ws.partials.len() < total {
             ws.partials.resize(total, 0.0);
         }
@@ -160,68 +161,84 @@ pub(super) fn flash_with(
             .par_chunks_mut(stride)
             .enumerate()
             .for_each(|(i, part)| {
-                let (kvh, sp) = (i / nsplit, i % nsplit);
+                let (kvh, c) = (i / nchunks, i % nchunks);
                 let (acc, ml) = part.split_at_mut(rows * hd);
                 let (m, l) = ml.split_at_mut(rows);
                 let span = Span {
                     kvh,
                     t0: 0,
                     t1: n,
-                    lo: sp * chunk,
-                    hi: ((sp + 1) * chunk).min(len),
+                    lo: c * chunk,
+                    hi: ((c + 1) * chunk).min(len),
                 };
                 TILES.with_borrow_mut(|t| block(&job, span, acc, m, l, t));
             });
-        // Merge the splits of each row by log-sum-exp.
+        // Merge each row's chunks in order, then normalize.
+        let parts = &*parts;
         for kvh in 0..s.n_head_kv {
-            let part = |sp: usize| &parts[(kvh * nsplit + sp) * stride..][..stride];
+            let part = |c: usize| &parts[(kvh * nchunks + c) * stride..][..stride];
             for r in 0..rows {
                 let (tok, h) = (r / group, kvh * group + r % group);
-                let mmax =
-                    (0..nsplit).fold(f32::NEG_INFINITY, |a, sp| a.max(part(sp)[rows * hd + r]));
                 // SAFETY: sequential here; row (tok, h) is inside `out`.
                 let o = unsafe { optr.row(tok * q_dim + h * hd, hd) };
-                o.fill(0.0);
-                let mut lsum = 0f32;
-                for sp in 0..nsplit {
-                    let p = part(sp);
-                    let w = (p[rows * hd + r] - mmax).exp();
-                    if w == 0.0 {
-                        continue;
-                    }
-                    lsum += w * p[rows * hd + rows + r];
-                    for (a, &b) in o.iter_mut().zip(&p[r * hd..(r + 1) * hd]) {
-                        *a += w * b;
-                    }
+                let p0 = part(0);
+                o.copy_from_slice(&p0[r * hd..(r + 1) * hd]);
+                let (mut mr, mut lr) = (p0[rows * hd + r], p0[rows * hd + rows + r]);
+                for c in 1..nchunks {
+                    let p = part(c);
+                    merge_partial(
+                        o,
+                        &mut mr,
+                        &mut lr,
+                        &p[r * hd..(r + 1) * hd],
+                        p[rows * hd + r],
+                        p[rows * hd + rows + r],
+                    );
                 }
-                let inv = 1.0 / lsum;
+                let inv = 1.0 / lr;
                 o.iter_mut().for_each(|a| *a *= inv);
             }
         }
         return;
     }
 
-    // FlashAttention-2: parallel over (KV head, query block), the longest blocks first.
+    // FlashAttention-2: parallel over (KV head, query block), the longest blocks first. Each
+    // block runs its key chunks one after another, merging each into the running result.
     let nqb = n.div_ceil(br);
     (0..s.n_head_kv * nqb).into_par_iter().for_each(|i| {
         let (qb, kvh) = (nqb - 1 - i / s.n_head_kv, i % s.n_head_kv);
         let (t0, t1) = (qb * br, ((qb + 1) * br).min(n));
-        let span = Span {
-            kvh,
-            t0,
-            t1,
-            lo: 0,
-            hi: len,
-        };
         TILES.with_borrow_mut(|t| {
             let rows = (t1 - t0) * group;
-            let mut acc = std::mem::take(&mut t.acc);
-            let mut m = std::mem::take(&mut t.m);
-            let mut l = std::mem::take(&mut t.l);
-            grow(&mut acc, rows * hd);
-            grow(&mut m, rows);
-            grow(&mut l, rows);
-            block(&job, span, &mut acc, &mut m, &mut l, t);
+            // Taken out of the tiles so `block` can borrow the rest of them.
+            let (mut acc_buf, mut m_buf, mut l_buf) = (
+                std::mem::take(&mut t.acc),
+                std::mem::take(&mut t.m),
+                std::mem::take(&mut t.l),
+            );
+            grow(&mut acc_buf, 2 * rows * hd);
+            grow(&mut m_buf, 2 * rows);
+            grow(&mut l_buf, 2 * rows);
+            let (acc, acc_c) = acc_buf.split_at_mut(rows * hd);
+            let (m, m_c) = m_buf.split_at_mut(rows);
+            let (l, l_c) = l_buf.split_at_mut(rows);
+            // Keys past the block's last query are never visible to it.
+            let hi = len.min(pos0 + t1);
+            let span = |c: usize| Span {
+                kvh,
+                t0,
+                t1,
+                lo: c * chunk,
+                hi: ((c + 1) * chunk).min(len),
+            };
+            block(&job, span(0), acc, m, l, t);
+            for c in 1..hi.div_ceil(chunk) {
+                block(&job, span(c), acc_c, m_c, l_c, t);
+                for r in 0..rows {
+                    let (ar, ac) = (&mut acc[r * hd..(r + 1) * hd], &acc_c[r * hd..(r + 1) * hd]);
+                    merge_partial(ar, &mut m[r], &mut l[r], ac, m_c[r], l_c[r]);
+                }
+            }
             for r in 0..rows {
                 let (tok, h) = (t0 + r / group, kvh * group + r % group);
                 // SAFETY: (token, head) rows of this block belong to this task alone.
@@ -231,9 +248,37 @@ pub(super) fn flash_with(
                     *a = b * inv;
                 }
             }
-            (t.acc, t.m, t.l) = (acc, m, l);
+            (t.acc, t.m, t.l) = (acc_buf, m_buf, l_buf);
         });
     });
+}
+
+/// Keys per chunk: attention runs over fixed chunks of keys at absolute positions
+/// (`0..chunk`, `chunk..2*chunk`, ...) and merges each chunk's partial result into the running
+/// one in order, whichever path runs. So a query row's output depends only on its own query
+/// and keys, never on which other rows share its call, how a prompt was split into calls, or
+/// whether decode split the keys across threads: greedy output is the same token for token
+/// alone, batched, with chunked prefill or with a prefix from the cache. A multiple of the key
+/// tile, so tiles never straddle a chunk.
+pub fn key_chunk(head_dim: usize) -> usize {
+    MIN_SPLIT_KEYS.next_multiple_of(key_tile(head_dim))
+}
+
+/// Merges a chunk's partial result `(acc_c, m_c, l_c)` into the running `(acc, m, l)`: both
+/// rescaled to the common maximum. A chunk none of whose keys the row sees (`l_c == 0`)
+/// changes nothing.
+#[inline]
+fn merge_partial(acc: &mut [f32], m: &mut f32, l: &mut f32, acc_c: &[f32], m_c: f32, l_c: f32) {
+    if l_c == 0.0 {
+        return;
+    }
+    let mn = m.max(m_c);
+    let (a, b) = (exp_approx(*m - mn), exp_approx(m_c - mn));
+    *l = *l * a + l_c * b;
+    for (x, &y) in acc.iter_mut().zip(acc_c) {
+        *x = *x * a + y * b;
+    }
+    *m = mn;
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {

@@ -271,3 +271,71 @@ fn simd_flash_loops_match_the_portable_ones() {
         }
     }
 }
+
+/// A query row's output is the same bits however the rows around it are grouped into calls:
+/// all at once (tiled path), in uneven chunks (some short enough for the split path), or one
+/// row at a time (decode). This is what makes batched, chunked and cached generation give the
+/// same tokens as a lone sequence. Shapes with 1, 2 and 6 key chunks, GQA and MHA, both ISAs.
+#[test]
+fn rows_are_independent_of_how_calls_group_them() {
+    for (s, len) in [
+        (
+            AttnShape {
+                n_head: 9,
+                n_head_kv: 3,
+                head_dim: 64,
+            },
+            300,
+        ),
+        (
+            AttnShape {
+                n_head: 4,
+                n_head_kv: 4,
+                head_dim: 32,
+            },
+            1500,
+        ),
+        (
+            AttnShape {
+                n_head: 6,
+                n_head_kv: 2,
+                head_dim: 48,
+            },
+            200,
+        ),
+    ] {
+        let c = case(s, len, len, 1.5, len as u64);
+        let kv_dim = s.n_head_kv * s.head_dim;
+        let q_dim = s.n_head * s.head_dim;
+        let (k, v) = (
+            KvView::from_f32(&c.k, kv_dim),
+            KvView::from_f32(&c.v, kv_dim),
+        );
+        for simd in [true, false] {
+            let mut ws = AttnWorkspace::default();
+            let mut whole = vec![0f32; c.q.len()];
+            flash_with(s, &c.q, k, v, 0, &mut whole, &mut ws, simd);
+            for sizes in [vec![1usize], vec![37, 1, 64, 130, 5], vec![3, 200]] {
+                let mut got = vec![0f32; c.q.len()];
+                let (mut t, mut i) = (0, 0);
+                while t < len {
+                    let n = sizes[i % sizes.len()].min(len - t);
+                    let (kt, vt) = (
+                        KvView::from_f32(&c.k[..(t + n) * kv_dim], kv_dim),
+                        KvView::from_f32(&c.v[..(t + n) * kv_dim], kv_dim),
+                    );
+                    let q = &c.q[t * q_dim..(t + n) * q_dim];
+                    let out = &mut got[t * q_dim..(t + n) * q_dim];
+                    flash_with(s, q, kt, vt, t, out, &mut ws, simd);
+                    t += n;
+                    i += 1;
+                }
+                let same = got
+                    .iter()
+                    .zip(&whole)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{s:?} len {len} simd {simd} calls of {sizes:?}");
+            }
+        }
+    }
+}

@@ -14,10 +14,12 @@
 //! Keys and values are stored in a [`KvType`] each (f32, f16, bf16, q8_0), chosen separately.
 //! Both storages give bit-identical logits for the same format (tested).
 
+mod batch;
 mod contiguous;
 mod format;
 mod paged;
 
+pub use batch::{KvBatch, OneSeq, PoolBatch};
 pub use contiguous::KvCache;
 pub use format::{KvFormat, KvType, Q8_0_BLOCK, UnknownKvType};
 pub use paged::{KvPool, PagedSeq, SeqId};

@@ -3,12 +3,14 @@
 //! One call processes `n` new tokens at positions `kv.len() .. kv.len() + n`: a whole prompt
 //! (prefill, matrix-matrix products) or a single token (decode, matrix-vector products). Keys and
 //! values of the new tokens are appended to the cache; attention reads the whole cached prefix.
+//! A batched call ([`Model::forward_batch`]) does the same for several sequences at once: their
+//! tokens are one block of rows for every product, and only attention is per sequence.
 
 use super::Linear;
 use super::Model;
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
-use crate::kv::KvSequence;
+use crate::kv::{KvBatch, KvPool, KvSequence, OneSeq, PoolBatch, SeqId};
 use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};
 use crate::quant::GgmlType;
 use crate::quant::act::{Activations, Q8Acts, WideActs};
@@ -43,6 +45,13 @@ pub struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     logits: Vec<f32>,
+    /// Rows of the batch whose logits are wanted.
+    logit_rows: Vec<usize>,
+    /// Per segment: first position, first row, rows.
+    segs: Vec<(usize, usize, usize)>,
+    batch_tokens: Vec<u32>,
+    batch_seqs: Vec<SeqId>,
+    batch_lens: Vec<usize>,
     rope: RopeTable,
     acts: Q8Acts,
     wide: WideActs,
@@ -92,6 +101,15 @@ fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut v[..n]
 }
 
+/// One sequence's part of a batched forward pass: its new tokens, and whether it needs the
+/// logits of its last one (a prompt chunk before the last does not).
+#[derive(Copy, Clone, Debug)]
+pub struct Segment<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    pub logits: bool,
+}
+
 impl Model {
     /// Runs `tokens` through the model, appending their keys and values to `kv`, and returns the
     /// logits of the requested rows (`rows x n_vocab`, row-major).
@@ -112,12 +130,80 @@ impl Model {
         kv: &mut dyn KvSequence,
         s: &'s mut Scratch,
         want: Logits,
-        mut obs: Option<&mut dyn Observer>,
+        obs: Option<&mut dyn Observer>,
     ) -> Result<&'s [f32], Error> {
+        let n = tokens.len();
+        let first = match want {
+            Logits::Last => n.saturating_sub(1),
+            Logits::All => 0,
+            Logits::From(i) => i.min(n.saturating_sub(1)),
+        };
+        s.logit_rows.clear();
+        s.logit_rows.extend(first..n);
+        let rows = self.run(tokens, &[n], &mut OneSeq(kv), s, obs)?;
+        Ok(&s.logits[..rows * self.config.n_vocab])
+    }
+
+    /// Advances several sequences of `pool` in one pass: every weight matrix is read once for
+    /// all their tokens, and each sequence's attention runs over its own blocks. Returns the
+    /// logits of the last token of each segment that asks for them, in segment order
+    /// (`rows x n_vocab`). A sequence's logits are the same bits as when it runs alone (see
+    /// `attention::key_chunk`; the products treat every row on its own). On an error (the pool
+    /// is full, a bad token) no sequence changes.
+    pub fn forward_batch<'s>(
+        &self,
+        segs: &[Segment],
+        pool: &mut KvPool,
+        s: &'s mut Scratch,
+    ) -> Result<&'s [f32], Error> {
+        let mut tokens = std::mem::take(&mut s.batch_tokens);
+        let mut seqs = std::mem::take(&mut s.batch_seqs);
+        let mut lens = std::mem::take(&mut s.batch_lens);
+        (tokens.clear(), seqs.clear(), lens.clear());
+        s.logit_rows.clear();
+        for g in segs {
+            if seqs.contains(&g.seq) {
+                return Err(Error::Invalid(format!(
+                    "sequence {} appears twice in one batch",
+                    g.seq.index()
+                )));
+            }
+            tokens.extend_from_slice(g.tokens);
+            if g.logits && !g.tokens.is_empty() {
+                s.logit_rows.push(tokens.len() - 1);
+            }
+            seqs.push(g.seq);
+            lens.push(g.tokens.len());
+        }
+        let r = self.run(
+            &tokens,
+            &lens,
+            &mut PoolBatch { pool, seqs: &seqs },
+            s,
+            None,
+        );
+        (s.batch_tokens, s.batch_seqs, s.batch_lens) = (tokens, seqs, lens);
+        let rows = r?;
+        Ok(&s.logits[..rows * self.config.n_vocab])
+    }
+
+    /// The forward pass over the tokens of every segment (`lens[i]` tokens of segment `i`, one
+    /// after another in `tokens`), leaving the logits of the rows in `s.logit_rows` in
+    /// `s.logits`; returns how many rows that is.
+    fn run(
+        &self,
+        tokens: &[u32],
+        lens: &[usize],
+        kv: &mut dyn KvBatch,
+        s: &mut Scratch,
+        mut obs: Option<&mut dyn Observer>,
+    ) -> Result<usize, Error> {
         let c = &self.config;
         let w = &self.weights;
         let n = tokens.len();
-        if n == 0 {
+        debug_assert_eq!(lens.iter().sum::<usize>(), n);
+        debug_assert_eq!(lens.len(), kv.segments());
+        if n == 0 || lens.contains(&0) {
             return Err(Error::EmptyInput);
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
@@ -126,14 +212,26 @@ impl Model {
                 n_vocab: c.n_vocab,
             });
         }
-        kv.reserve(n)?;
-        let pos0 = kv.len();
+        for (i, &len) in lens.iter().enumerate() {
+            if let Err(e) = kv.reserve(i, len) {
+                (0..i).for_each(|j| kv.unreserve(j));
+                return Err(e.into());
+            }
+        }
+        // Each segment's first position and first row in the batch.
+        s.segs.clear();
+        let mut row = 0;
+        for (i, &len) in lens.iter().enumerate() {
+            s.segs.push((kv.len(i), row, len));
+            row += len;
+        }
         let d = c.n_embd;
         let shape = AttnShape {
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
         };
+        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
 
         // Token embeddings: decode the rows of the (usually quantized) embedding table.
         let embd = w.token_embd.view(&self.file);
@@ -141,7 +239,10 @@ impl Model {
         for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
             embd.dequantize_row(t as usize, row);
         }
-        s.rope.fill(pos0, n, c.rope_dim, c.rope_base);
+        s.rope.fill(0, 0, c.rope_dim, c.rope_base);
+        for &(pos0, _, len) in &s.segs {
+            s.rope.extend(pos0, len, c.rope_dim, c.rope_base);
+        }
 
         let act = self.activations;
         for (l, lw) in w.layers.iter().enumerate() {
@@ -150,21 +251,39 @@ impl Model {
             rms_norm(&s.x, &lw.attn_norm, c.rms_eps, xb);
             observe(&mut obs, l, Site::AttnInput, xb, d);
             let xq = quantize_input(act, xb, d, &mut s.acts);
-            let q = sized(&mut s.q, n * c.q_dim());
-            let k = sized(&mut s.k, n * c.kv_dim());
-            let v = sized(&mut s.v, n * c.kv_dim());
+            let q = sized(&mut s.q, n * q_dim);
+            let k = sized(&mut s.k, n * kv_dim);
+            let v = sized(&mut s.v, n * kv_dim);
             self.linear(&lw.wq, xb, xq, q);
             self.linear(&lw.wk, xb, xq, k);
             self.linear(&lw.wv, xb, xq, v);
             s.rope.apply(q, c.n_head, c.head_dim);
             s.rope.apply(k, c.n_head_kv, c.head_dim);
-            kv.append(l, k, v);
-            let att = sized(&mut s.att, n * c.q_dim());
-            let (kl, vl) = kv.layer(l);
-            attend(s.attention, shape, q, kl, vl, pos0, att, &mut s.attn_ws);
-            observe(&mut obs, l, Site::AttnOutput, att, c.q_dim());
+            let att = sized(&mut s.att, n * q_dim);
+            // Only attention is per sequence: its own positions, its own cache.
+            for (i, &(pos0, r0, len)) in s.segs.iter().enumerate() {
+                let rows = r0..r0 + len;
+                kv.append(
+                    i,
+                    l,
+                    &k[rows.start * kv_dim..rows.end * kv_dim],
+                    &v[rows.start * kv_dim..rows.end * kv_dim],
+                );
+                let (kl, vl) = kv.layer(i, l);
+                attend(
+                    s.attention,
+                    shape,
+                    &q[rows.start * q_dim..rows.end * q_dim],
+                    kl,
+                    vl,
+                    pos0,
+                    &mut att[rows.start * q_dim..rows.end * q_dim],
+                    &mut s.attn_ws,
+                );
+            }
+            observe(&mut obs, l, Site::AttnOutput, att, q_dim);
             let proj = sized(&mut s.proj, n * d);
-            let attq = quantize_input(act, att, c.q_dim(), &mut s.acts);
+            let attq = quantize_input(act, att, q_dim, &mut s.acts);
             self.linear(&lw.wo, att, attq, proj);
             add_assign(&mut s.x, proj);
 
@@ -183,17 +302,19 @@ impl Model {
             add_assign(&mut s.x, proj);
             observe(&mut obs, l, Site::LayerOutput, &s.x, d);
         }
-        kv.commit(n);
+        for (i, &(_, _, len)) in s.segs.iter().enumerate() {
+            kv.commit(i, len);
+        }
 
         // Final norm and the output projection, only for the rows that need logits.
-        let first = match want {
-            Logits::Last => n - 1,
-            Logits::All => 0,
-            Logits::From(i) => i.min(n - 1),
-        };
-        let rows = n - first;
+        let rows = s.logit_rows.len();
+        if rows == 0 {
+            return Ok(0);
+        }
         let xb = sized(&mut s.xb, rows * d);
-        rms_norm(&s.x[first * d..], &w.output_norm, c.rms_eps, xb);
+        for (out, &r) in xb.chunks_exact_mut(d).zip(&s.logit_rows) {
+            rms_norm(&s.x[r * d..(r + 1) * d], &w.output_norm, c.rms_eps, out);
+        }
         // The head: 8-bit activations only in `q8-full`; under `q8`, 15-bit ones into a Q8_0
         // head, else f32 (see `Activations`).
         let logits = sized(&mut s.logits, rows * c.n_vocab);
@@ -208,7 +329,7 @@ impl Model {
             }
             _ => self.linear(&w.output, xb, None, logits),
         }
-        Ok(logits)
+        Ok(rows)
     }
 
     /// `y = W x` for every row of `x`: on the 8-bit activations when they were prepared and the

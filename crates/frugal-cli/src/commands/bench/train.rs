@@ -35,9 +35,9 @@ pub struct Args {
     /// Arithmetic of the products: auto (bf16 where the CPU has it), bf16 or f32
     #[arg(long = "precision", default_value = "auto")]
     pub precision: String,
-    /// Keep every layer's activations instead of recomputing them in the backward
-    #[arg(long = "no-recompute")]
-    pub no_recompute: bool,
+    /// Recompute each layer's activations in the backward instead of keeping them all
+    #[arg(long = "recompute")]
+    pub recompute: bool,
     /// Print one JSON object
     #[arg(long)]
     pub json: bool,
@@ -155,7 +155,7 @@ pub fn run(a: Args) -> Result<()> {
             seed: 0,
             run: RunOptions {
                 precision: prec,
-                recompute: !a.no_recompute,
+                recompute: a.recompute,
             },
             loss: LossConfig::default(),
             eval_every: 0,
@@ -195,7 +195,7 @@ pub fn run(a: Args) -> Result<()> {
                 "model": path.display().to_string(),
                 "batch": a.batch, "seq": a.seq, "threads": threads,
                 "precision": backend,
-                "recompute": !a.no_recompute,
+                "recompute": a.recompute,
                 "gemm_peak_gflops": peak,
                 "gemm_peak_f32_gflops": peak_f32,
                 "rows": rows,
@@ -207,7 +207,7 @@ pub fn run(a: Args) -> Result<()> {
         "training, batch {} x {} tokens, {threads} threads, products {backend}, activations {}",
         a.batch,
         a.seq,
-        if a.no_recompute { "kept" } else { "recomputed" }
+        if a.recompute { "recomputed" } else { "kept" }
     );
     println!("GEMM peak measured now: {peak:.0} GFLOP/s ({backend}), f32 {peak_f32:.0} GFLOP/s");
     println!(
