@@ -18,6 +18,7 @@ mod batch;
 mod contiguous;
 mod format;
 mod paged;
+pub mod prefix;
 
 pub use batch::{KvBatch, OneSeq, PoolBatch};
 pub use contiguous::KvCache;

@@ -13,8 +13,19 @@
 //!
 //! Physical buffers are reserved for the whole pool up front (address space only) and grown block
 //! by block, so appending never reallocates: the decode loop does not allocate.
+//!
+//! Automatic prefix caching: a full block can be registered under the hash of its tokens and of
+//! every block before it ([`super::prefix`]). When the last sequence holding a registered block
+//! lets go, the block keeps its contents and joins an LRU list instead of the free list; a new
+//! sequence whose prompt starts with the same blocks attaches them ([`KvPool::attach_prefix`])
+//! and computes only the rest. Allocation takes never-cached blocks first, then evicts the least
+//! recently used cached one, so cached blocks count as free. A registered block is never written
+//! again: a sequence that must write into one (after truncating into it) copies it first.
+
+use std::collections::{BTreeMap, HashMap};
 
 use super::contiguous::check_format;
+use super::prefix::BlockHash;
 use super::{KvError, KvFormat, KvSequence, KvView};
 
 /// Positions per block unless asked otherwise (as vLLM): small enough that the unused tail of
@@ -52,9 +63,17 @@ pub struct KvPool {
     /// Per layer; holds `fresh` blocks (grown within the reserved capacity).
     k: Vec<Vec<u8>>,
     v: Vec<Vec<u8>>,
-    /// Reference count of every materialized block (0 = in `free`).
+    /// Reference count of every materialized block (0 = in `free` or `evictable`).
     refs: Vec<u32>,
     free: Vec<u32>,
+    /// Prefix cache: the hash a materialized block is registered under, and the reverse map.
+    hash_of: Vec<Option<BlockHash>>,
+    by_hash: HashMap<BlockHash, u32>,
+    /// Registered blocks no sequence holds, least recently released first (key: release tick).
+    evictable: BTreeMap<u64, u32>,
+    /// Release tick of each block in `evictable`.
+    tick_of: Vec<u64>,
+    clock: u64,
     /// Blocks materialized so far; the rest of the pool is reserved address space only.
     fresh: usize,
     seqs: Vec<Option<Seq>>,
@@ -115,6 +134,11 @@ impl KvPool {
             v,
             refs: Vec::with_capacity(n_blocks),
             free: Vec::with_capacity(n_blocks),
+            hash_of: Vec::with_capacity(n_blocks),
+            by_hash: HashMap::new(),
+            evictable: BTreeMap::new(),
+            tick_of: Vec::with_capacity(n_blocks),
+            clock: 0,
             fresh: 0,
             seqs: Vec::new(),
         })
@@ -132,9 +156,19 @@ impl KvPool {
         self.total_blocks
     }
 
-    /// Blocks not held by any sequence.
+    /// Blocks not held by any sequence (cached ones included: they are evicted on demand).
     pub fn free_blocks(&self) -> usize {
-        self.free.len() + (self.total_blocks - self.fresh)
+        self.free.len() + (self.total_blocks - self.fresh) + self.evictable.len()
+    }
+
+    /// Blocks registered in the prefix cache, held by a sequence or not.
+    pub fn cached_blocks(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// Registered blocks no sequence holds (kept for reuse, evicted when space is needed).
+    pub fn evictable_blocks(&self) -> usize {
+        self.evictable.len()
     }
 
     pub fn blocks_in_use(&self) -> usize {
@@ -253,14 +287,32 @@ impl KvPool {
         let r = &mut self.refs[b as usize];
         *r -= 1;
         if *r == 0 {
-            self.free.push(b);
+            if self.hash_of[b as usize].is_some() {
+                self.tick_of[b as usize] = self.clock;
+                self.evictable.insert(self.clock, b);
+                self.clock += 1;
+            } else {
+                self.free.push(b);
+            }
         }
     }
 
-    /// Takes a block from the pool (the caller has checked one is free).
+    /// Takes a block from the pool (the caller has checked one is free): a free block, else a
+    /// fresh one, else the least recently used cached block, which leaves the cache.
     fn alloc(&mut self) -> u32 {
+        let fresh_left = self.fresh < self.total_blocks;
         let b = match self.free.pop() {
             Some(b) => b,
+            None if !fresh_left => {
+                let (_, b) = self
+                    .evictable
+                    .pop_first()
+                    .expect("the caller checked a block is free");
+                if let Some(h) = self.hash_of[b as usize].take() {
+                    self.by_hash.remove(&h);
+                }
+                b
+            }
             None => {
                 let b = self.fresh;
                 self.fresh += 1;
@@ -271,6 +323,8 @@ impl KvPool {
                     self.v[l].resize(rows * self.v_row, 0);
                 }
                 self.refs.push(0);
+                self.hash_of.push(None);
+                self.tick_of.push(0);
                 b as u32
             }
         };
@@ -292,7 +346,10 @@ impl KvPool {
             });
         }
         let partial = !s.len.is_multiple_of(bs) && n > 0;
-        let cow = partial && self.refs[s.table[s.len / bs] as usize] > 1;
+        let cow = partial && {
+            let b = s.table[s.len / bs] as usize;
+            self.refs[b] > 1 || self.hash_of[b].is_some()
+        };
         let needed = (s.len + n).div_ceil(bs).saturating_sub(s.table.len()) + usize::from(cow);
         if needed > self.free_blocks() {
             return Err(KvError::PoolExhausted {
@@ -319,6 +376,55 @@ impl KvPool {
         }
         self.seq_mut(id).pending = n;
         Ok(())
+    }
+
+    /// Registers logical block `block` of `id`, which must be full and committed, under `hash`
+    /// (see [`super::prefix::block_hashes`]). A hash already registered keeps its block.
+    pub fn register_block(&mut self, id: SeqId, block: usize, hash: BlockHash) {
+        let s = self.seq(id);
+        assert!(
+            (block + 1) * self.block_size <= s.len,
+            "only full, committed blocks are cached"
+        );
+        let b = s.table[block];
+        if self.by_hash.contains_key(&hash) || self.hash_of[b as usize].is_some() {
+            return;
+        }
+        self.hash_of[b as usize] = Some(hash);
+        self.by_hash.insert(hash, b);
+    }
+
+    /// How many of `hashes` (a prompt's chained block hashes, in order) are cached, from the
+    /// first on.
+    pub fn cached_prefix(&self, hashes: &[BlockHash]) -> usize {
+        hashes
+            .iter()
+            .take_while(|h| self.by_hash.contains_key(h))
+            .count()
+    }
+
+    /// Gives the empty sequence `id` the cached blocks of the longest prefix of `hashes`
+    /// (shared, not copied) and returns how many blocks it took; their positions count as
+    /// cached. At most `max_blocks` are taken.
+    pub fn attach_prefix(&mut self, id: SeqId, hashes: &[BlockHash], max_blocks: usize) -> usize {
+        let bs = self.block_size;
+        let s = self.seq(id);
+        assert!(s.len == 0 && s.table.is_empty(), "attach to an empty sequence");
+        let cap = max_blocks.min(s.max_len / bs);
+        let mut taken = Vec::new();
+        for h in hashes.iter().take(cap) {
+            let Some(&b) = self.by_hash.get(h) else { break };
+            if self.refs[b as usize] == 0 {
+                self.evictable.remove(&self.tick_of[b as usize]);
+            }
+            self.refs[b as usize] += 1;
+            taken.push(b);
+        }
+        let n = taken.len();
+        let s = self.seq_mut(id);
+        s.table.extend(taken);
+        s.len = n * bs;
+        n
     }
 
     /// Stores the keys and values of the reserved positions of `id` for `layer`.
@@ -512,5 +618,57 @@ mod tests {
         ));
         assert_eq!(pool.blocks_in_use(), 0);
         assert!(KvPool::new(1, 1, 8, KvFormat::default(), 0, 2).is_err());
+    }
+
+    #[test]
+    fn cached_blocks_survive_their_sequence_and_are_evicted_lru() {
+        use crate::kv::prefix::block_hashes;
+        let mut pool = KvPool::new(1, 1, 8, KvFormat::default(), 4, 6).unwrap();
+        let toks: Vec<u32> = (0..10).collect();
+        let hashes = block_hashes(&toks, 4); // two full blocks
+        let a = pool.add_sequence(32);
+        push(&mut pool.slot(a), 1, 10, 8, 0.0);
+        for (i, &h) in hashes.iter().enumerate() {
+            pool.register_block(a, i, h);
+        }
+        let rows_a = read_all(pool.layer(a, 0).0, 8);
+        pool.remove(a).unwrap();
+        assert_eq!((pool.blocks_in_use(), pool.evictable_blocks()), (0, 2));
+        assert_eq!(pool.free_blocks(), 6, "cached blocks count as free");
+
+        // A new sequence with the same first 8 tokens attaches both blocks and shares them.
+        let b = pool.add_sequence(32);
+        assert_eq!(pool.cached_prefix(&hashes), 2);
+        assert_eq!(pool.attach_prefix(b, &hashes, usize::MAX), 2);
+        assert_eq!((pool.seq_len(b), pool.evictable_blocks()), (8, 0));
+        assert_eq!(read_all(pool.layer(b, 0).0, 8), rows_a[..8 * 8]);
+        let c = pool.add_sequence(32);
+        assert_eq!(pool.attach_prefix(c, &hashes, 1), 1, "capped");
+        assert_eq!(pool.blocks_in_use(), 2);
+
+        // Writing into a registered block copies it first: the cached contents stay intact.
+        pool.truncate(b, 6);
+        push(&mut pool.slot(b), 1, 1, 8, 42.0);
+        assert_eq!(
+            (pool.blocks_in_use(), pool.evictable_blocks()),
+            (2, 1),
+            "b holds a copy; the cached original waits in the LRU list"
+        );
+        let d = pool.add_sequence(32);
+        pool.remove(b).unwrap();
+        pool.remove(c).unwrap();
+        assert_eq!(pool.attach_prefix(d, &hashes, usize::MAX), 2);
+        assert_eq!(read_all(pool.layer(d, 0).0, 8), rows_a[..8 * 8]);
+        pool.remove(d).unwrap();
+
+        // Filling the pool evicts cached blocks, the least recently released first.
+        let e = pool.add_sequence(64);
+        push(&mut pool.slot(e), 1, 4 * 5, 8, 1.0);
+        assert_eq!(pool.cached_blocks(), 1, "one of the two cached blocks evicted");
+        push(&mut pool.slot(e), 1, 4, 8, 1.0);
+        assert_eq!(pool.cached_blocks(), 0);
+        assert!(pool.reserve(e, 1).is_err());
+        let f = pool.add_sequence(8);
+        assert_eq!(pool.attach_prefix(f, &hashes, 9), 0);
     }
 }
