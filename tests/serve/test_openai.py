@@ -13,7 +13,6 @@ Environment:
 Run through tests/serve/run.sh, which makes the virtual environment and pins the client.
 """
 
-import http.client
 import json
 import os
 import random
@@ -24,6 +23,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from http import client as http_client
 
 import httpx
 import openai
@@ -629,7 +629,7 @@ def test_tokenize_detokenize(http):
 
 def _raw_post(server, path, body: bytes, content_type="application/json"):
     u = urllib.parse.urlsplit(server.url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    conn = http_client.HTTPConnection(u.hostname, u.port, timeout=60)
     try:
         conn.request("POST", path, body=body, headers={"Content-Type": content_type})
         resp = conn.getresponse()
@@ -1053,7 +1053,8 @@ def test_soak_64_clients(server, http, model_id):
 def test_admission_queue_full():
     s = Server("--parallel", "1", "--max-queue", "1", "--ctx", "512", "--kv-budget", "64MiB")
     try:
-        mid = s.client().models.list().data[0].id
+        main = s.client()
+        mid = main.models.list().data[0].id
         n = 6
         barrier = threading.Barrier(n)
         ok, refused, other = [], [], []
@@ -1087,9 +1088,11 @@ def test_admission_queue_full():
             error_body(e.response)
         for r in ok:
             assert r.choices[0].finish_reason in ("stop", "length"), r
-        m = get_metrics(s.http())
+        with s.http() as h:
+            m = get_metrics(h)
         assert metric(m, "frugal_requests_total", outcome="rejected") == len(refused), m
-        ok_request(s.client(), mid)  # still serving
+        ok_request(main, mid)  # still serving
+        main.close()
     finally:
         s.stop_and_check()
 
@@ -1101,8 +1104,8 @@ def test_admission_queue_full():
 def test_graceful_shutdown_finishes_in_flight():
     s = Server("--parallel", "2", "--ctx", "512", "--kv-budget", "64MiB")
     try:
-        mid = s.client().models.list().data[0].id
         c = s.client()
+        mid = c.models.list().data[0].id
         stream = c.completions.create(
             model=mid,
             prompt=PROMPTS[1],
@@ -1123,6 +1126,8 @@ def test_graceful_shutdown_finishes_in_flight():
         if reasons == ["length"]:
             assert usage.completion_tokens == 160, usage
         assert text, "empty text"
+        # `c` still holds its pooled keep-alive connection, as any real client or gateway does: an
+        # idle connection is not an in-flight request and must not hold the shutdown up.
         rc = s.terminate()
         assert rc == 0, f"exit code after SIGTERM with a request in flight: {rc}\n{s.describe()}"
     finally:

@@ -52,6 +52,9 @@ enum Command {
     /// Train a student to imitate one or more teachers (knowledge distillation): layer-dropped,
     /// another architecture, any GGUF, or the teacher itself.
     Distill(commands::train::DistillCmd),
+    /// Serve the model over an OpenAI-compatible HTTP API: continuous batching, prefix caching,
+    /// admission control, Prometheus metrics.
+    Serve(commands::serve::Args),
     /// Download the default model (SmolLM2-135M-Instruct, Q4_1) into the cache.
     Fetch(commands::fetch::Args),
 }
@@ -108,6 +111,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Report(c) => commands::report::run(c),
         Command::Estimate(a) => commands::estimate::run(a),
         Command::Fetch(a) => commands::fetch::run(a),
+        Command::Serve(a) => commands::serve::run(a),
         Command::Train(a) => commands::train::run_train(a),
         Command::Distill(a) => commands::train::run_distill(a),
     }

@@ -137,6 +137,7 @@ pub fn teacher_samples(
         repeat_penalty: 1.0,
         repeat_last_n: 0,
         seed,
+        ..SamplerParams::default()
     });
     let mut out = Windows {
         seq,

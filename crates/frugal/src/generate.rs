@@ -221,22 +221,23 @@ impl<'m> Session<'m> {
 }
 
 /// Holds back text that could be the start of a stop string, and reports when one completes.
-struct StopFilter<'a> {
-    stops: &'a [String],
+#[derive(Clone, Debug)]
+pub struct StopFilter {
+    stops: Vec<String>,
     held: String,
 }
 
-impl<'a> StopFilter<'a> {
-    fn new(stops: &'a [String]) -> Self {
+impl StopFilter {
+    pub fn new(stops: &[String]) -> Self {
         StopFilter {
-            stops,
+            stops: stops.to_vec(),
             held: String::new(),
         }
     }
 
     /// Returns the text safe to emit and whether a stop string was found (text from the stop
     /// string on is dropped).
-    fn push(&mut self, piece: &str) -> (String, bool) {
+    pub fn push(&mut self, piece: &str) -> (String, bool) {
         self.held.push_str(piece);
         let first_hit = self
             .stops
@@ -251,7 +252,7 @@ impl<'a> StopFilter<'a> {
         }
         // Keep the longest suffix that is a proper prefix of some stop string.
         let mut keep = 0;
-        for s in self.stops {
+        for s in &self.stops {
             for (i, _) in self.held.char_indices() {
                 let suffix = &self.held[i..];
                 if suffix.len() > keep && s.starts_with(suffix) {
@@ -265,7 +266,8 @@ impl<'a> StopFilter<'a> {
         (out, false)
     }
 
-    fn flush(&mut self) -> String {
+    /// The text held back, once generation has ended without a stop string.
+    pub fn flush(&mut self) -> String {
         std::mem::take(&mut self.held)
     }
 }

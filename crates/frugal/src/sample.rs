@@ -19,6 +19,10 @@ pub struct SamplerParams {
     /// 1.0 disables; values > 1 discourage tokens seen in the last `repeat_last_n`.
     pub repeat_penalty: f32,
     pub repeat_last_n: usize,
+    /// OpenAI's penalties over the generated tokens, each in [-2, 2] (0 disables):
+    /// `logit -= presence * [count > 0] + frequency * count`.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
     pub seed: u64,
 }
 
@@ -31,6 +35,8 @@ impl Default for SamplerParams {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -54,6 +60,14 @@ impl SamplerParams {
         }
         if !(0.0..=1.0).contains(&self.min_p) {
             return Err(format!("min-p {} must be in [0, 1]", self.min_p));
+        }
+        for (name, v) in [
+            ("presence penalty", self.presence_penalty),
+            ("frequency penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(format!("{name} {v} must be in [-2, 2]"));
+            }
         }
         if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
             return Err(format!(
@@ -85,10 +99,26 @@ impl Sampler {
 
     /// Picks the next token given the logits and the tokens so far (for the penalty).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        self.sample_with(logits, history, &[])
+    }
+
+    /// [`sample`](Self::sample) with the presence and frequency penalties applied over
+    /// `generated` (the tokens generated so far).
+    pub fn sample_with(&mut self, logits: &[f32], history: &[u32], generated: &[u32]) -> u32 {
         let p = &self.params;
         let c = &mut self.candidates;
         c.clear();
         c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            // Each distinct token once: its count is how often it appears in `generated`.
+            let mut seen: Vec<u32> = generated.to_vec();
+            seen.sort_unstable();
+            for run in seen.chunk_by(|a, b| a == b) {
+                if let Some(e) = c.get_mut(run[0] as usize) {
+                    e.1 -= p.presence_penalty + p.frequency_penalty * run.len() as f32;
+                }
+            }
+        }
         if p.repeat_penalty != 1.0 {
             let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
             for &t in recent {
@@ -229,5 +259,37 @@ mod tests {
                 assert_eq!(s.sample(&logits, &[]), 0);
             }
         }
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_count_generated_tokens() {
+        let logits = [2.0, 1.9, 0.0];
+        let mut s = Sampler::new(SamplerParams {
+            presence_penalty: 0.15,
+            ..SamplerParams::greedy()
+        });
+        assert_eq!(
+            s.sample_with(&logits, &[], &[0]),
+            1,
+            "presence: 2.0 - 0.15 < 1.9"
+        );
+        let mut s = Sampler::new(SamplerParams {
+            frequency_penalty: 0.04,
+            ..SamplerParams::greedy()
+        });
+        assert_eq!(s.sample_with(&logits, &[], &[0, 0]), 0, "2.0 - 0.08 > 1.9");
+        assert_eq!(
+            s.sample_with(&logits, &[], &[0, 0, 0]),
+            1,
+            "2.0 - 0.12 < 1.9"
+        );
+        assert!(
+            SamplerParams {
+                presence_penalty: 2.5,
+                ..SamplerParams::greedy()
+            }
+            .validate()
+            .is_err()
+        );
     }
 }

@@ -42,7 +42,10 @@ fn prompt(len: usize, seed: u32) -> Vec<u32> {
 fn argmax(l: &[f32]) -> u32 {
     l.iter()
         .enumerate()
-        .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        )
         .0 as u32
 }
 
@@ -52,10 +55,18 @@ const STEPS: usize = 12;
 fn alone(m: &Model, p: &[u32]) -> Vec<Vec<f32>> {
     let mut kv = m.new_seq_cache(1024, &KvOptions::default()).unwrap();
     let mut s = Scratch::default();
-    let mut out = vec![m.forward(p, &mut kv, &mut s, Logits::Last).unwrap().to_vec()];
+    let mut out = vec![
+        m.forward(p, &mut kv, &mut s, Logits::Last)
+            .unwrap()
+            .to_vec(),
+    ];
     for _ in 1..STEPS {
         let next = argmax(out.last().unwrap());
-        out.push(m.forward(&[next], &mut kv, &mut s, Logits::Last).unwrap().to_vec());
+        out.push(
+            m.forward(&[next], &mut kv, &mut s, Logits::Last)
+                .unwrap()
+                .to_vec(),
+        );
     }
     out
 }
@@ -142,7 +153,10 @@ fn f32_activations_differ_from_lone_runs_only_by_rounding() {
     for (g, p) in got.iter().zip(&prompts) {
         for (a, b) in g.iter().zip(alone(&m, p)) {
             let scale = b.iter().fold(0f32, |s, v| s.max(v.abs()));
-            let d = a.iter().zip(&b).fold(0f32, |s, (x, y)| s.max((x - y).abs()));
+            let d = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |s, (x, y)| s.max((x - y).abs()));
             worst = worst.max(d / scale);
         }
     }
@@ -171,7 +185,10 @@ fn a_batch_that_does_not_fit_changes_nothing() {
         },
     ];
     assert!(m.forward_batch(&segs, &mut pool, &mut s).is_err());
-    assert_eq!((pool.seq_len(a), pool.seq_len(b), pool.blocks_in_use()), (0, 0, 0));
+    assert_eq!(
+        (pool.seq_len(a), pool.seq_len(b), pool.blocks_in_use()),
+        (0, 0, 0)
+    );
     let dup = [segs[0], segs[0]];
     assert!(m.forward_batch(&dup, &mut pool, &mut s).is_err());
     assert_eq!(pool.blocks_in_use(), 0);

@@ -139,6 +139,7 @@ impl SamplingArgs {
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: 64,
             seed: self.seed,
+            ..SamplerParams::default()
         }
     }
 }

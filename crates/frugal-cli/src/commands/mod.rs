@@ -13,4 +13,5 @@ pub mod info;
 pub mod quantize;
 pub mod report;
 pub mod report_distill;
+pub mod serve;
 pub mod train;

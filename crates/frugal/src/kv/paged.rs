@@ -409,7 +409,10 @@ impl KvPool {
     pub fn attach_prefix(&mut self, id: SeqId, hashes: &[BlockHash], max_blocks: usize) -> usize {
         let bs = self.block_size;
         let s = self.seq(id);
-        assert!(s.len == 0 && s.table.is_empty(), "attach to an empty sequence");
+        assert!(
+            s.len == 0 && s.table.is_empty(),
+            "attach to an empty sequence"
+        );
         let cap = max_blocks.min(s.max_len / bs);
         let mut taken = Vec::new();
         for h in hashes.iter().take(cap) {
@@ -664,7 +667,11 @@ mod tests {
         // Filling the pool evicts cached blocks, the least recently released first.
         let e = pool.add_sequence(64);
         push(&mut pool.slot(e), 1, 4 * 5, 8, 1.0);
-        assert_eq!(pool.cached_blocks(), 1, "one of the two cached blocks evicted");
+        assert_eq!(
+            pool.cached_blocks(),
+            1,
+            "one of the two cached blocks evicted"
+        );
         push(&mut pool.slot(e), 1, 4, 8, 1.0);
         assert_eq!(pool.cached_blocks(), 0);
         assert!(pool.reserve(e, 1).is_err());

@@ -1,0 +1,160 @@
+//! `frugal serve`: the OpenAI-compatible server (the `frugal-serve` crate) with the engine
+//! flags of every other command.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use frugal::chat::ChatTemplate;
+use frugal::kv::KvLayout;
+use frugal_serve::{Loaded, ServeConfig};
+
+use super::common::{self, EngineArgs, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Address to listen on
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the address is printed)
+    #[arg(long = "port", default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences decoded together in one batch (continuous batching)
+    #[arg(long = "parallel", default_value_t = 16)]
+    pub parallel: usize,
+    /// Requests that may wait for a slot; beyond that new requests get 429 with Retry-After
+    #[arg(long = "max-queue", default_value_t = 128)]
+    pub max_queue: usize,
+    /// Longest sequence, prompt plus generation, in tokens [default: the model's trained
+    /// context, or what the KV budget holds if that is less]
+    #[arg(short = 'c', long = "ctx")]
+    pub ctx: Option<usize>,
+    /// Memory for the KV cache of all sequences together (B, KiB, MiB, GiB)
+    #[arg(long = "kv-budget", default_value = "512MiB")]
+    pub kv_budget: String,
+    /// Tokens per forward pass: every running sequence's next token, then prompt chunks
+    /// (chunked prefill) up to this budget
+    #[arg(long = "batch-tokens", default_value_t = 256)]
+    pub batch_tokens: usize,
+    /// Do not reuse the keys and values of prompt prefixes seen before
+    #[arg(long = "no-prefix-cache")]
+    pub no_prefix_cache: bool,
+    /// Model name clients use [default: the GGUF's general.basename, lowercased]
+    #[arg(long = "alias")]
+    pub alias: Option<String>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Parses sizes such as `512MiB`, `1GiB`, `300MB` or a plain byte count.
+pub fn parse_bytes(s: &str) -> Result<usize> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a size (e.g. 512MiB)"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        u => anyhow::bail!("unknown size unit {u:?} in {s:?} (B, KiB, MiB, GiB, KB, MB, GB)"),
+    };
+    let bytes = v * mult;
+    anyhow::ensure!(
+        bytes.is_finite() && bytes >= 1.0 && bytes < usize::MAX as f64,
+        "{s:?} is not a usable size"
+    );
+    Ok(bytes as usize)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    // Every flag is checked before the model loads.
+    let kv = a.engine.kv_options()?;
+    let attention = a.engine.attention()?;
+    let kv_block = match kv.layout {
+        KvLayout::Paged { block_size } => block_size,
+        KvLayout::Contiguous => {
+            anyhow::bail!(
+                "the server shares one paged KV pool among sequences: use --kv-layout paged"
+            )
+        }
+    };
+    anyhow::ensure!(a.parallel > 0, "--parallel must be at least 1");
+    anyhow::ensure!(a.batch_tokens > 0, "--batch-tokens must be at least 1");
+    if let Some(c) = a.ctx {
+        anyhow::ensure!(c > 1, "--ctx must be at least 2");
+    }
+    let cfg = ServeConfig {
+        host: a.host.clone(),
+        port: a.port,
+        parallel: a.parallel,
+        max_queue: a.max_queue,
+        ctx: a.ctx,
+        kv_budget: parse_bytes(&a.kv_budget)?,
+        kv_format: kv.format,
+        kv_block,
+        batch_tokens: a.batch_tokens,
+        prefix_cache: !a.no_prefix_cache,
+        attention,
+        threads: rayon::current_num_threads(),
+    };
+    let model_args = a.model.clone();
+    let alias = a.alias.clone();
+    let load = move || -> Result<Loaded> {
+        let path = common::model_path(&model_args)?;
+        let (model, tokenizer) = common::load(&model_args)?;
+        let template = ChatTemplate::from_gguf(&model.file)?;
+        let basename = model
+            .file
+            .str_opt("general.basename")
+            .ok()
+            .flatten()
+            .map(str::to_ascii_lowercase);
+        let stem = Path::new(&path)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned());
+        let names: Vec<String> = alias
+            .into_iter()
+            .chain(basename)
+            .chain(stem)
+            .chain(Some(path.display().to_string()))
+            .collect();
+        Ok(Loaded {
+            names,
+            root: path.display().to_string(),
+            template,
+            tokenizer,
+            model,
+        })
+    };
+    // HTTP work is light: two runtime threads; the compute pool belongs to the scheduler.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(frugal_serve::run(cfg, load))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5 GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_bytes("300MB").unwrap(), 300_000_000);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("-5MiB").is_err());
+        assert!(parse_bytes("0").is_err());
+    }
+}

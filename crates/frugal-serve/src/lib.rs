@@ -1,0 +1,128 @@
+//! `frugal serve`: an OpenAI-compatible HTTP server (axum on tokio) over the engine's batched
+//! forward pass and paged KV pool.
+//!
+//! - [`routes`]: the endpoints: chat and text completions (streamed as server-sent events or
+//!   not), models, health, metrics, tokenize.
+//! - [`engine`]: the scheduler thread: continuous batching, chunked prefill, prefix caching,
+//!   preemption by recompute, cancellation.
+//! - [`api`] and [`error`]: request bodies and OpenAI error objects; [`metrics`]: Prometheus.
+//!
+//! The HTTP side validates and tokenizes, then hands the scheduler a [`engine::GenRequest`] with
+//! a channel on which tokens come back; a client that goes away drops that channel, which the
+//! scheduler notices at its next step and frees the sequence's blocks.
+
+pub mod api;
+pub mod engine;
+pub mod error;
+pub mod metrics;
+pub mod routes;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use frugal::chat::ChatTemplate;
+use frugal::kv::KvFormat;
+use frugal::model::Model;
+use frugal::tokenizer::Tokenizer;
+
+pub use routes::App;
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub host: String,
+    pub port: u16,
+    /// Sequences running at once.
+    pub parallel: usize,
+    /// Requests queued beyond the running ones before new ones get 429.
+    pub max_queue: usize,
+    /// Longest sequence, prompt plus generation (`None`: the model's trained context); never
+    /// more than the KV budget holds.
+    pub ctx: Option<usize>,
+    /// Bytes of KV cache for all sequences together.
+    pub kv_budget: usize,
+    pub kv_format: KvFormat,
+    pub kv_block: usize,
+    /// Tokens per forward pass (decode steps plus prefill chunks).
+    pub batch_tokens: usize,
+    pub prefix_cache: bool,
+    pub attention: frugal::attention::Attention,
+    /// Compute threads.
+    pub threads: usize,
+}
+
+/// A loaded model, ready to serve.
+pub struct Loaded {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// The names requests may use; the first is what `/v1/models` lists.
+    pub names: Vec<String>,
+    /// The model file (`root` in `/v1/models`).
+    pub root: String,
+}
+
+/// Binds, answers `/health` with 503 while `load` runs on a blocking thread, then serves until
+/// SIGTERM or Ctrl-C: stops accepting, lets the requests in flight finish, and returns.
+pub async fn run(
+    cfg: ServeConfig,
+    load: impl FnOnce() -> anyhow::Result<Loaded> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
+        .await
+        .map_err(|e| anyhow::anyhow!("binding {}:{}: {e}", cfg.host, cfg.port))?;
+    let addr: SocketAddr = listener.local_addr()?;
+    eprintln!("frugal serve: listening on http://{addr}");
+    let app = Arc::new(App::new(cfg.clone()));
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<anyhow::Error>();
+    let loading = app.clone();
+    tokio::task::spawn_blocking(move || match load().and_then(|l| loading.install(l)) {
+        Ok(()) => eprintln!("frugal serve: model loaded"),
+        Err(e) => {
+            let _ = failed_tx.send(e);
+        }
+    });
+    let failure = Arc::new(std::sync::Mutex::new(None));
+    let failure_slot = failure.clone();
+    let stopping = app.clone();
+    let shutdown = async move {
+        tokio::select! {
+            _ = shutdown_signal() => eprintln!("frugal serve: shutting down; finishing requests in flight"),
+            Ok(e) = failed_rx => {
+                *failure_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            }
+        }
+        stopping.begin_shutdown();
+    };
+    axum::serve(listener, routes::router(app.clone()))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    app.close();
+    match failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        Some(e) => Err(e.context("loading the model")),
+        None => Ok(()),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,662 @@
+//! The HTTP endpoints.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use frugal::chat::{ChatTemplate, Message};
+use frugal::tokenizer::Tokenizer;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::api::{self, ChatRequest, CompletionRequest, Prompt, Sampling};
+use crate::engine::{self, EngineConfig, Event, GenRequest, TokenLogprob};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::{Loaded, ServeConfig};
+
+/// What every handler shares.
+pub struct App {
+    cfg: ServeConfig,
+    ready: OnceLock<Ready>,
+    shutting_down: AtomicBool,
+    /// The scheduler's inbox; taken at shutdown so the scheduler ends once idle.
+    submit: Mutex<Option<mpsc::UnboundedSender<GenRequest>>>,
+}
+
+/// The parts that exist once the model has loaded.
+struct Ready {
+    names: Vec<String>,
+    root: String,
+    tok: Arc<Tokenizer>,
+    template: ChatTemplate,
+    metrics: Arc<Metrics>,
+    created: u64,
+    /// Longest sequence: `--ctx`, or what the KV budget holds if that is less.
+    ctx: usize,
+}
+
+impl App {
+    pub fn new(cfg: ServeConfig) -> Self {
+        App {
+            cfg,
+            ready: OnceLock::new(),
+            shutting_down: AtomicBool::new(false),
+            submit: Mutex::new(None),
+        }
+    }
+
+    /// Sizes the KV pool from the budget, starts the scheduler and opens for requests.
+    pub fn install(&self, l: Loaded) -> anyhow::Result<()> {
+        let c = &self.cfg;
+        anyhow::ensure!(c.kv_block > 0, "--kv-block must be at least 1");
+        anyhow::ensure!(c.parallel > 0, "--parallel must be at least 1");
+        let probe = l.model.new_kv_pool(c.kv_format, c.kv_block, 0)?;
+        let blocks = c.kv_budget / probe.block_bytes().max(1);
+        anyhow::ensure!(
+            blocks > 0,
+            "a KV budget of {} bytes holds no block of {} positions ({} bytes each)",
+            c.kv_budget,
+            c.kv_block,
+            probe.block_bytes()
+        );
+        let pool = l.model.new_kv_pool(c.kv_format, c.kv_block, blocks)?;
+        let ctx = c
+            .ctx
+            .unwrap_or(l.model.config.n_ctx_train)
+            .min(blocks * c.kv_block);
+        eprintln!(
+            "frugal serve: {} as {:?}; KV pool {blocks} blocks of {} tokens ({} tokens, {} MiB); context {ctx}; {} parallel",
+            l.root,
+            l.names[0],
+            c.kv_block,
+            blocks * c.kv_block,
+            blocks * probe.block_bytes() >> 20,
+            c.parallel
+        );
+        let metrics = Arc::new(Metrics::new(&l.names[0], c.kv_block, blocks));
+        let tok = Arc::new(l.tokenizer);
+        let submit = engine::spawn(
+            l.model,
+            tok.clone(),
+            pool,
+            EngineConfig {
+                parallel: c.parallel,
+                ctx,
+                batch_tokens: c.batch_tokens,
+                prefix_cache: c.prefix_cache,
+                attention: c.attention,
+                threads: c.threads,
+            },
+            metrics.clone(),
+        )?;
+        *self.submit.lock().unwrap_or_else(|p| p.into_inner()) = Some(submit);
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let _ = self.ready.set(Ready {
+            names: l.names,
+            root: l.root,
+            tok,
+            template: l.template,
+            metrics,
+            created,
+            ctx,
+        });
+        Ok(())
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// Drops the scheduler's inbox: it finishes what it holds and exits.
+    pub fn close(&self) {
+        self.submit.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    fn ready(&self) -> Result<&Ready, ApiError> {
+        self.ready
+            .get()
+            .ok_or_else(|| ApiError::unavailable("Loading model"))
+    }
+
+    fn ctx(&self) -> usize {
+        self.ready.get().map_or(0, |r| r.ctx)
+    }
+}
+
+type AppState = State<Arc<App>>;
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/livez", get(|| async { (StatusCode::OK, "ok") }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
+        .with_state(app)
+}
+
+async fn health(State(app): AppState) -> Response {
+    match app.ready() {
+        Ok(_) => axum::Json(json!({"status": "ok"})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Ready for traffic: loaded and not shutting down (a gateway stops routing here first).
+async fn readyz(State(app): AppState) -> Response {
+    if app.shutting_down.load(Ordering::Relaxed) {
+        return ApiError::unavailable("shutting down").into_response();
+    }
+    match app.ready() {
+        Ok(_) => (StatusCode::OK, "ready").into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics(State(app): AppState) -> Response {
+    match app.ready() {
+        Ok(r) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            r.metrics.render(),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn models(State(app): AppState) -> Result<Response, ApiError> {
+    let r = app.ready()?;
+    Ok(axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": r.names[0],
+            "object": "model",
+            "created": r.created,
+            "owned_by": "frugal",
+            "root": r.root,
+            "max_model_len": app.ctx(),
+        }],
+    }))
+    .into_response())
+}
+
+async fn tokenize(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
+    let r = app.ready()?;
+    let req: api::TokenizeRequest = api::parse(&body)?;
+    let tokens = r
+        .tok
+        .encode(&req.content, req.add_special)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("content")))?;
+    Ok(axum::Json(json!({ "tokens": tokens })).into_response())
+}
+
+async fn detokenize(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
+    let r = app.ready()?;
+    let req: api::DetokenizeRequest = api::parse(&body)?;
+    if let Some(&bad) = req
+        .tokens
+        .iter()
+        .find(|&&t| t as usize >= r.tok.vocab_size())
+    {
+        return Err(ApiError::invalid(
+            format!(
+                "token {bad} is outside the vocabulary of {}",
+                r.tok.vocab_size()
+            ),
+            Some("tokens"),
+        ));
+    }
+    Ok(axum::Json(json!({ "content": r.tok.decode(&req.tokens) })).into_response())
+}
+
+/// Which endpoint a generation answers: the response shapes differ.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+async fn chat(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
+    let r = app.ready()?;
+    let req: ChatRequest = api::parse(&body)?;
+    check_model(r, req.common.model.as_deref())?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages must hold at least one message",
+            Some("messages"),
+        ));
+    }
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        messages.push(Message::new(&m.role, &m.text()?));
+    }
+    let text = r
+        .template
+        .render(&messages, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let prompt = r
+        .tok
+        .encode(&text, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (false, _) => None,
+        (true, None) => Some(0),
+        (true, Some(k)) if (0..=20).contains(&k) => Some(k as usize),
+        (true, Some(k)) => {
+            return Err(ApiError::invalid(
+                format!("top_logprobs must be between 0 and 20, got {k}"),
+                Some("top_logprobs"),
+            ));
+        }
+    };
+    let sampling = req.common.sampling()?;
+    generate(&app, r, Kind::Chat, prompt, sampling, logprobs).await
+}
+
+async fn completions(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
+    let r = app.ready()?;
+    let req: CompletionRequest = api::parse(&body)?;
+    check_model(r, req.common.model.as_deref())?;
+    let encode = |t: &str| {
+        r.tok
+            .encode(t, false)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))
+    };
+    let prompt = match &req.prompt {
+        Prompt::Text(t) => encode(t)?,
+        Prompt::Texts(v) if v.len() == 1 => encode(&v[0])?,
+        Prompt::Tokens(ids) => ids.clone(),
+        Prompt::TokenLists(v) if v.len() == 1 => v[0].clone(),
+        _ => {
+            return Err(ApiError::invalid(
+                "one prompt per request (send several requests; they are batched anyway)",
+                Some("prompt"),
+            ));
+        }
+    };
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= r.tok.vocab_size()) {
+        return Err(ApiError::invalid(
+            format!(
+                "token {bad} is outside the vocabulary of {}",
+                r.tok.vocab_size()
+            ),
+            Some("prompt"),
+        ));
+    }
+    let logprobs = match req.logprobs {
+        None => None,
+        Some(k) if (0..=5).contains(&k) => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                format!("logprobs must be between 0 and 5, got {k}"),
+                Some("logprobs"),
+            ));
+        }
+    };
+    let sampling = req.common.sampling()?;
+    generate(&app, r, Kind::Text, prompt, sampling, logprobs).await
+}
+
+fn check_model(r: &Ready, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if !r.names.iter().any(|n| n == m) => {
+            Err(ApiError::model_not_found(m, &r.names[0]))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Validates lengths, applies admission control, submits and answers (streamed or not).
+async fn generate(
+    app: &Arc<App>,
+    r: &Ready,
+    kind: Kind,
+    prompt: Vec<u32>,
+    s: Sampling,
+    logprobs: Option<usize>,
+) -> Result<Response, ApiError> {
+    if app.shutting_down.load(Ordering::Relaxed) {
+        return Err(ApiError::unavailable("the server is shutting down"));
+    }
+    let ctx = app.ctx();
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+    }
+    if prompt.len() >= ctx {
+        return Err(ApiError::context(format!(
+            "the prompt has {} tokens; the context holds {ctx} (prompt and at least one generated token)",
+            prompt.len()
+        )));
+    }
+    let max_tokens = match s.max_tokens {
+        Some(m) if prompt.len().saturating_add(m) > ctx => {
+            return Err(ApiError::context(format!(
+                "this model's context holds {ctx} tokens; the prompt has {} and max_tokens asks for {m} more",
+                prompt.len()
+            )));
+        }
+        Some(m) => m,
+        None => ctx - prompt.len(),
+    };
+    let queued = r.metrics.queued();
+    if queued >= app.cfg.max_queue {
+        r.metrics.finished("rejected");
+        return Err(ApiError::queue_full(queued));
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let submit = app
+        .submit
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .ok_or_else(|| ApiError::unavailable("the server is shutting down"))?;
+    r.metrics.submitted();
+    let prompt_tokens = prompt.len();
+    let req = GenRequest {
+        prompt,
+        n: s.n,
+        max_tokens,
+        sampler: s.params.clone(),
+        stop: s.stop.clone(),
+        logprobs,
+        events: tx,
+    };
+    if submit.send(req).is_err() {
+        r.metrics.dequeued(true);
+        return Err(ApiError::unavailable("the scheduler has stopped"));
+    }
+    let out = Output {
+        kind,
+        id: format!(
+            "{}-{:016x}",
+            if kind == Kind::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            s.params.seed ^ rand_id()
+        ),
+        created: now_secs(),
+        model: r.names[0].clone(),
+        n: s.n,
+        prompt_tokens,
+        tok: r.tok.clone(),
+    };
+    if s.stream {
+        Ok(stream(out, rx, s.include_usage))
+    } else {
+        collect(out, rx).await
+    }
+}
+
+/// What the response's JSON needs besides the events.
+struct Output {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    n: usize,
+    prompt_tokens: usize,
+    tok: Arc<Tokenizer>,
+}
+
+impl Output {
+    fn usage(&self, completion: usize, cached: usize) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        })
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Text, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": concat!("frugal-", env!("CARGO_PKG_VERSION")),
+            "choices": choices,
+        })
+    }
+
+    fn piece(&self, t: u32) -> String {
+        String::from_utf8_lossy(self.tok.token_bytes(t, false)).into_owned()
+    }
+
+    /// Chat log-probability entries of tokens.
+    fn chat_logprobs(&self, items: &[(u32, TokenLogprob)]) -> Value {
+        let entry = |t: u32, lp: f32| {
+            json!({
+                "token": self.piece(t),
+                "logprob": lp,
+                "bytes": self.tok.token_bytes(t, false),
+            })
+        };
+        let content: Vec<Value> = items
+            .iter()
+            .map(|(t, l)| {
+                let mut e = entry(*t, l.logprob);
+                e["top_logprobs"] = l.top.iter().map(|a| entry(a.token, a.logprob)).collect();
+                e
+            })
+            .collect();
+        json!({ "content": content })
+    }
+
+    /// Completions log-probabilities: parallel lists, `text_offset` into the generated text.
+    fn text_logprobs(&self, items: &[(u32, TokenLogprob)], offset0: usize) -> Value {
+        let mut offset = offset0;
+        let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+        for (t, l) in items {
+            let p = self.piece(*t);
+            offsets.push(offset);
+            offset += p.len();
+            tokens.push(p);
+            lps.push(l.logprob);
+            let top: serde_json::Map<String, Value> = l
+                .top
+                .iter()
+                .map(|a| (self.piece(a.token), json!(a.logprob)))
+                .collect();
+            tops.push(Value::Object(top));
+        }
+        json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    }
+}
+
+/// One choice as it accumulates.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    logprobs: Vec<(u32, TokenLogprob)>,
+    finish: Option<&'static str>,
+    tokens: usize,
+}
+
+async fn collect(
+    out: Output,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let mut choices: Vec<Choice> = (0..out.n).map(|_| Choice::default()).collect();
+    let mut cached = 0;
+    let mut open = out.n;
+    while open > 0 {
+        match rx.recv().await {
+            Some(Event::Admitted { cached: c }) => cached = c,
+            Some(Event::Token {
+                choice,
+                token,
+                text,
+                logprob,
+            }) => {
+                let c = &mut choices[choice];
+                c.text.push_str(&text);
+                if let Some(l) = logprob {
+                    c.logprobs.push((token, l));
+                }
+            }
+            Some(Event::Finished {
+                choice,
+                reason,
+                text,
+                completion_tokens,
+            }) => {
+                let c = &mut choices[choice];
+                c.text.push_str(&text);
+                c.finish = Some(reason.as_str());
+                c.tokens = completion_tokens;
+                open -= 1;
+            }
+            Some(Event::Failed(msg)) => return Err(ApiError::invalid(msg, None)),
+            None => return Err(ApiError::internal("the scheduler dropped the request")),
+        }
+    }
+    let completion: usize = choices.iter().map(|c| c.tokens).sum();
+    let with_logprobs = choices.iter().any(|c| !c.logprobs.is_empty());
+    let list: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let lp = if !with_logprobs {
+                Value::Null
+            } else if out.kind == Kind::Chat {
+                out.chat_logprobs(&c.logprobs)
+            } else {
+                out.text_logprobs(&c.logprobs, 0)
+            };
+            match out.kind {
+                Kind::Chat => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": lp,
+                    "finish_reason": c.finish,
+                }),
+                Kind::Text => json!({
+                    "index": i,
+                    "text": c.text,
+                    "logprobs": lp,
+                    "finish_reason": c.finish,
+                }),
+            }
+        })
+        .collect();
+    let mut body = out.envelope(false, Value::Array(list));
+    body["usage"] = out.usage(completion, cached);
+    Ok(axum::Json(body).into_response())
+}
+
+/// Server-sent events in the OpenAI chunk format, ending with `data: [DONE]`. Dropping the
+/// stream (the client went away) drops `rx`, which cancels the request.
+fn stream(out: Output, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: bool) -> Response {
+    let sse = |v: &Value| Ok::<Bytes, Infallible>(Bytes::from(format!("data: {v}\n\n")));
+    let body = async_stream::stream! {
+        let chunk = |choices: Value| {
+            let mut c = out.envelope(true, choices);
+            if include_usage {
+                c["usage"] = Value::Null;
+            }
+            c
+        };
+        if out.kind == Kind::Chat {
+            let first: Vec<Value> = (0..out.n)
+                .map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))
+                .collect();
+            yield sse(&chunk(Value::Array(first)));
+        }
+        let (mut cached, mut completion, mut open) = (0, 0, out.n);
+        let mut offsets = vec![0usize; out.n];
+        let delta = |i: usize, text: &str, lp: Value, finish: Option<&str>, offsets: &mut Vec<usize>| {
+            offsets[i] += text.len();
+            match out.kind {
+                Kind::Chat => {
+                    let d = if finish.is_some() && text.is_empty() { json!({}) } else { json!({"content": text}) };
+                    json!([{"index": i, "delta": d, "logprobs": lp, "finish_reason": finish}])
+                }
+                Kind::Text => json!([{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]),
+            }
+        };
+        while open > 0 {
+            match rx.recv().await {
+                Some(Event::Admitted { cached: c }) => cached = c,
+                Some(Event::Token { choice, token, text, logprob }) => {
+                    let lp = match &logprob {
+                        None => Value::Null,
+                        Some(l) if out.kind == Kind::Chat => out.chat_logprobs(&[(token, l.clone())]),
+                        Some(l) => out.text_logprobs(&[(token, l.clone())], offsets[choice]),
+                    };
+                    if text.is_empty() && lp.is_null() {
+                        continue; // nothing to show yet (a partial character or a held stop prefix)
+                    }
+                    let d = delta(choice, &text, lp, None, &mut offsets);
+                    yield sse(&chunk(d));
+                }
+                Some(Event::Finished { choice, reason, text, completion_tokens }) => {
+                    completion += completion_tokens;
+                    open -= 1;
+                    let d = delta(choice, &text, Value::Null, Some(reason.as_str()), &mut offsets);
+                    yield sse(&chunk(d));
+                }
+                Some(Event::Failed(msg)) => {
+                    // As llama-server: the error as a data event, and no [DONE].
+                    yield sse(&ApiError::invalid(msg, None).body());
+                    return;
+                }
+                None => {
+                    yield sse(&ApiError::internal("the scheduler dropped the request").body());
+                    return;
+                }
+            }
+        }
+        if include_usage {
+            let mut u = out.envelope(true, json!([]));
+            u["usage"] = out.usage(completion, cached);
+            yield sse(&u);
+        }
+        yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
+    };
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| ApiError::internal("building the stream").into_response())
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn rand_id() -> u64 {
+    use std::sync::atomic::AtomicU64;
+    static N: AtomicU64 = AtomicU64::new(1);
+    now_secs().rotate_left(17) ^ N.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+}
