@@ -1,0 +1,194 @@
+//! The scheduler on a small model the test builds: continuous batching, chunked prefill,
+//! prefix caching, preemption and cancellation change which sequences share a pass, never the
+//! tokens a sequence gets. The reference for every sequence is the single-sequence decoding
+//! loop (`Session::generate`, what `frugal generate` runs).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use frugal::generate::{GenerateOptions, Session};
+use frugal::gguf::GgufFile;
+use frugal::kv::KvFormat;
+use frugal::model::Model;
+use frugal::model::synthetic::{SyntheticSpec, build};
+use frugal::quant::GgmlType;
+use frugal::quant::act::Activations;
+use frugal::sample::SamplerParams;
+use frugal::tokenizer::Tokenizer;
+use frugal_serve::engine::{self, EngineConfig, Event, GenRequest};
+use frugal_serve::metrics::Metrics;
+use tokio::sync::mpsc;
+
+fn model() -> (Model, Tokenizer) {
+    let spec = SyntheticSpec {
+        n_layers: 2,
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ctx: 1024,
+        ty: GgmlType::Q4_1,
+        seed: 7,
+        ..Default::default()
+    };
+    let file = GgufFile::from_bytes(build(&spec)).unwrap();
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    let mut m = Model::from_file(file).unwrap();
+    m.set_activations(Activations::Q8);
+    (m, tok)
+}
+
+fn prompt(len: usize, seed: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 7919) >> 9) % 256)
+        .collect()
+}
+
+/// Greedy tokens of `p` alone, as `frugal generate --temp 0` computes them.
+fn alone(m: &Model, tok: &Tokenizer, p: &[u32], max_tokens: usize) -> Vec<u32> {
+    let mut s = Session::new(m, 1024, true).unwrap();
+    let opts = GenerateOptions {
+        max_tokens,
+        stop: vec![],
+        sampler: SamplerParams::greedy(),
+    };
+    s.generate(tok, p, &opts, |_| {}).unwrap().tokens
+}
+
+struct Server {
+    submit: mpsc::UnboundedSender<GenRequest>,
+    metrics: Arc<Metrics>,
+}
+
+fn server(blocks: usize, parallel: usize, batch_tokens: usize, prefix_cache: bool) -> Server {
+    let (m, tok) = model();
+    let pool = m.new_kv_pool(KvFormat::default(), 16, blocks).unwrap();
+    let metrics = Arc::new(Metrics::new("synthetic", 16, blocks));
+    let cfg = EngineConfig {
+        parallel,
+        ctx: 1024,
+        batch_tokens,
+        prefix_cache,
+        attention: Default::default(),
+        threads: 2,
+    };
+    let submit = engine::spawn(m, Arc::new(tok), pool, cfg, metrics.clone()).unwrap();
+    Server { submit, metrics }
+}
+
+fn request(s: &Server, p: &[u32], max_tokens: usize) -> mpsc::UnboundedReceiver<Event> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.metrics.submitted();
+    s.submit
+        .send(GenRequest {
+            prompt: p.to_vec(),
+            n: 1,
+            max_tokens,
+            sampler: SamplerParams::greedy(),
+            stop: vec![],
+            logprobs: None,
+            events: tx,
+        })
+        .unwrap();
+    rx
+}
+
+/// Tokens of a request's only choice, and how many prompt tokens came from the cache.
+fn tokens(mut rx: mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, usize) {
+    let (mut out, mut cached) = (Vec::new(), 0);
+    loop {
+        match rx.blocking_recv().expect("the scheduler answers") {
+            Event::Admitted { cached: c } => cached = c,
+            Event::Token { token, .. } => out.push(token),
+            Event::Finished { .. } => return (out, cached),
+            Event::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+}
+
+fn cases() -> Vec<(Vec<u32>, usize)> {
+    [(5, 20), (70, 12), (300, 16), (33, 25), (600, 8), (17, 30)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(len, max))| (prompt(len, i as u32), max))
+        .collect()
+}
+
+#[test]
+fn concurrent_requests_get_their_lone_tokens() {
+    let (m, tok) = model();
+    let cases = cases();
+    let want: Vec<_> = cases.iter().map(|(p, n)| alone(&m, &tok, p, *n)).collect();
+    // A small token budget forces chunked prefill beside the decode steps.
+    let s = server(512, 16, 48, true);
+    let rxs: Vec<_> = cases.iter().map(|(p, n)| request(&s, p, *n)).collect();
+    for (i, (rx, w)) in rxs.into_iter().zip(&want).enumerate() {
+        assert_eq!(&tokens(rx).0, w, "request {i}");
+    }
+}
+
+#[test]
+fn a_repeated_prefix_is_computed_once_and_changes_nothing() {
+    let (m, tok) = model();
+    let s = server(512, 4, 256, true);
+    let base = prompt(100, 9);
+    let (first, cached) = tokens(request(&s, &base, 10));
+    assert_eq!(cached, 0);
+    // The same 96 tokens (six full blocks) and another ending.
+    let mut other = base[..96].to_vec();
+    other.extend(prompt(30, 3));
+    let (got, cached) = tokens(request(&s, &other, 10));
+    assert_eq!(cached, 96);
+    assert_eq!(got, alone(&m, &tok, &other, 10));
+    // The identical prompt again: everything but the last token from the cache.
+    let (again, cached) = tokens(request(&s, &base, 10));
+    assert_eq!((again, cached), (first, 96));
+}
+
+#[test]
+fn preempted_sequences_are_recomputed_to_the_same_tokens() {
+    let (m, tok) = model();
+    // Short prompts are admitted at once; their generations outgrow the 24 blocks (384
+    // positions) of the pool together, so the newest are preempted and recomputed.
+    let cases: Vec<_> = (0..5)
+        .map(|i| (prompt(20 + i, 40 + i as u32), 120))
+        .collect();
+    let s = server(24, 6, 128, false);
+    let rxs: Vec<_> = cases.iter().map(|(p, n)| request(&s, p, *n)).collect();
+    for (i, (rx, (p, n))) in rxs.into_iter().zip(&cases).enumerate() {
+        assert_eq!(tokens(rx).0, alone(&m, &tok, p, *n), "request {i}");
+    }
+    let text = s.metrics.render();
+    let pre = text
+        .lines()
+        .find_map(|l| l.strip_prefix("frugal_preemptions_total "))
+        .unwrap();
+    assert!(
+        pre.parse::<u64>().unwrap() > 0,
+        "the pool was too small: {pre}"
+    );
+}
+
+#[test]
+fn a_client_that_goes_away_frees_its_blocks() {
+    let s = server(512, 4, 256, false);
+    let mut rx = request(&s, &prompt(50, 1), 500);
+    let mut seen = 0;
+    while seen < 3 {
+        if let Event::Token { .. } = rx.blocking_recv().unwrap() {
+            seen += 1;
+        }
+    }
+    drop(rx);
+    let t = Instant::now();
+    loop {
+        let text = s.metrics.render();
+        let used = text.contains("frugal_kv_blocks_used 0\n");
+        let cancelled = text.contains("frugal_requests_total{outcome=\"cancelled\"} 1\n");
+        if used && cancelled {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{text}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
