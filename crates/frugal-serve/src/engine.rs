@@ -237,7 +237,11 @@ impl Scheduler {
             self.drop_cancelled();
             self.admit();
             self.publish_gauges();
-            if !self.step() {
+            let ran = self.step();
+            // After the step too: the last sequence may just have finished, and the loop
+            // then sleeps until the next request.
+            self.publish_gauges();
+            if !ran {
                 // Nothing could run (waiting for blocks that no running sequence will free
                 // is impossible: admission checks the total); avoid spinning.
                 std::thread::sleep(Duration::from_millis(1));

@@ -16,6 +16,7 @@ use crate::quant::GgmlType;
 use crate::quant::act::{Activations, Q8Acts, WideActs};
 use crate::quant::matmul;
 use crate::quant::packed::matmul_packed;
+use rayon::prelude::*;
 
 /// Which positions of the batch need logits (the output projection is the costliest matrix).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -35,6 +36,8 @@ pub struct Scratch {
     /// Which attention kernel the pass uses (both are exact).
     pub attention: Attention,
     attn_ws: AttnWorkspace,
+    /// One workspace per sequence of a batch (their attention runs in parallel).
+    seg_ws: Vec<AttnWorkspace>,
     x: Vec<f32>,
     xb: Vec<f32>,
     q: Vec<f32>,
@@ -261,25 +264,46 @@ impl Model {
             s.rope.apply(k, c.n_head_kv, c.head_dim);
             let att = sized(&mut s.att, n * q_dim);
             // Only attention is per sequence: its own positions, its own cache.
-            for (i, &(pos0, r0, len)) in s.segs.iter().enumerate() {
-                let rows = r0..r0 + len;
-                kv.append(
-                    i,
-                    l,
-                    &k[rows.start * kv_dim..rows.end * kv_dim],
-                    &v[rows.start * kv_dim..rows.end * kv_dim],
-                );
-                let (kl, vl) = kv.layer(i, l);
+            for (i, &(_, r0, len)) in s.segs.iter().enumerate() {
+                let rows = r0 * kv_dim..(r0 + len) * kv_dim;
+                kv.append(i, l, &k[rows.clone()], &v[rows]);
+            }
+            if s.segs.len() == 1 {
+                let (kl, vl) = kv.layer(0, l);
                 attend(
                     s.attention,
                     shape,
-                    &q[rows.start * q_dim..rows.end * q_dim],
+                    q,
                     kl,
                     vl,
-                    pos0,
-                    &mut att[rows.start * q_dim..rows.end * q_dim],
+                    s.segs[0].0,
+                    att,
                     &mut s.attn_ws,
                 );
+            } else {
+                // Sequences in parallel (each call is small in a decode step); a row's result
+                // does not depend on how its call was scheduled.
+                if s.seg_ws.len() < s.segs.len() {
+                    s.seg_ws.resize_with(s.segs.len(), Default::default);
+                }
+                let mut outs = Vec::with_capacity(s.segs.len());
+                let mut rest = &mut att[..];
+                for &(_, _, len) in &s.segs {
+                    let (head, tail) = rest.split_at_mut(len * q_dim);
+                    outs.push(head);
+                    rest = tail;
+                }
+                let views: Vec<_> = (0..s.segs.len()).map(|i| kv.layer(i, l)).collect();
+                let kind = s.attention;
+                s.segs
+                    .par_iter()
+                    .zip(outs)
+                    .zip(views)
+                    .zip(&mut s.seg_ws[..])
+                    .for_each(|(((&(pos0, r0, len), out), (kl, vl)), ws)| {
+                        let q = &q[r0 * q_dim..(r0 + len) * q_dim];
+                        attend(kind, shape, q, kl, vl, pos0, out, ws);
+                    });
             }
             observe(&mut obs, l, Site::AttnOutput, att, q_dim);
             let proj = sized(&mut s.proj, n * d);

@@ -7,6 +7,7 @@
 
 pub mod alloc;
 mod attention;
+mod batch;
 mod context;
 mod kv;
 mod model;
@@ -34,6 +35,9 @@ pub enum BenchCommand {
     Attention(attention::Args),
     /// KV-cache bytes against context length for each KV type, against the weight bytes.
     Context(context::Args),
+    /// Batched decoding (as llama-batched-bench): B sequences prefill and then decode together;
+    /// aggregate tokens/s against B.
+    Batch(batch::Args),
     /// Training tokens/s of the model and of layer-dropped students, and the fraction of the
     /// GEMM peak (measured in the same run) the step's products reach.
     Train(train::Args),
@@ -80,5 +84,6 @@ pub fn run(a: Args) -> Result<()> {
         Some(BenchCommand::Attention(a)) => attention::run(a),
         Some(BenchCommand::Context(a)) => context::run(a),
         Some(BenchCommand::Train(a)) => train::run(a),
+        Some(BenchCommand::Batch(a)) => batch::run(a),
     }
 }
