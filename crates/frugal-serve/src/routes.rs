@@ -77,7 +77,7 @@ impl App {
             l.names[0],
             c.kv_block,
             blocks * c.kv_block,
-            blocks * probe.block_bytes() >> 20,
+            (blocks * probe.block_bytes()) >> 20,
             c.parallel
         );
         let metrics = Arc::new(Metrics::new(&l.names[0], c.kv_block, blocks));

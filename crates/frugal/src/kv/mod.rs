@@ -235,7 +235,7 @@ pub enum SeqCache {
     Contiguous(KvCache),
     /// A pool sized for this one sequence (a server would share one pool among many).
     Paged {
-        pool: KvPool,
+        pool: Box<KvPool>,
         seq: SeqId,
     },
 }
@@ -268,7 +268,10 @@ impl SeqCache {
                     blocks,
                 )?;
                 let seq = pool.add_sequence(capacity);
-                Ok(SeqCache::Paged { pool, seq })
+                Ok(SeqCache::Paged {
+                    pool: Box::new(pool),
+                    seq,
+                })
             }
         }
     }

@@ -162,7 +162,9 @@ impl Model {
         let mut tokens = std::mem::take(&mut s.batch_tokens);
         let mut seqs = std::mem::take(&mut s.batch_seqs);
         let mut lens = std::mem::take(&mut s.batch_lens);
-        (tokens.clear(), seqs.clear(), lens.clear());
+        tokens.clear();
+        seqs.clear();
+        lens.clear();
         s.logit_rows.clear();
         for g in segs {
             if seqs.contains(&g.seq) {

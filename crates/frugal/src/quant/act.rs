@@ -128,6 +128,60 @@ impl Q8Acts {
     }
 }
 
+/// Rows of [`Q8Acts`] taken two at a time and interleaved for the two-token kernels: per block
+/// of 32, the pair's bytes in 4-byte granules (`a[0..4], b[0..4], a[4..8], b[4..8], ...`), and
+/// the pair's scales and sums side by side, so one 64-bit broadcast feeds both tokens.
+#[derive(Default, Debug, Clone)]
+pub struct PairActs {
+    pub qs: Vec<i8>,
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+    pub k: usize,
+    pub pairs: usize,
+}
+
+/// One interleaved pair of rows.
+#[derive(Copy, Clone, Debug)]
+pub struct PairRow<'a> {
+    pub qs: &'a [i8],
+    pub d: &'a [f32],
+    pub s: &'a [f32],
+}
+
+impl PairActs {
+    /// Interleaves rows `0..2 * (x.n / 2)` of `x` (reusing the buffers).
+    pub fn fill(&mut self, x: &Q8Acts) {
+        let (k, nb) = (x.k, x.k / QK);
+        self.k = k;
+        self.pairs = x.n / 2;
+        self.qs.resize(self.pairs * 2 * k, 0);
+        self.d.resize(self.pairs * 2 * nb, 0.0);
+        self.s.resize(self.pairs * 2 * nb, 0.0);
+        for p in 0..self.pairs {
+            let (a, b) = (x.row(2 * p), x.row(2 * p + 1));
+            let qs = &mut self.qs[p * 2 * k..(p + 1) * 2 * k];
+            for (g, out) in qs.chunks_exact_mut(8).enumerate() {
+                out[..4].copy_from_slice(&a.qs[4 * g..4 * g + 4]);
+                out[4..].copy_from_slice(&b.qs[4 * g..4 * g + 4]);
+            }
+            for blk in 0..nb {
+                let i = (p * nb + blk) * 2;
+                (self.d[i], self.d[i + 1]) = (a.d[blk], b.d[blk]);
+                (self.s[i], self.s[i + 1]) = (a.s[blk], b.s[blk]);
+            }
+        }
+    }
+
+    pub fn row(&self, p: usize) -> PairRow<'_> {
+        let nb2 = 2 * (self.k / QK);
+        PairRow {
+            qs: &self.qs[p * 2 * self.k..(p + 1) * 2 * self.k],
+            d: &self.d[p * nb2..(p + 1) * nb2],
+            s: &self.s[p * nb2..(p + 1) * nb2],
+        }
+    }
+}
+
 /// The largest magnitude of a [`WideActs`] integer: 127 x 128, so that both bytes of the split
 /// `q = 128 hi + lo` fit the unsigned-by-signed byte products without saturating (`hi` in
 /// -127..=127, `lo` in 0..=127).

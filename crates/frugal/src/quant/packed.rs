@@ -29,7 +29,7 @@
 
 use rayon::prelude::*;
 
-use super::act::{Q8Acts, Q8Row, WideActs, WideRow};
+use super::act::{PairActs, Q8Acts, Q8Row, WideActs, WideRow};
 use super::kernels;
 use super::matmul::par_row_groups;
 use super::unit::{UNIT, Unit, has_units, int_of, unit, unit_dot};
@@ -307,6 +307,10 @@ pub trait PackedActs: Sync {
         Self: 'a;
     /// Rows and row length.
     fn shape(&self) -> (usize, usize);
+    /// The rows as 8-bit activations, when they are (the two-token kernels take those).
+    fn as_q8(&self) -> Option<&Q8Acts> {
+        None
+    }
     fn row(&self, t: usize) -> Self::Row<'_>;
     /// `out[t][r] = dot(row r of the group, xs[t])`.
     fn dot<const T: usize>(
@@ -322,6 +326,9 @@ impl PackedActs for Q8Acts {
     type Row<'a> = Q8Row<'a>;
     fn shape(&self) -> (usize, usize) {
         (self.n, self.k)
+    }
+    fn as_q8(&self) -> Option<&Q8Acts> {
+        Some(self)
     }
     fn row(&self, t: usize) -> Q8Row<'_> {
         Q8Acts::row(self, t)
@@ -369,6 +376,15 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
     assert_eq!(k, w.cols, "matmul input length");
     assert_eq!(y.len(), n * w.rows, "matmul output length");
     let isa = kernels::detect();
+    if n >= 2
+        && kernels::pairs_available(isa, w.ty)
+        && let Some(q) = x.as_q8()
+    {
+        return PAIRS.with_borrow_mut(|pairs| {
+            pairs.fill(q);
+            matmul_pairs(isa, w, q, pairs, y)
+        });
+    }
     let tile = if n == 1 { MATVEC_ROWS } else { MATMUL_ROWS };
     par_row_groups(w.rows, n, tile, y, |r0, rows, out| {
         for gi in 0..rows.div_ceil(GROUP) {
@@ -387,6 +403,49 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
                 let mut o = [[0f32; GROUP]; 1];
                 A::dot(isa, w.ty, group, &[x.row(t)], &mut o);
                 out.put(t, gi * GROUP, &o[0]);
+            }
+        }
+    });
+}
+
+thread_local! {
+    /// The caller's interleaved activations for [`matmul_pairs`] (reused across products).
+    static PAIRS: std::cell::RefCell<PairActs> = std::cell::RefCell::new(PairActs::default());
+}
+
+/// Pairs of tokens per two-token kernel call.
+const PAIRS_PER_CALL: usize = 4;
+
+/// [`matmul_packed`] two tokens per instruction: pairs of rows of `x`, interleaved in
+/// `pairs`; an odd last row runs through the one-token kernel. Every output is the same bits
+/// as the one-token kernel gives.
+fn matmul_pairs(isa: kernels::Isa, w: &PackedMatrix, x: &Q8Acts, pairs: &PairActs, y: &mut [f32]) {
+    let n = x.n;
+    let np = pairs.pairs;
+    par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, rows, out| {
+        for gi in 0..rows.div_ceil(GROUP) {
+            let group = w.group(r0 / GROUP + gi);
+            let mut p = 0;
+            while p + PAIRS_PER_CALL <= np {
+                let xs: [_; PAIRS_PER_CALL] = std::array::from_fn(|i| pairs.row(p + i));
+                let mut o = [[[0f32; GROUP]; 2]; PAIRS_PER_CALL];
+                kernels::dot_pairs(isa, w.ty, group, &xs, &mut o);
+                for (i, op) in o.iter().enumerate() {
+                    out.put(2 * (p + i), gi * GROUP, &op[0]);
+                    out.put(2 * (p + i) + 1, gi * GROUP, &op[1]);
+                }
+                p += PAIRS_PER_CALL;
+            }
+            for p in p..np {
+                let mut o = [[[0f32; GROUP]; 2]; 1];
+                kernels::dot_pairs(isa, w.ty, group, &[pairs.row(p)], &mut o);
+                out.put(2 * p, gi * GROUP, &o[0][0]);
+                out.put(2 * p + 1, gi * GROUP, &o[0][1]);
+            }
+            if n % 2 == 1 {
+                let mut o = [[0f32; GROUP]; 1];
+                kernels::dot_packed(isa, w.ty, group, &[x.row(n - 1)], &mut o);
+                out.put(n - 1, gi * GROUP, &o[0]);
             }
         }
     });
@@ -513,6 +572,50 @@ mod tests {
                             "{ty} {what} t{t} r{r}: {got} vs {want}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The two-token kernels give every token the same bits as the one-token kernel (so a
+    /// sequence's logits do not depend on the batch), for every format they take, with an odd
+    /// token count, several calls' worth of pairs and a padded last group.
+    #[test]
+    fn pair_products_equal_one_token_products_bit_for_bit() {
+        let isa = kernels::detect();
+        let (rows, cols) = (21, 512);
+        let wf = weights(rows * cols);
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q4_K,
+        ] {
+            if !kernels::pairs_available(isa, ty) {
+                eprintln!("skipping {ty}: no AVX-512 VNNI here");
+                continue;
+            }
+            let data = crate::quant::quantize(ty, &wf).unwrap();
+            let p = PackedMatrix::pack(&WeightMatrix::new(ty, rows, cols, &data).unwrap()).unwrap();
+            for n in [2, 3, 9, 16] {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0 + (i % 3) as f32 * 0.1)
+                    .collect();
+                let mut q = Q8Acts::default();
+                q.quantize(&x, cols);
+                let mut y = vec![0f32; n * rows];
+                matmul_packed(&p, &q, &mut y);
+                for t in 0..n {
+                    let mut one = Q8Acts::default();
+                    one.quantize(&x[t * cols..(t + 1) * cols], cols);
+                    let mut yt = vec![0f32; rows];
+                    matmul_packed(&p, &one, &mut yt);
+                    let got = &y[t * rows..(t + 1) * rows];
+                    assert!(
+                        got.iter().zip(&yt).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{ty} n={n} token {t}: {got:?} vs {yt:?}"
+                    );
                 }
             }
         }

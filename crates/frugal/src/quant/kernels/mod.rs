@@ -16,7 +16,7 @@ pub mod scalar;
 mod x86_int8;
 
 use super::GgmlType;
-use super::act::{Q8Row, WideRow};
+use super::act::{PairRow, Q8Row, WideRow};
 use super::packed::{self, GROUP};
 
 /// The instruction set the kernels run with.
@@ -117,6 +117,49 @@ pub fn dot_packed<const T: usize>(
                 packed::dot_group_scalar(ty, group, *x, o);
             }
         }
+    }
+}
+
+/// Whether [`dot_pairs`] runs for `ty` on `isa` (AVX-512 VNNI, unsigned-code formats).
+pub fn pairs_available(isa: Isa, ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa == Isa::Avx512Vnni && x86_int8::pairs_supported(ty)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, ty);
+        false
+    }
+}
+
+/// Dot products of one packed group with `P` interleaved pairs of 8-bit activation rows
+/// (`act::PairActs`), two tokens per instruction: `out[p][j][r] = dot(row r, token j of pair
+/// p)`, the same bits as [`dot_packed`] gives each token. Only where [`pairs_available`].
+#[inline]
+pub fn dot_pairs<const P: usize>(
+    isa: Isa,
+    ty: GgmlType,
+    group: &[u8],
+    xs: &[PairRow; P],
+    out: &mut [[[f32; GROUP]; 2]; P],
+) {
+    let cols = xs[0].qs.len() / 2;
+    let span = packed::layout(ty).map_or(0, |l| l.span);
+    assert!(
+        pairs_available(isa, ty)
+            && span > 0
+            && cols.is_multiple_of(span)
+            && xs.iter().all(|x| {
+                x.qs.len() == 2 * cols && x.d.len() == cols / 16 && x.s.len() == cols / 16
+            })
+            && group.len() >= cols / span * packed::column_bytes(ty),
+        "dot_pairs: group does not match the activations, or no pair kernel for {ty}"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `pairs_available` implies the VNNI level was detected; sizes checked above.
+    unsafe {
+        x86_int8::dot_pairs_vnni::<P>(ty, group, xs, out)
     }
 }
 

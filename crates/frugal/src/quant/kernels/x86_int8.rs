@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 
 use super::avx2::PREFETCH;
 use crate::quant::GgmlType;
-use crate::quant::act::{Q8Row, WideRow};
+use crate::quant::act::{PairRow, Q8Row, WideRow};
 use crate::quant::packed::{GROUP, layout};
 use crate::quant::unit::{FORMATS, MXFP4_INT};
 
@@ -431,3 +431,142 @@ dot_packed_kernel!(
     udot_vnni,
     true
 );
+
+/// The formats [`dot_pairs_vnni`] handles: unsigned codes plus a per-row offset, so no sign has
+/// to move onto the activations (AVX-512 has no `vpsignb`).
+pub fn pairs_supported(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4_K
+    )
+}
+
+/// Dot products of one packed group of eight rows with `P` pairs of tokens, two tokens per
+/// 512-bit instruction: each unit's eight weight vectors are widened once to sixteen lanes,
+/// every row twice (lane `2r + j` = row `r` for token `j` of the pair), and meet the pair's
+/// interleaved activation bytes broadcast as one 64-bit value (`act::PairActs`). Each lane
+/// runs exactly the float operations of the one-token kernel in the same order (integer sums
+/// are exact), so a token's outputs are the same bits whichever kernel computed them.
+///
+/// # Safety
+/// `group` holds a whole packed group of `ty` (one of [`pairs_supported`]) covering the
+/// pairs' `qs.len() / 2` elements (equal for all pairs, a multiple of the layout's span), and
+/// the CPU has AVX2, FMA, F16C and AVX-512 F, VL and VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub unsafe fn dot_pairs_vnni<const P: usize>(
+    ty: GgmlType,
+    group: &[u8],
+    xs: &[PairRow; P],
+    out: &mut [[[f32; GROUP]; 2]; P],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match ty {
+            GgmlType::Q4_0 => pairs_inner::<P, 0>(group, xs, out),
+            GgmlType::Q4_1 => pairs_inner::<P, 1>(group, xs, out),
+            GgmlType::Q5_0 => pairs_inner::<P, 2>(group, xs, out),
+            GgmlType::Q5_1 => pairs_inner::<P, 3>(group, xs, out),
+            GgmlType::Q4_K => pairs_inner::<P, 4>(group, xs, out),
+            _ => unreachable!("{ty} is not a pair-kernel format"),
+        }
+    }
+}
+
+const PAIR_KINDS: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+];
+
+/// [`dot_pairs_vnni`] for the format `PAIR_KINDS[K]`.
+///
+/// # Safety
+/// As for [`dot_pairs_vnni`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn pairs_inner<const P: usize, const K: usize>(
+    group: &[u8],
+    xs: &[PairRow; P],
+    out: &mut [[[f32; GROUP]; 2]; P],
+) {
+    let ty = PAIR_KINDS[K];
+    let l = layout(ty).expect("packed type");
+    let col = l.column_bytes();
+    let units = l.units();
+    let ncols = xs[0].qs.len() / 2 / l.span;
+    debug_assert!(group.len() >= ncols * col);
+    // Lane j takes element j / 2: every row (or scale) twice, once per token of the pair.
+    let dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    let widen_i = |v: __m256i| _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(v));
+    let widen_f = |v: __m256| _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(v));
+    let mut acc = [_mm512_setzero_ps(); P];
+    let mut offset = [_mm512_setzero_ps(); P];
+    // SAFETY (whole body): as in the one-token kernel; activation block b of a pair spans 64
+    // bytes at 64b of its `qs`, and its `d` and `s` hold two entries per block.
+    unsafe {
+        let base = group.as_ptr();
+        for c in 0..ncols {
+            let blk = base.add(c * col);
+            let d8 = halves(blk);
+            let m8 = match ty {
+                GgmlType::Q4_0 => _mm256_mul_ps(d8, _mm256_set1_ps(-8.0)),
+                GgmlType::Q5_0 => _mm256_mul_ps(d8, _mm256_set1_ps(-16.0)),
+                _ => halves(blk.add(16)),
+            };
+            for u in 0..units {
+                let data = blk.add(l.head + u * l.unit);
+                prefetch_ahead(data, l.unit);
+                let b = c * units + u;
+                let mut w = nibbles(data);
+                if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
+                    add_fifth_bits(&mut w, data.add(128));
+                }
+                let (sc, mn) = match ty {
+                    GgmlType::Q4_K => (
+                        _mm256_mul_ps(d8, byte_scales(blk.add(32 + 8 * u), false)),
+                        _mm256_mul_ps(m8, byte_scales(blk.add(96 + 8 * u), false)),
+                    ),
+                    _ => (d8, m8),
+                };
+                let wz: [__m512i; 8] = std::array::from_fn(|i| widen_i(w[i]));
+                let (scz, mnz) = (widen_f(sc), widen_f(mn));
+                for p in 0..P {
+                    let xp = xs[p].qs.as_ptr().add(64 * b);
+                    let mut isum = [_mm512_setzero_si512(); 2];
+                    for i in 0..8 {
+                        let xa = _mm512_set1_epi64(std::ptr::read_unaligned(
+                            xp.add(8 * i) as *const i64
+                        ));
+                        isum[i / 4] = _mm512_dpbusd_epi32(isum[i / 4], wz[i], xa);
+                    }
+                    let pair = |v: &[f32]| {
+                        _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned(
+                            v.as_ptr().add(2 * b) as *const f64,
+                        )))
+                    };
+                    let isum = _mm512_add_epi32(isum[0], isum[1]);
+                    acc[p] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(isum),
+                        _mm512_mul_ps(scz, pair(xs[p].d)),
+                        acc[p],
+                    );
+                    let s = pair(xs[p].s);
+                    offset[p] = if ty == GgmlType::Q4_K {
+                        _mm512_fnmadd_ps(mnz, s, offset[p])
+                    } else {
+                        _mm512_fmadd_ps(mnz, s, offset[p])
+                    };
+                }
+            }
+        }
+        for p in 0..P {
+            let mut lanes = [0f32; 16];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_add_ps(acc[p], offset[p]));
+            for r in 0..GROUP {
+                out[p][0][r] = lanes[2 * r];
+                out[p][1][r] = lanes[2 * r + 1];
+            }
+        }
+    }
+}
