@@ -400,3 +400,64 @@ mod tests {
         assert_eq!(reference.s, fast.s);
     }
 }
+
+/// Rows of [`WideActs`] two at a time, interleaved like [`PairActs`]: both byte planes in
+/// 4-byte granules per token, the scales and integer sums side by side.
+#[derive(Default, Debug, Clone)]
+pub struct WidePairActs {
+    pub hi: Vec<i8>,
+    pub lo: Vec<u8>,
+    pub d: Vec<f32>,
+    pub qsum: Vec<i32>,
+    pub k: usize,
+    pub pairs: usize,
+}
+
+/// One interleaved pair of [`WideActs`] rows.
+#[derive(Copy, Clone, Debug)]
+pub struct WidePairRow<'a> {
+    pub hi: &'a [i8],
+    pub lo: &'a [u8],
+    pub d: &'a [f32],
+    pub qsum: &'a [i32],
+}
+
+impl WidePairActs {
+    /// Interleaves rows `0..2 * (x.n / 2)` of `x` (reusing the buffers).
+    pub fn fill(&mut self, x: &WideActs) {
+        let (k, nb) = (x.k, x.k / QK);
+        self.k = k;
+        self.pairs = x.n / 2;
+        self.hi.resize(self.pairs * 2 * k, 0);
+        self.lo.resize(self.pairs * 2 * k, 0);
+        self.d.resize(self.pairs * 2 * nb, 0.0);
+        self.qsum.resize(self.pairs * 2 * nb, 0);
+        for p in 0..self.pairs {
+            let (a, b) = (x.row(2 * p), x.row(2 * p + 1));
+            let span = p * 2 * k..(p + 1) * 2 * k;
+            for (g, out) in self.hi[span.clone()].chunks_exact_mut(8).enumerate() {
+                out[..4].copy_from_slice(&a.hi[4 * g..4 * g + 4]);
+                out[4..].copy_from_slice(&b.hi[4 * g..4 * g + 4]);
+            }
+            for (g, out) in self.lo[span].chunks_exact_mut(8).enumerate() {
+                out[..4].copy_from_slice(&a.lo[4 * g..4 * g + 4]);
+                out[4..].copy_from_slice(&b.lo[4 * g..4 * g + 4]);
+            }
+            for blk in 0..nb {
+                let i = (p * nb + blk) * 2;
+                (self.d[i], self.d[i + 1]) = (a.d[blk], b.d[blk]);
+                (self.qsum[i], self.qsum[i + 1]) = (a.qsum[blk], b.qsum[blk]);
+            }
+        }
+    }
+
+    pub fn row(&self, p: usize) -> WidePairRow<'_> {
+        let nb2 = 2 * (self.k / QK);
+        WidePairRow {
+            hi: &self.hi[p * 2 * self.k..(p + 1) * 2 * self.k],
+            lo: &self.lo[p * 2 * self.k..(p + 1) * 2 * self.k],
+            d: &self.d[p * nb2..(p + 1) * nb2],
+            qsum: &self.qsum[p * nb2..(p + 1) * nb2],
+        }
+    }
+}

@@ -29,7 +29,7 @@
 
 use rayon::prelude::*;
 
-use super::act::{PairActs, Q8Acts, Q8Row, WideActs, WideRow};
+use super::act::{PairActs, Q8Acts, Q8Row, WideActs, WidePairActs, WideRow};
 use super::kernels;
 use super::matmul::par_row_groups;
 use super::unit::{UNIT, Unit, has_units, int_of, unit, unit_dot};
@@ -311,6 +311,10 @@ pub trait PackedActs: Sync {
     fn as_q8(&self) -> Option<&Q8Acts> {
         None
     }
+    /// The rows as 15-bit activations, when they are.
+    fn as_wide(&self) -> Option<&WideActs> {
+        None
+    }
     fn row(&self, t: usize) -> Self::Row<'_>;
     /// `out[t][r] = dot(row r of the group, xs[t])`.
     fn dot<const T: usize>(
@@ -349,6 +353,9 @@ impl PackedActs for WideActs {
     fn shape(&self) -> (usize, usize) {
         (self.n, self.k)
     }
+    fn as_wide(&self) -> Option<&WideActs> {
+        Some(self)
+    }
     fn row(&self, t: usize) -> WideRow<'_> {
         WideActs::row(self, t)
     }
@@ -385,6 +392,16 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
             matmul_pairs(isa, w, q, pairs, y)
         });
     }
+    if n >= 2
+        && isa == kernels::Isa::Avx512Vnni
+        && w.ty == GgmlType::Q8_0
+        && let Some(q) = x.as_wide()
+    {
+        return WIDE_PAIRS.with_borrow_mut(|pairs| {
+            pairs.fill(q);
+            matmul_wide_pairs(isa, w, q, pairs, y)
+        });
+    }
     let tile = if n == 1 { MATVEC_ROWS } else { MATMUL_ROWS };
     par_row_groups(w.rows, n, tile, y, |r0, rows, out| {
         for gi in 0..rows.div_ceil(GROUP) {
@@ -411,6 +428,48 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
 thread_local! {
     /// The caller's interleaved activations for [`matmul_pairs`] (reused across products).
     static PAIRS: std::cell::RefCell<PairActs> = std::cell::RefCell::new(PairActs::default());
+    /// The same for [`matmul_wide_pairs`].
+    static WIDE_PAIRS: std::cell::RefCell<WidePairActs> =
+        std::cell::RefCell::new(WidePairActs::default());
+}
+
+/// [`matmul_pairs`] for 15-bit activations and Q8_0 rows (the output head).
+fn matmul_wide_pairs(
+    isa: kernels::Isa,
+    w: &PackedMatrix,
+    x: &WideActs,
+    pairs: &WidePairActs,
+    y: &mut [f32],
+) {
+    let n = x.n;
+    let np = pairs.pairs;
+    par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, rows, out| {
+        for gi in 0..rows.div_ceil(GROUP) {
+            let group = w.group(r0 / GROUP + gi);
+            let mut p = 0;
+            while p + PAIRS_PER_CALL <= np {
+                let xs: [_; PAIRS_PER_CALL] = std::array::from_fn(|i| pairs.row(p + i));
+                let mut o = [[[0f32; GROUP]; 2]; PAIRS_PER_CALL];
+                kernels::dot_wide_pairs(isa, group, &xs, &mut o);
+                for (i, op) in o.iter().enumerate() {
+                    out.put(2 * (p + i), gi * GROUP, &op[0]);
+                    out.put(2 * (p + i) + 1, gi * GROUP, &op[1]);
+                }
+                p += PAIRS_PER_CALL;
+            }
+            for p in p..np {
+                let mut o = [[[0f32; GROUP]; 2]; 1];
+                kernels::dot_wide_pairs(isa, group, &[pairs.row(p)], &mut o);
+                out.put(2 * p, gi * GROUP, &o[0][0]);
+                out.put(2 * p + 1, gi * GROUP, &o[0][1]);
+            }
+            if n % 2 == 1 {
+                let mut o = [[0f32; GROUP]; 1];
+                kernels::dot_packed_wide(isa, group, &[x.row(n - 1)], &mut o);
+                out.put(n - 1, gi * GROUP, &o[0]);
+            }
+        }
+    });
 }
 
 /// Pairs of tokens per two-token kernel call.
@@ -617,6 +676,40 @@ mod tests {
                         "{ty} n={n} token {t}: {got:?} vs {yt:?}"
                     );
                 }
+            }
+        }
+    }
+
+    /// The same for the two-token 15-bit kernel against Q8_0 rows (the output head).
+    #[test]
+    fn wide_pair_products_equal_one_token_products_bit_for_bit() {
+        if kernels::detect() != kernels::Isa::Avx512Vnni {
+            eprintln!("skipping: no AVX-512 VNNI here");
+            return;
+        }
+        let (rows, cols) = (19, 256);
+        let wf = weights(rows * cols);
+        let data = crate::quant::quantize(GgmlType::Q8_0, &wf).unwrap();
+        let p = PackedMatrix::pack(&WeightMatrix::new(GgmlType::Q8_0, rows, cols, &data).unwrap())
+            .unwrap();
+        for n in [2, 5, 10] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 13 % 29) as f32 - 14.0) / 4.0 + (i % 5) as f32 * 0.03)
+                .collect();
+            let mut q = WideActs::default();
+            q.quantize(&x, cols);
+            let mut y = vec![0f32; n * rows];
+            matmul_packed(&p, &q, &mut y);
+            for t in 0..n {
+                let mut one = WideActs::default();
+                one.quantize(&x[t * cols..(t + 1) * cols], cols);
+                let mut yt = vec![0f32; rows];
+                matmul_packed(&p, &one, &mut yt);
+                let got = &y[t * rows..(t + 1) * rows];
+                assert!(
+                    got.iter().zip(&yt).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "n={n} token {t}"
+                );
             }
         }
     }

@@ -16,7 +16,7 @@ pub mod scalar;
 mod x86_int8;
 
 use super::GgmlType;
-use super::act::{PairRow, Q8Row, WideRow};
+use super::act::{PairRow, Q8Row, WidePairRow, WideRow};
 use super::packed::{self, GROUP};
 
 /// The instruction set the kernels run with.
@@ -160,6 +160,35 @@ pub fn dot_pairs<const P: usize>(
     // SAFETY: `pairs_available` implies the VNNI level was detected; sizes checked above.
     unsafe {
         x86_int8::dot_pairs_vnni::<P>(ty, group, xs, out)
+    }
+}
+
+/// [`dot_pairs`] for 15-bit activations against Q8_0 rows (the output head); available where
+/// [`pairs_available`] holds for Q8_0's level (AVX-512 VNNI).
+#[inline]
+pub fn dot_wide_pairs<const P: usize>(
+    isa: Isa,
+    group: &[u8],
+    xs: &[WidePairRow; P],
+    out: &mut [[[f32; GROUP]; 2]; P],
+) {
+    let cols = xs[0].hi.len() / 2;
+    assert!(
+        isa == Isa::Avx512Vnni
+            && cols.is_multiple_of(32)
+            && xs.iter().all(|x| {
+                x.hi.len() == 2 * cols
+                    && x.lo.len() == 2 * cols
+                    && x.d.len() == cols / 16
+                    && x.qsum.len() == cols / 16
+            })
+            && group.len() >= cols / 32 * packed::column_bytes(GgmlType::Q8_0),
+        "dot_wide_pairs: group does not match the activations, or no AVX-512 VNNI"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the VNNI level was detected (checked above); sizes checked above.
+    unsafe {
+        x86_int8::dot_wide_pairs_vnni::<P>(group, xs, out)
     }
 }
 

@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 
 use super::avx2::PREFETCH;
 use crate::quant::GgmlType;
-use crate::quant::act::{PairRow, Q8Row, WideRow};
+use crate::quant::act::{PairRow, Q8Row, WidePairRow, WideRow};
 use crate::quant::packed::{GROUP, layout};
 use crate::quant::unit::{FORMATS, MXFP4_INT};
 
@@ -563,6 +563,75 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
         for p in 0..P {
             let mut lanes = [0f32; 16];
             _mm512_storeu_ps(lanes.as_mut_ptr(), _mm512_add_ps(acc[p], offset[p]));
+            for r in 0..GROUP {
+                out[p][0][r] = lanes[2 * r];
+                out[p][1][r] = lanes[2 * r + 1];
+            }
+        }
+    }
+}
+
+/// [`dot_pairs_vnni`] for 15-bit activations against Q8_0 rows (the output head): the biased
+/// one-token wide kernel's arithmetic (`(w + 128)` against both byte planes, `128 * sum(q)`
+/// taken off), two tokens per instruction. The same bits per token as that kernel.
+///
+/// # Safety
+/// `group` holds a whole packed Q8_0 group covering the pairs' `hi.len() / 2` elements (equal
+/// for all pairs, a multiple of 32), and the CPU has AVX2, FMA, F16C and AVX-512 F, VL, VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
+    group: &[u8],
+    xs: &[WidePairRow; P],
+    out: &mut [[[f32; GROUP]; 2]; P],
+) {
+    let l = layout(GgmlType::Q8_0).expect("packed type");
+    let col = l.column_bytes();
+    let ncols = xs[0].hi.len() / 64;
+    debug_assert!(group.len() >= ncols * col);
+    let dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    let mut acc = [_mm512_setzero_ps(); P];
+    // SAFETY (whole body): column c spans base + c*col inside `group`; activation block c of
+    // a pair spans 64 bytes at 64c of `hi` and `lo`, and `d` and `qsum` hold two entries per
+    // block.
+    unsafe {
+        let base = group.as_ptr();
+        for c in 0..ncols {
+            let blk = base.add(c * col);
+            let d8 = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(halves(blk)));
+            let data = blk.add(l.head);
+            prefetch_ahead(data, l.unit);
+            let wu: [__m512i; 8] = std::array::from_fn(|i| {
+                let w = _mm256_loadu_si256(data.add(32 * i) as *const __m256i);
+                let w = _mm256_xor_si256(w, _mm256_set1_epi8(-128));
+                _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(w))
+            });
+            for p in 0..P {
+                let hp = xs[p].hi.as_ptr().add(64 * c);
+                let lp = xs[p].lo.as_ptr().add(64 * c);
+                let mut ih = _mm512_setzero_si512();
+                let mut il = _mm512_setzero_si512();
+                for i in 0..8 {
+                    let h =
+                        _mm512_set1_epi64(std::ptr::read_unaligned(hp.add(8 * i) as *const i64));
+                    let lo =
+                        _mm512_set1_epi64(std::ptr::read_unaligned(lp.add(8 * i) as *const i64));
+                    ih = _mm512_dpbusd_epi32(ih, wu[i], h);
+                    il = _mm512_dpbusd_epi32(il, wu[i], lo);
+                }
+                let mut isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 7), il);
+                let qsum = _mm512_set1_epi64(std::ptr::read_unaligned(
+                    xs[p].qsum.as_ptr().add(2 * c) as *const i64,
+                ));
+                isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(qsum, 7));
+                let dx = _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned(
+                    xs[p].d.as_ptr().add(2 * c) as *const f64,
+                )));
+                acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d8, dx), acc[p]);
+            }
+        }
+        for p in 0..P {
+            let mut lanes = [0f32; 16];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), acc[p]);
             for r in 0..GROUP {
                 out[p][0][r] = lanes[2 * r];
                 out[p][1][r] = lanes[2 * r + 1];
