@@ -610,13 +610,13 @@ pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
                 let lp = xs[p].lo.as_ptr().add(64 * c);
                 let mut ih = _mm512_setzero_si512();
                 let mut il = _mm512_setzero_si512();
-                for i in 0..8 {
+                for (i, &wi) in wu.iter().enumerate() {
                     let h =
                         _mm512_set1_epi64(std::ptr::read_unaligned(hp.add(8 * i) as *const i64));
                     let lo =
                         _mm512_set1_epi64(std::ptr::read_unaligned(lp.add(8 * i) as *const i64));
-                    ih = _mm512_dpbusd_epi32(ih, wu[i], h);
-                    il = _mm512_dpbusd_epi32(il, wu[i], lo);
+                    ih = _mm512_dpbusd_epi32(ih, wi, h);
+                    il = _mm512_dpbusd_epi32(il, wi, lo);
                 }
                 let mut isum = _mm512_add_epi32(_mm512_slli_epi32(ih, 7), il);
                 let qsum = _mm512_set1_epi64(std::ptr::read_unaligned(
