@@ -547,7 +547,7 @@ def main():
     ap.add_argument("--no-tokenize", action="store_true", help="do not call /tokenize; one word = one token")
     ap.add_argument("--extra-body", help="JSON object merged into every request body")
     ap.add_argument("--warmup", type=int, default=1, help="short requests sent before measuring")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request and per read")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for any one read (the status line, each chunk)")
     ap.add_argument("--prefix-ttft", action="store_true", help="also measure cold vs warm prefix TTFT")
     ap.add_argument("--prefix-ttft-len", type=int, default=1000)
     ap.add_argument("--prefix-ttft-suffix", type=int, default=16)

@@ -590,6 +590,23 @@ def test_finish_reason_length(client, model_id):
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4, r
 
 
+def test_ignore_eos_and_min_tokens(client, model_id):
+    # A short question the model answers and ends: without the extensions it stops early.
+    msgs = [{"role": "user", "content": "Hi"}]
+    r = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=40, temperature=0)
+    natural = r.usage.completion_tokens
+    assert r.choices[0].finish_reason == "stop" and natural < 40, r
+    r = client.chat.completions.create(
+        model=model_id, messages=msgs, max_tokens=40, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 40, r
+    r = client.chat.completions.create(
+        model=model_id, messages=msgs, max_tokens=40, temperature=0,
+        extra_body={"min_tokens": natural + 3},
+    )
+    assert r.usage.completion_tokens >= natural + 3, r
+
+
 def test_sampling_fields_and_unknown_fields(client, model_id):
     r = client.completions.create(
         model=model_id,

@@ -41,6 +41,11 @@ pub struct Common {
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
+    /// vLLM's and llama-server's extensions, which benchmarks send: never end at the
+    /// end-of-text token, or not before `min_tokens`.
+    #[serde(default)]
+    pub ignore_eos: bool,
+    pub min_tokens: Option<i64>,
 }
 
 /// A chat message; `content` is a string or a list of text parts.
@@ -158,6 +163,9 @@ pub struct Sampling {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Generated tokens before which the end-of-text token cannot be sampled (`usize::MAX`
+    /// with `ignore_eos`).
+    pub min_tokens: usize,
 }
 
 /// Most choices per request.
@@ -214,6 +222,25 @@ impl Common {
                 "stop",
             );
         }
+        let min_tokens = match (self.ignore_eos, self.min_tokens) {
+            (true, _) => usize::MAX,
+            (false, None) => 0,
+            (false, Some(m)) if m < 0 => {
+                return bad(
+                    format!("min_tokens must be at least 0, got {m}"),
+                    "min_tokens",
+                );
+            }
+            (false, Some(m)) => usize::try_from(m).unwrap_or(usize::MAX),
+        };
+        if let (Some(max), true) = (max_tokens, min_tokens != usize::MAX && min_tokens > 0)
+            && min_tokens > max
+        {
+            return bad(
+                format!("min_tokens {min_tokens} exceeds max_tokens {max}"),
+                "min_tokens",
+            );
+        }
         let seed = match self.seed {
             Some(s) => s as u64,
             None => rand_seed(),
@@ -240,6 +267,7 @@ impl Common {
                 .stream_options
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
+            min_tokens,
         })
     }
 }

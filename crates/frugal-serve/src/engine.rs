@@ -99,6 +99,9 @@ pub struct GenRequest {
     /// Choices (`n`): independent continuations of the same prompt.
     pub n: usize,
     pub max_tokens: usize,
+    /// Before this many generated tokens the end-of-generation tokens cannot be sampled
+    /// (`usize::MAX`: never, `ignore_eos`).
+    pub min_tokens: usize,
     pub sampler: SamplerParams,
     pub stop: Vec<String>,
     /// `Some(k)`: report each token's log-probability and its `k` most likely alternatives.
@@ -128,6 +131,7 @@ struct Shared {
     stop: Vec<String>,
     logprobs: Option<usize>,
     max_tokens: usize,
+    min_tokens: usize,
     prompt_len: usize,
     /// Choice 0 has computed the prompt: the other choices may start (and find its blocks in
     /// the prefix cache instead of computing the prompt again).
@@ -192,6 +196,7 @@ pub fn spawn(
                 scratch,
                 waiting: VecDeque::new(),
                 running: Vec::new(),
+                masked: Vec::new(),
             };
             workers.install(move || s.run(rx))
         })?;
@@ -208,6 +213,8 @@ struct Scheduler {
     waiting: VecDeque<Seq>,
     /// In admission order (the last one is preempted first).
     running: Vec<Seq>,
+    /// Logits with the end-of-generation tokens masked (`min_tokens`).
+    masked: Vec<f32>,
 }
 
 impl Scheduler {
@@ -255,6 +262,7 @@ impl Scheduler {
             stop: r.stop,
             logprobs: r.logprobs,
             max_tokens: r.max_tokens,
+            min_tokens: r.min_tokens,
             prompt_len: r.prompt.len(),
             prompt_done: AtomicBool::new(false),
             arrived: Instant::now(),
@@ -557,7 +565,20 @@ impl Scheduler {
         let ctx = self.cfg.ctx;
         let s = &mut self.running[i];
         let generated = &s.tokens[s.shared.prompt_len..];
-        let next = s.sampler.sample_with(logits, &s.tokens, generated);
+        let next = if s.generated < s.shared.min_tokens {
+            // The end-of-generation tokens cannot be drawn yet: mask them (vLLM's min_tokens).
+            let masked = &mut self.masked;
+            masked.clear();
+            masked.extend_from_slice(logits);
+            for &t in tok.end_of_generation_ids() {
+                if let Some(l) = masked.get_mut(t as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            s.sampler.sample_with(masked, &s.tokens, generated)
+        } else {
+            s.sampler.sample_with(logits, &s.tokens, generated)
+        };
         let now = Instant::now();
         match s.last_token_at {
             None if s.choice == 0 => self.metrics.ttft(now - s.shared.arrived),

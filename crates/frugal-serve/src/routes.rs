@@ -374,6 +374,7 @@ async fn generate(
         prompt,
         n: s.n,
         max_tokens,
+        min_tokens: s.min_tokens,
         sampler: s.params.clone(),
         stop: s.stop.clone(),
         logprobs,

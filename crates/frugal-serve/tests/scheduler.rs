@@ -77,6 +77,15 @@ fn server(blocks: usize, parallel: usize, batch_tokens: usize, prefix_cache: boo
 }
 
 fn request(s: &Server, p: &[u32], max_tokens: usize) -> mpsc::UnboundedReceiver<Event> {
+    request_min(s, p, max_tokens, 0)
+}
+
+fn request_min(
+    s: &Server,
+    p: &[u32],
+    max_tokens: usize,
+    min_tokens: usize,
+) -> mpsc::UnboundedReceiver<Event> {
     let (tx, rx) = mpsc::unbounded_channel();
     s.metrics.submitted();
     s.submit
@@ -84,6 +93,7 @@ fn request(s: &Server, p: &[u32], max_tokens: usize) -> mpsc::UnboundedReceiver<
             prompt: p.to_vec(),
             n: 1,
             max_tokens,
+            min_tokens,
             sampler: SamplerParams::greedy(),
             stop: vec![],
             logprobs: None,

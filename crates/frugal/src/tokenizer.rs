@@ -227,6 +227,11 @@ impl Tokenizer {
         self.tokens.get(id as usize).map(String::as_str)
     }
 
+    /// The tokens that end generation, sorted.
+    pub fn end_of_generation_ids(&self) -> &[u32] {
+        &self.eog
+    }
+
     /// Whether generation should stop at this token.
     pub fn is_end_of_generation(&self, id: u32) -> bool {
         self.eog.binary_search(&id).is_ok()

@@ -447,21 +447,36 @@ fn matmul_wide_pairs(
         for gi in 0..rows.div_ceil(GROUP) {
             let group = w.group(r0 / GROUP + gi);
             let mut p = 0;
-            while p + PAIRS_PER_CALL <= np {
-                let xs: [_; PAIRS_PER_CALL] = std::array::from_fn(|i| pairs.row(p + i));
-                let mut o = [[[0f32; GROUP]; 2]; PAIRS_PER_CALL];
-                kernels::dot_wide_pairs(isa, group, &xs, &mut o);
-                for (i, op) in o.iter().enumerate() {
-                    out.put(2 * (p + i), gi * GROUP, &op[0]);
-                    out.put(2 * (p + i) + 1, gi * GROUP, &op[1]);
+            let mut call = |p: usize, len: usize| {
+                let put = |out: &mut super::matmul::RowsOut, i: usize, o: &[[f32; GROUP]; 2]| {
+                    out.put(2 * (p + i), gi * GROUP, &o[0]);
+                    out.put(2 * (p + i) + 1, gi * GROUP, &o[1]);
+                };
+                match len {
+                    8 => {
+                        let xs: [_; 8] = std::array::from_fn(|i| pairs.row(p + i));
+                        let mut o = [[[0f32; GROUP]; 2]; 8];
+                        kernels::dot_wide_pairs(isa, group, &xs, &mut o);
+                        o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
+                    }
+                    4 => {
+                        let xs: [_; 4] = std::array::from_fn(|i| pairs.row(p + i));
+                        let mut o = [[[0f32; GROUP]; 2]; 4];
+                        kernels::dot_wide_pairs(isa, group, &xs, &mut o);
+                        o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
+                    }
+                    _ => {
+                        let mut o = [[[0f32; GROUP]; 2]; 1];
+                        kernels::dot_wide_pairs(isa, group, &[pairs.row(p)], &mut o);
+                        put(out, 0, &o[0]);
+                    }
                 }
-                p += PAIRS_PER_CALL;
-            }
-            for p in p..np {
-                let mut o = [[[0f32; GROUP]; 2]; 1];
-                kernels::dot_wide_pairs(isa, group, &[pairs.row(p)], &mut o);
-                out.put(2 * p, gi * GROUP, &o[0][0]);
-                out.put(2 * p + 1, gi * GROUP, &o[0][1]);
+            };
+            for len in PAIR_CALLS {
+                while p + len <= np {
+                    call(p, len);
+                    p += len;
+                }
             }
             if n % 2 == 1 {
                 let mut o = [[0f32; GROUP]; 1];
@@ -472,8 +487,9 @@ fn matmul_wide_pairs(
     });
 }
 
-/// Pairs of tokens per two-token kernel call.
-const PAIRS_PER_CALL: usize = 4;
+/// Pairs of tokens per two-token kernel call, largest first: more pairs per call share each
+/// unit's unpacked weights more widely (8 pairs measured 10-15% faster than 4 at 16 tokens).
+const PAIR_CALLS: [usize; 3] = [8, 4, 1];
 
 /// [`matmul_packed`] two tokens per instruction: pairs of rows of `x`, interleaved in
 /// `pairs`; an odd last row runs through the one-token kernel. Every output is the same bits
@@ -485,21 +501,36 @@ fn matmul_pairs(isa: kernels::Isa, w: &PackedMatrix, x: &Q8Acts, pairs: &PairAct
         for gi in 0..rows.div_ceil(GROUP) {
             let group = w.group(r0 / GROUP + gi);
             let mut p = 0;
-            while p + PAIRS_PER_CALL <= np {
-                let xs: [_; PAIRS_PER_CALL] = std::array::from_fn(|i| pairs.row(p + i));
-                let mut o = [[[0f32; GROUP]; 2]; PAIRS_PER_CALL];
-                kernels::dot_pairs(isa, w.ty, group, &xs, &mut o);
-                for (i, op) in o.iter().enumerate() {
-                    out.put(2 * (p + i), gi * GROUP, &op[0]);
-                    out.put(2 * (p + i) + 1, gi * GROUP, &op[1]);
+            let mut call = |p: usize, len: usize| {
+                let put = |out: &mut super::matmul::RowsOut, i: usize, o: &[[f32; GROUP]; 2]| {
+                    out.put(2 * (p + i), gi * GROUP, &o[0]);
+                    out.put(2 * (p + i) + 1, gi * GROUP, &o[1]);
+                };
+                match len {
+                    8 => {
+                        let xs: [_; 8] = std::array::from_fn(|i| pairs.row(p + i));
+                        let mut o = [[[0f32; GROUP]; 2]; 8];
+                        kernels::dot_pairs(isa, w.ty, group, &xs, &mut o);
+                        o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
+                    }
+                    4 => {
+                        let xs: [_; 4] = std::array::from_fn(|i| pairs.row(p + i));
+                        let mut o = [[[0f32; GROUP]; 2]; 4];
+                        kernels::dot_pairs(isa, w.ty, group, &xs, &mut o);
+                        o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
+                    }
+                    _ => {
+                        let mut o = [[[0f32; GROUP]; 2]; 1];
+                        kernels::dot_pairs(isa, w.ty, group, &[pairs.row(p)], &mut o);
+                        put(out, 0, &o[0]);
+                    }
                 }
-                p += PAIRS_PER_CALL;
-            }
-            for p in p..np {
-                let mut o = [[[0f32; GROUP]; 2]; 1];
-                kernels::dot_pairs(isa, w.ty, group, &[pairs.row(p)], &mut o);
-                out.put(2 * p, gi * GROUP, &o[0][0]);
-                out.put(2 * p + 1, gi * GROUP, &o[0][1]);
+            };
+            for len in PAIR_CALLS {
+                while p + len <= np {
+                    call(p, len);
+                    p += len;
+                }
             }
             if n % 2 == 1 {
                 let mut o = [[0f32; GROUP]; 1];
