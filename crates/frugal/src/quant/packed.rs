@@ -443,8 +443,10 @@ fn matmul_wide_pairs(
 ) {
     let n = x.n;
     let np = pairs.pairs;
-    par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, rows, out| {
-        for gi in 0..rows.div_ceil(GROUP) {
+    // The pairs' views, made once (not per group and call).
+    let rows: Vec<_> = (0..np).map(|p| pairs.row(p)).collect();
+    par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, nrows, out| {
+        for gi in 0..nrows.div_ceil(GROUP) {
             let group = w.group(r0 / GROUP + gi);
             let mut p = 0;
             let mut call = |p: usize, len: usize| {
@@ -454,20 +456,20 @@ fn matmul_wide_pairs(
                 };
                 match len {
                     8 => {
-                        let xs: [_; 8] = std::array::from_fn(|i| pairs.row(p + i));
+                        let xs: &[_; 8] = rows[p..p + 8].try_into().expect("8 rows");
                         let mut o = [[[0f32; GROUP]; 2]; 8];
-                        kernels::dot_wide_pairs(isa, group, &xs, &mut o);
+                        kernels::dot_wide_pairs(isa, group, xs, &mut o);
                         o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
                     }
                     4 => {
-                        let xs: [_; 4] = std::array::from_fn(|i| pairs.row(p + i));
+                        let xs: &[_; 4] = rows[p..p + 4].try_into().expect("4 rows");
                         let mut o = [[[0f32; GROUP]; 2]; 4];
-                        kernels::dot_wide_pairs(isa, group, &xs, &mut o);
+                        kernels::dot_wide_pairs(isa, group, xs, &mut o);
                         o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
                     }
                     _ => {
                         let mut o = [[[0f32; GROUP]; 2]; 1];
-                        kernels::dot_wide_pairs(isa, group, &[pairs.row(p)], &mut o);
+                        kernels::dot_wide_pairs(isa, group, &[rows[p]], &mut o);
                         put(out, 0, &o[0]);
                     }
                 }
@@ -497,8 +499,10 @@ const PAIR_CALLS: [usize; 3] = [8, 4, 1];
 fn matmul_pairs(isa: kernels::Isa, w: &PackedMatrix, x: &Q8Acts, pairs: &PairActs, y: &mut [f32]) {
     let n = x.n;
     let np = pairs.pairs;
-    par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, rows, out| {
-        for gi in 0..rows.div_ceil(GROUP) {
+    // The pairs' views, made once (not per group and call).
+    let rows: Vec<_> = (0..np).map(|p| pairs.row(p)).collect();
+    par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, nrows, out| {
+        for gi in 0..nrows.div_ceil(GROUP) {
             let group = w.group(r0 / GROUP + gi);
             let mut p = 0;
             let mut call = |p: usize, len: usize| {
@@ -508,20 +512,20 @@ fn matmul_pairs(isa: kernels::Isa, w: &PackedMatrix, x: &Q8Acts, pairs: &PairAct
                 };
                 match len {
                     8 => {
-                        let xs: [_; 8] = std::array::from_fn(|i| pairs.row(p + i));
+                        let xs: &[_; 8] = rows[p..p + 8].try_into().expect("8 rows");
                         let mut o = [[[0f32; GROUP]; 2]; 8];
-                        kernels::dot_pairs(isa, w.ty, group, &xs, &mut o);
+                        kernels::dot_pairs(isa, w.ty, group, xs, &mut o);
                         o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
                     }
                     4 => {
-                        let xs: [_; 4] = std::array::from_fn(|i| pairs.row(p + i));
+                        let xs: &[_; 4] = rows[p..p + 4].try_into().expect("4 rows");
                         let mut o = [[[0f32; GROUP]; 2]; 4];
-                        kernels::dot_pairs(isa, w.ty, group, &xs, &mut o);
+                        kernels::dot_pairs(isa, w.ty, group, xs, &mut o);
                         o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
                     }
                     _ => {
                         let mut o = [[[0f32; GROUP]; 2]; 1];
-                        kernels::dot_pairs(isa, w.ty, group, &[pairs.row(p)], &mut o);
+                        kernels::dot_pairs(isa, w.ty, group, &[rows[p]], &mut o);
                         put(out, 0, &o[0]);
                     }
                 }
