@@ -160,6 +160,9 @@ struct Seq {
     last_token_at: Option<Instant>,
     /// Ended by a stop string (the text from it on is never sent).
     stop_hit: bool,
+    /// Admitted before (it is back in the queue after a preemption): its request has left the
+    /// admission queue already.
+    admitted_before: bool,
 }
 
 impl Seq {
@@ -295,6 +298,7 @@ impl Scheduler {
                 registered: 0,
                 last_token_at: None,
                 stop_hit: false,
+                admitted_before: false,
             });
         }
     }
@@ -306,30 +310,24 @@ impl Scheduler {
             if self.running[i].cancelled() {
                 let s = self.running.remove(i);
                 self.release(&s);
-                self.cancelled(&s);
+                if s.choice == 0 {
+                    self.metrics.finished("cancelled");
+                }
             } else {
                 i += 1;
             }
         }
-        let before = self.waiting.len();
-        let mut kept = VecDeque::with_capacity(before);
-        for s in self.waiting.drain(..) {
-            if s.cancelled() {
-                if s.choice == 0 {
-                    self.metrics.finished("cancelled");
-                }
-                self.metrics.dequeued(s.choice == 0 && s.generated == 0);
-            } else {
-                kept.push_back(s);
+        let metrics = &self.metrics;
+        self.waiting.retain(|s| {
+            if !s.cancelled() {
+                return true;
             }
-        }
-        self.waiting = kept;
-    }
-
-    fn cancelled(&self, s: &Seq) {
-        if s.choice == 0 {
-            self.metrics.finished("cancelled");
-        }
+            if s.choice == 0 {
+                metrics.finished("cancelled");
+                metrics.dequeued(!s.admitted_before);
+            }
+            false
+        });
     }
 
     fn release(&mut self, s: &Seq) {
@@ -390,10 +388,10 @@ impl Scheduler {
             s.kv = Some(id);
             s.computed = got * bs;
             s.registered = got;
-            let fresh_start = s.generated == 0;
-            self.metrics
-                .admitted(fresh_start && s.choice == 0, s.tokens.len(), s.computed);
-            if s.choice == 0 && fresh_start {
+            let first = s.choice == 0 && !s.admitted_before;
+            s.admitted_before = true;
+            self.metrics.admitted(first, s.tokens.len(), s.computed);
+            if first {
                 let _ = s.shared.events.send(Event::Admitted { cached: s.computed });
             }
             self.running.push(s);
@@ -426,12 +424,16 @@ impl Scheduler {
                 }
             })
             .collect();
+        // The scratch (which holds the logits) is moved out for the step, so the logits can be
+        // read in place while the sequences are advanced.
+        let mut scratch = std::mem::take(&mut self.scratch);
         let logits = match self
             .model
-            .forward_batch(&segs, &mut self.pool, &mut self.scratch)
+            .forward_batch(&segs, &mut self.pool, &mut scratch)
         {
-            Ok(l) => l.to_vec(),
+            Ok(l) => l,
             Err(e) => {
+                self.scratch = scratch;
                 // The plan fits the pool, so this is a bug or a bad token id: fail the
                 // sequences of this batch rather than the server.
                 for &(i, _) in plan.iter().rev() {
@@ -462,6 +464,7 @@ impl Scheduler {
                 done.push((i, reason));
             }
         }
+        self.scratch = scratch;
         for &(i, reason) in done.iter().rev() {
             let mut s = self.running.remove(i);
             self.release(&s);

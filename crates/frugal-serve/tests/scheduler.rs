@@ -177,6 +177,8 @@ fn preempted_sequences_are_recomputed_to_the_same_tokens() {
         pre.parse::<u64>().unwrap() > 0,
         "the pool was too small: {pre}"
     );
+    // A recomputed request leaves the admission queue once, not at every readmission.
+    assert_eq!(s.metrics.queued(), 0);
 }
 
 #[test]

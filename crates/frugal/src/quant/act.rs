@@ -140,6 +140,19 @@ pub struct PairActs {
     pub pairs: usize,
 }
 
+/// `out = a[0..4], b[0..4], a[4..8], b[4..8], ...`: two rows' bytes in 4-byte granules, so
+/// one 64-bit broadcast holds both tokens' next four values.
+fn interleave4<T: Copy>(out: &mut [T], a: &[T], b: &[T]) {
+    for ((o, x), y) in out
+        .chunks_exact_mut(8)
+        .zip(a.chunks_exact(4))
+        .zip(b.chunks_exact(4))
+    {
+        o[..4].copy_from_slice(x);
+        o[4..].copy_from_slice(y);
+    }
+}
+
 /// One interleaved pair of rows.
 #[derive(Copy, Clone, Debug)]
 pub struct PairRow<'a> {
@@ -159,11 +172,7 @@ impl PairActs {
         self.s.resize(self.pairs * 2 * nb, 0.0);
         for p in 0..self.pairs {
             let (a, b) = (x.row(2 * p), x.row(2 * p + 1));
-            let qs = &mut self.qs[p * 2 * k..(p + 1) * 2 * k];
-            for (g, out) in qs.chunks_exact_mut(8).enumerate() {
-                out[..4].copy_from_slice(&a.qs[4 * g..4 * g + 4]);
-                out[4..].copy_from_slice(&b.qs[4 * g..4 * g + 4]);
-            }
+            interleave4(&mut self.qs[p * 2 * k..(p + 1) * 2 * k], a.qs, b.qs);
             for blk in 0..nb {
                 let i = (p * nb + blk) * 2;
                 (self.d[i], self.d[i + 1]) = (a.d[blk], b.d[blk]);
@@ -435,14 +444,8 @@ impl WidePairActs {
         for p in 0..self.pairs {
             let (a, b) = (x.row(2 * p), x.row(2 * p + 1));
             let span = p * 2 * k..(p + 1) * 2 * k;
-            for (g, out) in self.hi[span.clone()].chunks_exact_mut(8).enumerate() {
-                out[..4].copy_from_slice(&a.hi[4 * g..4 * g + 4]);
-                out[4..].copy_from_slice(&b.hi[4 * g..4 * g + 4]);
-            }
-            for (g, out) in self.lo[span].chunks_exact_mut(8).enumerate() {
-                out[..4].copy_from_slice(&a.lo[4 * g..4 * g + 4]);
-                out[4..].copy_from_slice(&b.lo[4 * g..4 * g + 4]);
-            }
+            interleave4(&mut self.hi[span.clone()], a.hi, b.hi);
+            interleave4(&mut self.lo[span], a.lo, b.lo);
             for blk in 0..nb {
                 let i = (p * nb + blk) * 2;
                 (self.d[i], self.d[i + 1]) = (a.d[blk], b.d[blk]);

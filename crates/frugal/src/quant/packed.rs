@@ -29,7 +29,7 @@
 
 use rayon::prelude::*;
 
-use super::act::{PairActs, Q8Acts, Q8Row, WideActs, WidePairActs, WideRow};
+use super::act::{PairActs, PairRow, Q8Acts, Q8Row, WideActs, WidePairActs, WidePairRow, WideRow};
 use super::kernels;
 use super::matmul::par_row_groups;
 use super::unit::{UNIT, Unit, has_units, int_of, unit, unit_dot};
@@ -389,7 +389,7 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
     {
         return PAIRS.with_borrow_mut(|pairs| {
             pairs.fill(q);
-            matmul_pairs(isa, w, q, pairs, y)
+            matmul_pairs(isa, w, x, &*pairs, y)
         });
     }
     if n >= 2
@@ -399,7 +399,7 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
     {
         return WIDE_PAIRS.with_borrow_mut(|pairs| {
             pairs.fill(q);
-            matmul_wide_pairs(isa, w, q, pairs, y)
+            matmul_pairs(isa, w, x, &*pairs, y)
         });
     }
     let tile = if n == 1 { MATVEC_ROWS } else { MATMUL_ROWS };
@@ -428,121 +428,129 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
 thread_local! {
     /// The caller's interleaved activations for [`matmul_pairs`] (reused across products).
     static PAIRS: std::cell::RefCell<PairActs> = std::cell::RefCell::new(PairActs::default());
-    /// The same for [`matmul_wide_pairs`].
+    /// The same for 15-bit activations.
     static WIDE_PAIRS: std::cell::RefCell<WidePairActs> =
         std::cell::RefCell::new(WidePairActs::default());
 }
 
-/// [`matmul_pairs`] for 15-bit activations and Q8_0 rows (the output head).
-fn matmul_wide_pairs(
+/// Activation rows interleaved two by two for the two-token kernels: 8-bit ([`PairActs`]) or
+/// 15-bit ([`WidePairActs`], Q8_0 weights only).
+pub trait Interleaved: Sync {
+    type Row<'a>: Copy + Sync
+    where
+        Self: 'a;
+    fn pairs(&self) -> usize;
+    fn row(&self, p: usize) -> Self::Row<'_>;
+    /// `out[p][j][r] = dot(row r of the group, token j of pair p)`.
+    fn dot<const P: usize>(
+        isa: kernels::Isa,
+        ty: GgmlType,
+        group: &[u8],
+        xs: &[Self::Row<'_>; P],
+        out: &mut [[[f32; GROUP]; 2]; P],
+    );
+}
+
+impl Interleaved for PairActs {
+    type Row<'a> = PairRow<'a>;
+    fn pairs(&self) -> usize {
+        self.pairs
+    }
+    fn row(&self, p: usize) -> PairRow<'_> {
+        PairActs::row(self, p)
+    }
+    fn dot<const P: usize>(
+        isa: kernels::Isa,
+        ty: GgmlType,
+        group: &[u8],
+        xs: &[PairRow<'_>; P],
+        out: &mut [[[f32; GROUP]; 2]; P],
+    ) {
+        kernels::dot_pairs(isa, ty, group, xs, out);
+    }
+}
+
+impl Interleaved for WidePairActs {
+    type Row<'a> = WidePairRow<'a>;
+    fn pairs(&self) -> usize {
+        self.pairs
+    }
+    fn row(&self, p: usize) -> WidePairRow<'_> {
+        WidePairActs::row(self, p)
+    }
+    fn dot<const P: usize>(
+        isa: kernels::Isa,
+        ty: GgmlType,
+        group: &[u8],
+        xs: &[WidePairRow<'_>; P],
+        out: &mut [[[f32; GROUP]; 2]; P],
+    ) {
+        assert_eq!(
+            ty,
+            GgmlType::Q8_0,
+            "15-bit activations meet Q8_0 weights only"
+        );
+        kernels::dot_wide_pairs(isa, group, xs, out);
+    }
+}
+
+/// [`matmul_packed`] two tokens per instruction: the rows of `x`, interleaved two by two in
+/// `pairs`, in calls of 8, 4 and 1 pairs (more pairs per call share each unit's unpacked weights
+/// more widely: 8 measured 10-15% faster than 4 at 16 tokens); an odd last row runs through the
+/// one-token kernel. Every output is the same bits as the one-token kernel gives.
+fn matmul_pairs<X: PackedActs, I: Interleaved>(
     isa: kernels::Isa,
     w: &PackedMatrix,
-    x: &WideActs,
-    pairs: &WidePairActs,
+    x: &X,
+    pairs: &I,
     y: &mut [f32],
 ) {
-    let n = x.n;
-    let np = pairs.pairs;
+    let (n, _) = x.shape();
+    let np = pairs.pairs();
     // The pairs' views, made once (not per group and call).
     let rows: Vec<_> = (0..np).map(|p| pairs.row(p)).collect();
     par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, nrows, out| {
         for gi in 0..nrows.div_ceil(GROUP) {
             let group = w.group(r0 / GROUP + gi);
             let mut p = 0;
-            let mut call = |p: usize, len: usize| {
-                let put = |out: &mut super::matmul::RowsOut, i: usize, o: &[[f32; GROUP]; 2]| {
-                    out.put(2 * (p + i), gi * GROUP, &o[0]);
-                    out.put(2 * (p + i) + 1, gi * GROUP, &o[1]);
-                };
-                match len {
-                    8 => {
-                        let xs: &[_; 8] = rows[p..p + 8].try_into().expect("8 rows");
-                        let mut o = [[[0f32; GROUP]; 2]; 8];
-                        kernels::dot_wide_pairs(isa, group, xs, &mut o);
-                        o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
-                    }
-                    4 => {
-                        let xs: &[_; 4] = rows[p..p + 4].try_into().expect("4 rows");
-                        let mut o = [[[0f32; GROUP]; 2]; 4];
-                        kernels::dot_wide_pairs(isa, group, xs, &mut o);
-                        o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
-                    }
-                    _ => {
-                        let mut o = [[[0f32; GROUP]; 2]; 1];
-                        kernels::dot_wide_pairs(isa, group, &[rows[p]], &mut o);
-                        put(out, 0, &o[0]);
-                    }
-                }
-            };
-            for len in PAIR_CALLS {
-                while p + len <= np {
-                    call(p, len);
-                    p += len;
-                }
+            while p + 8 <= np {
+                pair_call::<I, 8>(isa, w.ty, group, &rows, p, gi, out);
+                p += 8;
+            }
+            while p + 4 <= np {
+                pair_call::<I, 4>(isa, w.ty, group, &rows, p, gi, out);
+                p += 4;
+            }
+            for p in p..np {
+                pair_call::<I, 1>(isa, w.ty, group, &rows, p, gi, out);
             }
             if n % 2 == 1 {
                 let mut o = [[0f32; GROUP]; 1];
-                kernels::dot_packed_wide(isa, group, &[x.row(n - 1)], &mut o);
+                X::dot(isa, w.ty, group, &[x.row(n - 1)], &mut o);
                 out.put(n - 1, gi * GROUP, &o[0]);
             }
         }
     });
 }
 
-/// Pairs of tokens per two-token kernel call, largest first: more pairs per call share each
-/// unit's unpacked weights more widely (8 pairs measured 10-15% faster than 4 at 16 tokens).
-const PAIR_CALLS: [usize; 3] = [8, 4, 1];
-
-/// [`matmul_packed`] two tokens per instruction: pairs of rows of `x`, interleaved in
-/// `pairs`; an odd last row runs through the one-token kernel. Every output is the same bits
-/// as the one-token kernel gives.
-fn matmul_pairs(isa: kernels::Isa, w: &PackedMatrix, x: &Q8Acts, pairs: &PairActs, y: &mut [f32]) {
-    let n = x.n;
-    let np = pairs.pairs;
-    // The pairs' views, made once (not per group and call).
-    let rows: Vec<_> = (0..np).map(|p| pairs.row(p)).collect();
-    par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, nrows, out| {
-        for gi in 0..nrows.div_ceil(GROUP) {
-            let group = w.group(r0 / GROUP + gi);
-            let mut p = 0;
-            let mut call = |p: usize, len: usize| {
-                let put = |out: &mut super::matmul::RowsOut, i: usize, o: &[[f32; GROUP]; 2]| {
-                    out.put(2 * (p + i), gi * GROUP, &o[0]);
-                    out.put(2 * (p + i) + 1, gi * GROUP, &o[1]);
-                };
-                match len {
-                    8 => {
-                        let xs: &[_; 8] = rows[p..p + 8].try_into().expect("8 rows");
-                        let mut o = [[[0f32; GROUP]; 2]; 8];
-                        kernels::dot_pairs(isa, w.ty, group, xs, &mut o);
-                        o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
-                    }
-                    4 => {
-                        let xs: &[_; 4] = rows[p..p + 4].try_into().expect("4 rows");
-                        let mut o = [[[0f32; GROUP]; 2]; 4];
-                        kernels::dot_pairs(isa, w.ty, group, xs, &mut o);
-                        o.iter().enumerate().for_each(|(i, o)| put(out, i, o));
-                    }
-                    _ => {
-                        let mut o = [[[0f32; GROUP]; 2]; 1];
-                        kernels::dot_pairs(isa, w.ty, group, &[rows[p]], &mut o);
-                        put(out, 0, &o[0]);
-                    }
-                }
-            };
-            for len in PAIR_CALLS {
-                while p + len <= np {
-                    call(p, len);
-                    p += len;
-                }
-            }
-            if n % 2 == 1 {
-                let mut o = [[0f32; GROUP]; 1];
-                kernels::dot_packed(isa, w.ty, group, &[x.row(n - 1)], &mut o);
-                out.put(n - 1, gi * GROUP, &o[0]);
-            }
-        }
-    });
+/// One two-token kernel call on pairs `p..p + P` of group `gi`, written into `out`.
+#[allow(clippy::too_many_arguments)]
+fn pair_call<I: Interleaved, const P: usize>(
+    isa: kernels::Isa,
+    ty: GgmlType,
+    group: &[u8],
+    rows: &[I::Row<'_>],
+    p: usize,
+    gi: usize,
+    out: &mut super::matmul::RowsOut,
+) {
+    let xs: &[_; P] = rows[p..p + P].try_into().expect("P pairs");
+    let mut o = [[[0f32; GROUP]; 2]; P];
+    I::dot(isa, ty, group, xs, &mut o);
+    for (i, op) in o.iter().enumerate() {
+        out.put(2 * (p + i), gi * GROUP, &op[0]);
+        out.put(2 * (p + i) + 1, gi * GROUP, &op[1]);
+    }
 }
 
 #[cfg(test)]
