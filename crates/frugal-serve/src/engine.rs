@@ -247,11 +247,8 @@ impl Scheduler {
             self.drop_cancelled();
             self.admit();
             self.publish_gauges();
-            let ran = self.step();
-            // After the step too: the last sequence may just have finished, and the loop
-            // then sleeps until the next request.
-            self.publish_gauges();
-            if !ran {
+            // (The step publishes them again when sequences finish: the loop may then sleep.)
+            if !self.step() {
                 // Nothing could run (waiting for blocks that no running sequence will free
                 // is impossible: admission checks the total); avoid spinning.
                 std::thread::sleep(Duration::from_millis(1));
@@ -273,12 +270,12 @@ impl Scheduler {
         let bs = self.pool.block_size();
         let need = (r.prompt.len() + r.max_tokens).div_ceil(bs);
         if need > self.pool.total_blocks() {
+            self.metrics.finished("error");
+            self.metrics.dequeued(true);
             let _ = shared.events.send(Event::Failed(format!(
                 "the prompt and max_tokens need {need} KV blocks of {bs} tokens; the KV budget holds {}",
                 self.pool.total_blocks()
             )));
-            self.metrics.finished("error");
-            self.metrics.dequeued(true);
             return;
         }
         for choice in 0..r.n {
@@ -438,9 +435,9 @@ impl Scheduler {
                 // sequences of this batch rather than the server.
                 for &(i, _) in plan.iter().rev() {
                     let s = self.running.remove(i);
-                    let _ = s.shared.events.send(Event::Failed(e.to_string()));
                     self.release(&s);
                     self.metrics.finished("error");
+                    let _ = s.shared.events.send(Event::Failed(e.to_string()));
                 }
                 return true;
             }
@@ -465,9 +462,22 @@ impl Scheduler {
             }
         }
         self.scratch = scratch;
+        // Finished sequences leave the batch and the counters and gauges are updated before
+        // their clients hear of it, so /metrics read after a response already shows it.
+        let mut finished = Vec::with_capacity(done.len());
         for &(i, reason) in done.iter().rev() {
-            let mut s = self.running.remove(i);
+            let s = self.running.remove(i);
             self.release(&s);
+            if s.choice == 0 {
+                self.metrics.finished(reason.as_str());
+                self.metrics.e2e(s.shared.arrived.elapsed().as_secs_f64());
+            }
+            finished.push((s, reason));
+        }
+        if !finished.is_empty() {
+            self.publish_gauges();
+        }
+        for (mut s, reason) in finished {
             let mut text = String::new();
             if !s.stop_hit {
                 let rest = s.decoder.finish();
@@ -483,10 +493,6 @@ impl Scheduler {
                 text,
                 completion_tokens: s.generated,
             });
-            if s.choice == 0 {
-                self.metrics.finished(reason.as_str());
-                self.metrics.e2e(s.shared.arrived.elapsed().as_secs_f64());
-            }
         }
         true
     }
