@@ -37,8 +37,10 @@ pub struct GenerationStats {
     /// Prompt tokens actually run through the model (fewer when a chat reuses its cache).
     pub prefill_tokens: usize,
     pub generated_tokens: usize,
-    /// Single-token forward passes after the prefill.
+    /// Forward passes after the prefill (one token each, or a speculative draft's check).
     pub decode_steps: usize,
+    /// Tokens those passes chose (equal to the passes without speculation).
+    pub decode_tokens: usize,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     pub kv_cache_bytes: usize,
@@ -49,9 +51,9 @@ impl GenerationStats {
         self.prefill_tokens as f64 / self.prefill_seconds.max(1e-9)
     }
 
-    /// Decode speed: single-token passes (with sampling) per second.
+    /// Decode speed: tokens chosen after the prefill (with sampling) per second.
     pub fn decode_tokens_per_s(&self) -> f64 {
-        self.decode_steps as f64 / self.decode_seconds.max(1e-9)
+        self.decode_tokens as f64 / self.decode_seconds.max(1e-9)
     }
 }
 
@@ -134,16 +136,7 @@ impl<'m> Session<'m> {
         opts: &GenerateOptions,
         mut on_text: impl FnMut(&str),
     ) -> Result<Generation> {
-        if prompt.is_empty() {
-            return Err(Error::EmptyInput);
-        }
-        if prompt.len() > self.ctx() {
-            return Err(Error::PromptTooLong {
-                prompt: prompt.len(),
-                ctx: self.ctx(),
-            });
-        }
-        opts.sampler.validate().map_err(Error::Invalid)?;
+        check_prompt(prompt, self.ctx(), opts)?;
         // Reuse the longest cached prefix, but always run at least the last prompt token.
         let common = self
             .cached
@@ -165,58 +158,132 @@ impl<'m> Session<'m> {
             ..Default::default()
         };
         let mut sampler = Sampler::new(opts.sampler.clone());
-        let mut history: Vec<u32> = prompt.to_vec();
-        let mut generated = Vec::new();
-        let mut text = String::new();
-        let mut decoder = StreamDecoder::default();
-        let mut stop_filter = StopFilter::new(&opts.stop);
+        let mut out = Emitter::new(tok, prompt, opts, self.ctx());
 
         let t0 = Instant::now();
         let mut next = {
             let logits = self.feed(&prompt[keep..])?;
-            sampler.sample(logits, &history)
+            sampler.sample_with(logits, out.history(), out.generated())
         };
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let stop_reason = loop {
-            if tok.is_end_of_generation(next) {
-                break StopReason::EndOfGeneration;
-            }
-            generated.push(next);
-            history.push(next);
-            let piece = decoder.push(tok.token_bytes(next, false));
-            let (emit, hit) = stop_filter.push(&piece);
-            text.push_str(&emit);
-            on_text(&emit);
-            if hit {
-                break StopReason::StopString;
-            }
-            if generated.len() >= opts.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            if self.cached.len() >= self.ctx() {
-                break StopReason::ContextFull;
+            if let Some(stop) = out.push(next, &mut on_text) {
+                break stop;
             }
             let logits = self.feed(&[next])?;
-            next = sampler.sample(logits, &history);
+            next = sampler.sample_with(logits, out.history(), out.generated());
             stats.decode_steps += 1;
+            stats.decode_tokens += 1;
         };
+        stats.decode_seconds = t1.elapsed().as_secs_f64();
+        stats.kv_cache_bytes = self.kv.bytes_in_use();
+        Ok(out.finish(stop_reason, stats, &mut on_text))
+    }
+}
+
+/// A prompt must hold at least one token and fit the context, and the sampler settings must be
+/// in range.
+pub fn check_prompt(prompt: &[u32], ctx: usize, opts: &GenerateOptions) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(Error::EmptyInput);
+    }
+    if prompt.len() > ctx {
+        return Err(Error::PromptTooLong {
+            prompt: prompt.len(),
+            ctx,
+        });
+    }
+    opts.sampler.validate().map_err(Error::Invalid)
+}
+
+/// The output side of a decoding loop, shared by plain and speculative decoding so both stop at
+/// the same token for the same reason: takes generated tokens one at a time, streams their text
+/// (held back while it could be the start of a stop string), and says when generation ends.
+pub struct Emitter<'t> {
+    tok: &'t Tokenizer,
+    max_tokens: usize,
+    ctx: usize,
+    prompt_len: usize,
+    /// The prompt and every generated token.
+    history: Vec<u32>,
+    text: String,
+    decoder: StreamDecoder,
+    stop_filter: StopFilter,
+}
+
+impl<'t> Emitter<'t> {
+    pub fn new(tok: &'t Tokenizer, prompt: &[u32], opts: &GenerateOptions, ctx: usize) -> Self {
+        Emitter {
+            tok,
+            max_tokens: opts.max_tokens,
+            ctx,
+            prompt_len: prompt.len(),
+            history: prompt.to_vec(),
+            text: String::new(),
+            decoder: StreamDecoder::default(),
+            stop_filter: StopFilter::new(&opts.stop),
+        }
+    }
+
+    /// The prompt followed by the tokens generated so far.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// The tokens generated so far.
+    pub fn generated(&self) -> &[u32] {
+        &self.history[self.prompt_len..]
+    }
+
+    /// Takes the next generated token; returns why generation stops, if it does. An
+    /// end-of-generation token stops before it is kept. The context is full once every
+    /// position holds a token the model has seen, that is when the token just kept would have
+    /// nowhere to go.
+    pub fn push(&mut self, token: u32, on_text: &mut impl FnMut(&str)) -> Option<StopReason> {
+        if self.tok.is_end_of_generation(token) {
+            return Some(StopReason::EndOfGeneration);
+        }
+        self.history.push(token);
+        let piece = self.decoder.push(self.tok.token_bytes(token, false));
+        let (emit, hit) = self.stop_filter.push(&piece);
+        self.text.push_str(&emit);
+        on_text(&emit);
+        if hit {
+            return Some(StopReason::StopString);
+        }
+        if self.history.len() - self.prompt_len >= self.max_tokens {
+            return Some(StopReason::MaxTokens);
+        }
+        // Positions the model has run: the prompt and every kept token but the last.
+        if self.history.len() > self.ctx {
+            return Some(StopReason::ContextFull);
+        }
+        None
+    }
+
+    /// Flushes held-back text and returns the generation.
+    pub fn finish(
+        mut self,
+        stop_reason: StopReason,
+        mut stats: GenerationStats,
+        on_text: &mut impl FnMut(&str),
+    ) -> Generation {
         if stop_reason != StopReason::StopString {
-            let rest = decoder.finish();
-            let (mut emit, _) = stop_filter.push(&rest);
-            emit.push_str(&stop_filter.flush());
-            text.push_str(&emit);
+            let rest = self.decoder.finish();
+            let (mut emit, _) = self.stop_filter.push(&rest);
+            emit.push_str(&self.stop_filter.flush());
+            self.text.push_str(&emit);
             on_text(&emit);
         }
-        stats.decode_seconds = t1.elapsed().as_secs_f64();
-        stats.generated_tokens = generated.len();
-        stats.kv_cache_bytes = self.kv.bytes_in_use();
-        Ok(Generation {
-            text,
-            tokens: generated,
+        let tokens = self.history.split_off(self.prompt_len);
+        stats.generated_tokens = tokens.len();
+        Generation {
+            text: self.text,
+            tokens,
             stop_reason,
             stats,
-        })
+        }
     }
 }
 

@@ -22,6 +22,7 @@ pub mod model;
 pub mod ops;
 pub mod quant;
 pub mod sample;
+pub mod speculate;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -105,6 +105,75 @@ impl Sampler {
     /// [`sample`](Self::sample) with the presence and frequency penalties applied over
     /// `generated` (the tokens generated so far).
     pub fn sample_with(&mut self, logits: &[f32], history: &[u32], generated: &[u32]) -> u32 {
+        if let Some(id) = self.narrow(logits, history, generated) {
+            return id;
+        }
+        // A draw from the renormalized weights.
+        let total: f32 = self.weights.iter().sum();
+        let mut r = self.rng.random::<f32>() * total;
+        for (&(id, _), &w) in self.candidates.iter().zip(self.weights.iter()) {
+            if r < w {
+                return id;
+            }
+            r -= w;
+        }
+        self.candidates[self.candidates.len() - 1].0
+    }
+
+    /// The distribution [`sample_with`](Self::sample_with) draws from, after every setting:
+    /// `(token, probability)` pairs summing to 1, most likely first; greedy decoding gives one
+    /// token with probability 1. Speculative sampling compares the draft's and the target's.
+    pub fn distribution(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        generated: &[u32],
+        out: &mut Vec<(u32, f32)>,
+    ) {
+        out.clear();
+        if let Some(id) = self.narrow(logits, history, generated) {
+            out.push((id, 1.0));
+            return;
+        }
+        let total: f32 = self.weights.iter().sum();
+        out.extend(
+            self.candidates
+                .iter()
+                .zip(&self.weights)
+                .map(|(&(id, _), &w)| (id, w / total)),
+        );
+    }
+
+    /// A uniform draw in [0, 1) from the sampler's seeded stream.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.random::<f32>()
+    }
+
+    /// A draw from `weights` (token, weight >= 0), proportional to the weights; `None` when they
+    /// sum to zero.
+    pub fn draw(&mut self, weights: &[(u32, f32)]) -> Option<u32> {
+        let total: f32 = weights.iter().map(|w| w.1).sum();
+        if total.is_nan() || total <= 0.0 {
+            return None;
+        }
+        let mut r = self.rng.random::<f32>() * total;
+        let mut last = None;
+        for &(id, w) in weights {
+            if w > 0.0 {
+                if r < w {
+                    return Some(id);
+                }
+                r -= w;
+                last = Some(id);
+            }
+        }
+        last
+    }
+
+    /// Applies the penalties and, unless greedy, the top-k, top-p and min-p cut-offs, leaving
+    /// the surviving candidates (most likely first) in `candidates` and their weights at the
+    /// sampling temperature in `weights`. Greedy decoding returns the chosen token instead.
+    fn narrow(&mut self, logits: &[f32], history: &[u32], generated: &[u32]) -> Option<u32> {
         let p = &self.params;
         let c = &mut self.candidates;
         c.clear();
@@ -133,7 +202,7 @@ impl Sampler {
             }
         }
         if p.temperature <= 0.0 {
-            return argmax(c);
+            return Some(argmax(c));
         }
         // Sort descending by logit (ties by id for determinism).
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -165,19 +234,11 @@ impl Sampler {
             keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
         }
         c.truncate(keep);
-        // Temperature, then a draw from the renormalized distribution.
+        // Weights at the sampling temperature.
         let weights = &mut self.weights;
         weights.clear();
         weights.extend(c.iter().map(|&(_, l)| ((l - max) / p.temperature).exp()));
-        let total: f32 = weights.iter().sum();
-        let mut r = self.rng.random::<f32>() * total;
-        for (&(id, _), &w) in c.iter().zip(weights.iter()) {
-            if r < w {
-                return id;
-            }
-            r -= w;
-        }
-        c[c.len() - 1].0
+        None
     }
 }
 

@@ -10,6 +10,7 @@ use frugal::kv::{KvFormat, KvLayout, KvOptions, KvType};
 use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::sample::SamplerParams;
+use frugal::speculate::{Method, SpecOptions, Speculator};
 use frugal::tokenizer::Tokenizer;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -142,6 +143,54 @@ impl SamplingArgs {
             ..SamplerParams::default()
         }
     }
+}
+
+/// Speculative decoding: a drafter proposes tokens, the model checks them in one pass; the
+/// output is exactly the model's own.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SpecArgs {
+    /// Speculative decoding with a drafter: ngram[:N][:K] (prompt lookup, no model),
+    /// self:L[:K] (the model's first L layers and its head), draft:FILE[:K] (a smaller model with
+    /// the same vocabulary); K is the most tokens drafted per pass. Greedy output is token for
+    /// token the same as without; sampling keeps the model's distribution exactly
+    #[arg(long = "speculate", value_name = "DRAFTER")]
+    pub speculate: Option<String>,
+    /// Draft K tokens every pass instead of adapting the draft length to the acceptance
+    #[arg(long = "speculate-fixed", requires = "speculate")]
+    pub fixed: bool,
+}
+
+impl SpecArgs {
+    /// The parsed drafter, if any (errors name the accepted forms).
+    pub fn options(&self) -> Result<Option<SpecOptions>> {
+        let Some(s) = &self.speculate else {
+            return Ok(None);
+        };
+        let mut o: SpecOptions = s.parse().map_err(anyhow::Error::msg)?;
+        o.adaptive = !self.fixed;
+        Ok(Some(o))
+    }
+}
+
+/// A speculative session for `model`: loads the draft model a `draft:` drafter names, with the
+/// same activation precision as the target.
+pub fn speculator<'m>(
+    model: &'m Model,
+    args: &ModelArgs,
+    ctx: usize,
+    kv: &KvOptions,
+    attention: Attention,
+    spec: &SpecOptions,
+) -> Result<Speculator<'m>> {
+    let draft = match &spec.method {
+        Method::Draft { path } => {
+            let mut d = load_model(path, None)?;
+            d.set_activations(args.activations);
+            Some(d)
+        }
+        _ => None,
+    };
+    Ok(Speculator::new(model, ctx, kv, attention, spec, draft)?)
 }
 
 /// The model path given, or the default model (fetched if missing).

@@ -6,7 +6,7 @@ use anyhow::Result;
 use frugal::chat::{ChatTemplate, Message};
 use frugal::generate::{GenerateOptions, Session, StopReason};
 
-use super::common::{self, ModelArgs, RunArgs, SamplingArgs};
+use super::common::{self, ModelArgs, RunArgs, SamplingArgs, SpecArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -24,11 +24,18 @@ pub struct Args {
     pub run: RunArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
     // Flags first: a typo fails before the model loads.
     let (kv_opts, attention) = (a.run.engine.kv_options()?, a.run.engine.attention()?);
+    let spec_opts = a.spec.options()?;
+    anyhow::ensure!(
+        spec_opts.is_none() || !a.run.no_kv_cache,
+        "--speculate needs the KV cache (it drops rejected positions from it)"
+    );
     let prompt = if a.prompt == "-" {
         common::read_stdin()?
     } else {
@@ -44,7 +51,6 @@ pub fn run(a: Args) -> Result<()> {
         tok.encode(&prompt, false)?
     };
     let ctx = common::context_len(&a.run, &model)?;
-    let mut session = Session::with_options(&model, ctx, !a.run.no_kv_cache, &kv_opts, attention)?;
     let opts = GenerateOptions {
         max_tokens: a.sampling.max_tokens,
         stop: a.sampling.stop.clone(),
@@ -52,12 +58,24 @@ pub fn run(a: Args) -> Result<()> {
     };
     let mut stdout = std::io::stdout().lock();
     let json = a.json;
-    let g = session.generate(&tok, &ids, &opts, |piece| {
+    let stream = |piece: &str| {
         if !json {
             let _ = stdout.write_all(piece.as_bytes());
             let _ = stdout.flush();
         }
-    })?;
+    };
+    let (g, spec) = match &spec_opts {
+        None => {
+            let mut session =
+                Session::with_options(&model, ctx, !a.run.no_kv_cache, &kv_opts, attention)?;
+            (session.generate(&tok, &ids, &opts, stream)?, None)
+        }
+        Some(so) => {
+            let mut s = common::speculator(&model, &a.model, ctx, &kv_opts, attention, so)?;
+            let (g, st) = s.generate(&tok, &ids, &opts, stream)?;
+            (g, Some(st))
+        }
+    };
     let s = &g.stats;
     if json {
         let out = serde_json::json!({
@@ -81,11 +99,25 @@ pub fn run(a: Args) -> Result<()> {
                 "kv": kv_opts,
                 "attention": attention,
                 "threads": rayon::current_num_threads(),
+                "speculate": a.spec.speculate,
+                "speculation": spec,
             }
         });
         writeln!(stdout, "{out}")?;
     } else {
         writeln!(stdout)?;
+    }
+    if let Some(sp) = &spec {
+        eprintln!(
+            "speculate {}: {} passes for {} tokens ({:.2} per pass) | {} drafted, {} accepted ({:.0}%)",
+            a.spec.speculate.as_deref().unwrap_or(""),
+            sp.passes,
+            s.generated_tokens,
+            s.generated_tokens as f64 / sp.passes.max(1) as f64,
+            sp.drafted,
+            sp.accepted,
+            100.0 * sp.acceptance(),
+        );
     }
     if g.stop_reason == StopReason::ContextFull {
         eprintln!("note: stopped because the context of {ctx} tokens is full (raise --ctx)");

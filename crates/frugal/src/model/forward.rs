@@ -6,6 +6,8 @@
 //! A batched call ([`Model::forward_batch`]) does the same for several sequences at once: their
 //! tokens are one block of rows for every product, and only attention is per sequence.
 
+use std::ops::Range;
+
 use super::Linear;
 use super::Model;
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
@@ -27,6 +29,16 @@ pub enum Logits {
     All,
     /// Tokens `i..n` of the batch: perplexity scores only the second half of each window.
     From(usize),
+}
+
+/// What a pass starts from: token ids, embedded first, or the residual stream entering the first
+/// layer of the pass (`rows x n_embd`), as an earlier pass over the layers before left it
+/// ([`Scratch::hidden`]). Splitting the layers into spans is how an early-exit draft shares its
+/// work with the full model (see `speculate`).
+#[derive(Copy, Clone, Debug)]
+pub enum Input<'a> {
+    Tokens(&'a [u32]),
+    Hidden(&'a [f32]),
 }
 
 /// Reusable activation buffers, grown to the largest batch seen, so steady-state decode does
@@ -67,6 +79,17 @@ impl Scratch {
             attention,
             ..Default::default()
         }
+    }
+
+    /// The residual stream of every row of the last pass after its last layer, before the
+    /// final norm (`rows x n_embd`).
+    pub fn hidden(&self) -> &[f32] {
+        &self.x
+    }
+
+    /// The logits the last pass returned (`rows x n_vocab`).
+    pub fn logits(&self, n_vocab: usize) -> &[f32] {
+        &self.logits[..self.logit_rows.len() * n_vocab]
     }
 }
 
@@ -143,7 +166,40 @@ impl Model {
         };
         s.logit_rows.clear();
         s.logit_rows.extend(first..n);
-        let rows = self.run(tokens, &[n], &mut OneSeq(kv), s, obs)?;
+        let all = 0..self.config.n_layers;
+        let rows = self.run(Input::Tokens(tokens), all, &[n], &mut OneSeq(kv), s, obs)?;
+        Ok(&s.logits[..rows * self.config.n_vocab])
+    }
+
+    /// Runs the layers `layers` only, from `input`, over a cache that holds just those layers
+    /// (its layer 0 is layer `layers.start`). With `want`, the final norm and the output head
+    /// follow the last layer of the span even when it is not the model's last: an early exit.
+    /// [`Scratch::hidden`] then holds the residual stream the next span starts from. A pass over
+    /// `0..L` then one over `L..n_layers` from its hidden state gives the same bits as one
+    /// pass over all layers.
+    pub fn forward_span<'s>(
+        &self,
+        input: Input,
+        layers: Range<usize>,
+        kv: &mut dyn KvSequence,
+        s: &'s mut Scratch,
+        want: Option<Logits>,
+    ) -> Result<&'s [f32], Error> {
+        let d = self.config.n_embd;
+        let n = match input {
+            Input::Tokens(t) => t.len(),
+            Input::Hidden(h) => h.len() / d,
+        };
+        s.logit_rows.clear();
+        if let Some(want) = want {
+            let first = match want {
+                Logits::Last => n.saturating_sub(1),
+                Logits::All => 0,
+                Logits::From(i) => i.min(n.saturating_sub(1)),
+            };
+            s.logit_rows.extend(first..n);
+        }
+        let rows = self.run(input, layers, &[n], &mut OneSeq(kv), s, None)?;
         Ok(&s.logits[..rows * self.config.n_vocab])
     }
 
@@ -180,8 +236,10 @@ impl Model {
             seqs.push(g.seq);
             lens.push(g.tokens.len());
         }
+        let all = 0..self.config.n_layers;
         let r = self.run(
-            &tokens,
+            Input::Tokens(&tokens),
+            all,
             &lens,
             &mut PoolBatch { pool, seqs: &seqs },
             s,
@@ -192,12 +250,14 @@ impl Model {
         Ok(&s.logits[..rows * self.config.n_vocab])
     }
 
-    /// The forward pass over the tokens of every segment (`lens[i]` tokens of segment `i`, one
-    /// after another in `tokens`), leaving the logits of the rows in `s.logit_rows` in
-    /// `s.logits`; returns how many rows that is.
+    /// The forward pass through `layers` over the rows of every segment (`lens[i]` rows of
+    /// segment `i`, one after another in `input`), leaving the logits of the rows in
+    /// `s.logit_rows` in `s.logits`; returns how many rows that is. Layer `l` of the model is
+    /// layer `l - layers.start` of the cache.
     fn run(
         &self,
-        tokens: &[u32],
+        input: Input,
+        layers: Range<usize>,
         lens: &[usize],
         kv: &mut dyn KvBatch,
         s: &mut Scratch,
@@ -205,17 +265,44 @@ impl Model {
     ) -> Result<usize, Error> {
         let c = &self.config;
         let w = &self.weights;
-        let n = tokens.len();
+        let d = c.n_embd;
+        let n = match input {
+            Input::Tokens(t) => t.len(),
+            Input::Hidden(h) => h.len() / d,
+        };
         debug_assert_eq!(lens.iter().sum::<usize>(), n);
         debug_assert_eq!(lens.len(), kv.segments());
         if n == 0 || lens.contains(&0) {
             return Err(Error::EmptyInput);
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return Err(Error::BadToken {
-                id: bad,
-                n_vocab: c.n_vocab,
-            });
+        if layers.start > layers.end || layers.end > c.n_layers {
+            return Err(Error::Invalid(format!(
+                "layers {}..{} of a model with {}",
+                layers.start, layers.end, c.n_layers
+            )));
+        }
+        match input {
+            Input::Tokens(tokens) => {
+                if layers.start != 0 {
+                    return Err(Error::Invalid(format!(
+                        "a pass from token ids starts at layer 0, not {}",
+                        layers.start
+                    )));
+                }
+                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+                    return Err(Error::BadToken {
+                        id: bad,
+                        n_vocab: c.n_vocab,
+                    });
+                }
+            }
+            Input::Hidden(h) if h.len() != n * d => {
+                return Err(Error::Invalid(format!(
+                    "hidden states of {} values are not rows of {d}",
+                    h.len()
+                )));
+            }
+            Input::Hidden(_) => {}
         }
         for (i, &len) in lens.iter().enumerate() {
             if let Err(e) = kv.reserve(i, len) {
@@ -230,7 +317,6 @@ impl Model {
             s.segs.push((kv.len(i), row, len));
             row += len;
         }
-        let d = c.n_embd;
         let shape = AttnShape {
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,
@@ -239,10 +325,15 @@ impl Model {
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
 
         // Token embeddings: decode the rows of the (usually quantized) embedding table.
-        let embd = w.token_embd.view(&self.file);
         let x = sized(&mut s.x, n * d);
-        for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
-            embd.dequantize_row(t as usize, row);
+        match input {
+            Input::Tokens(tokens) => {
+                let embd = w.token_embd.view(&self.file);
+                for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
+                    embd.dequantize_row(t as usize, row);
+                }
+            }
+            Input::Hidden(h) => x.copy_from_slice(h),
         }
         s.rope.fill(0, 0, c.rope_dim, c.rope_base);
         for &(pos0, _, len) in &s.segs {
@@ -250,11 +341,13 @@ impl Model {
         }
 
         let act = self.activations;
-        for (l, lw) in w.layers.iter().enumerate() {
+        let first_layer = layers.start;
+        for (l, lw) in w.layers[layers].iter().enumerate() {
+            let l_model = l + first_layer;
             // Attention block: norm -> Q, K, V -> RoPE -> cache -> attention -> output -> residual.
             let xb = sized(&mut s.xb, n * d);
             rms_norm(&s.x, &lw.attn_norm, c.rms_eps, xb);
-            observe(&mut obs, l, Site::AttnInput, xb, d);
+            observe(&mut obs, l_model, Site::AttnInput, xb, d);
             let xq = quantize_input(act, xb, d, &mut s.acts);
             let q = sized(&mut s.q, n * q_dim);
             let k = sized(&mut s.k, n * kv_dim);
@@ -307,7 +400,7 @@ impl Model {
                         attend(kind, shape, q, kl, vl, pos0, out, ws);
                     });
             }
-            observe(&mut obs, l, Site::AttnOutput, att, q_dim);
+            observe(&mut obs, l_model, Site::AttnOutput, att, q_dim);
             let proj = sized(&mut s.proj, n * d);
             let attq = quantize_input(act, att, q_dim, &mut s.acts);
             self.linear(&lw.wo, att, attq, proj);
@@ -315,18 +408,18 @@ impl Model {
 
             // Feed-forward block: norm -> SwiGLU(gate, up) -> down -> residual.
             rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, xb);
-            observe(&mut obs, l, Site::FfnInput, xb, d);
+            observe(&mut obs, l_model, Site::FfnInput, xb, d);
             let xq = quantize_input(act, xb, d, &mut s.acts);
             let gate = sized(&mut s.gate, n * c.n_ff);
             let up = sized(&mut s.up, n * c.n_ff);
             self.linear(&lw.w_gate, xb, xq, gate);
             self.linear(&lw.w_up, xb, xq, up);
             swiglu(gate, up);
-            observe(&mut obs, l, Site::FfnDownInput, gate, c.n_ff);
+            observe(&mut obs, l_model, Site::FfnDownInput, gate, c.n_ff);
             let hq = quantize_input(act, gate, c.n_ff, &mut s.acts);
             self.linear(&lw.w_down, gate, hq, proj);
             add_assign(&mut s.x, proj);
-            observe(&mut obs, l, Site::LayerOutput, &s.x, d);
+            observe(&mut obs, l_model, Site::LayerOutput, &s.x, d);
         }
         for (i, &(_, _, len)) in s.segs.iter().enumerate() {
             kv.commit(i, len);

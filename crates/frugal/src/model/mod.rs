@@ -6,7 +6,7 @@ pub mod synthetic;
 mod weights;
 
 pub use config::{Config, SUPPORTED_ARCHS};
-pub use forward::{Logits, Observer, Scratch, Segment, Site};
+pub use forward::{Input, Logits, Observer, Scratch, Segment, Site};
 pub use weights::{LayerWeights, Linear, Weights};
 
 use std::path::Path;

@@ -12,6 +12,7 @@ mod context;
 mod kv;
 mod model;
 pub mod plot;
+mod speculate;
 mod train;
 
 use std::path::PathBuf;
@@ -38,6 +39,9 @@ pub enum BenchCommand {
     /// Batched decoding (as llama-batched-bench): B sequences prefill and then decode together;
     /// aggregate tokens/s against B.
     Batch(batch::Args),
+    /// Speculative decoding: acceptance, tokens per pass and speed-up over plain decoding for
+    /// each drafter, beside Leviathan et al.'s prediction, on input-grounded and open prompts.
+    Speculate(speculate::Args),
     /// Training tokens/s of the model and of layer-dropped students, and the fraction of the
     /// GEMM peak (measured in the same run) the step's products reach.
     Train(train::Args),
@@ -85,5 +89,6 @@ pub fn run(a: Args) -> Result<()> {
         Some(BenchCommand::Context(a)) => context::run(a),
         Some(BenchCommand::Train(a)) => train::run(a),
         Some(BenchCommand::Batch(a)) => batch::run(a),
+        Some(BenchCommand::Speculate(a)) => speculate::run(a),
     }
 }

@@ -1,0 +1,382 @@
+//! The speculative decoding loop: draft, verify in one pass, keep the accepted prefix, drop the
+//! rest from the caches, repeat.
+//!
+//! Output goes through the same [`Emitter`] as plain decoding, one token at a time, so stop
+//! strings, end-of-generation tokens, `max_tokens` and a full context end generation at the same
+//! token for the same reason.
+
+use std::time::Instant;
+
+use super::draft_model::DraftModel;
+use super::ngram;
+use super::rule::{self, Workspace};
+use super::target::Target;
+use super::{Method, SpecOptions};
+use crate::attention::Attention;
+use crate::error::{Error, Result};
+use crate::generate::{Emitter, GenerateOptions, Generation, GenerationStats};
+use crate::kv::KvOptions;
+use crate::model::{Logits, Model};
+use crate::sample::{Sampler, SamplerParams};
+use crate::tokenizer::Tokenizer;
+
+/// Where draft tokens come from.
+pub enum Drafter {
+    Ngram {
+        n: usize,
+    },
+    /// The target's own first layers (the split lives in the target's caches).
+    EarlyExit,
+    Model(Box<DraftModel>),
+}
+
+/// What speculation did during one generation.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SpecStats {
+    /// Target passes after the prefill (each verifies one draft, possibly empty).
+    pub passes: usize,
+    /// Passes that verified at least one drafted token.
+    pub drafted_passes: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    pub draft_seconds: f64,
+    pub verify_seconds: f64,
+}
+
+impl SpecStats {
+    /// Share of drafted tokens the target kept.
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
+}
+
+/// Chooses the draft length from the acceptance seen so far. For each draft position `j` it
+/// keeps a (decayed) estimate of `a_j`, the chance that token `j` is kept given that the ones
+/// before it were; the expected tokens per pass of a `k`-token draft are then
+/// `1 + sum_{i<=k} prod_{j<=i} a_j` (Leviathan et al.'s `(1 - a^(k+1)) / (1 - a)` when every
+/// `a_j` is the same), over a pass cost of `1 + k (c + v)`: `c` is the drafter's cost per token
+/// and `v` the cost of one more verified row, both relative to a plain decode step. Position by
+/// position matters for prompt lookup, whose drafts are either a long copy or wrong at once.
+/// The choice depends on the tokens only (not on timings), so a seeded run repeats exactly.
+/// When no draft length pays it decodes plainly, drafting one token every `PROBE` passes to
+/// notice when acceptance recovers.
+#[derive(Clone, Debug)]
+struct AdaptiveK {
+    k_max: usize,
+    adaptive: bool,
+    draft_cost: f64,
+    row_cost: f64,
+    /// Per draft position: decayed counts of tokens kept and of tokens tried.
+    kept: Vec<f64>,
+    tried: Vec<f64>,
+    plain_passes: usize,
+}
+
+const PROBE: usize = 8;
+const DECAY: f64 = 0.9;
+
+impl AdaptiveK {
+    fn new(k_max: usize, adaptive: bool, draft_cost: f64, row_cost: f64) -> Self {
+        AdaptiveK {
+            k_max,
+            adaptive,
+            draft_cost,
+            row_cost,
+            kept: vec![0.0; k_max],
+            tried: vec![0.0; k_max],
+            plain_passes: 0,
+        }
+    }
+
+    /// The chance that draft token `j` is kept once those before it were (a prior of one kept
+    /// and one rejected token: 0.5 before any evidence).
+    fn alpha(&self, j: usize) -> f64 {
+        ((self.kept[j] + 1.0) / (self.tried[j] + 2.0)).min(0.999)
+    }
+
+    fn next_k(&mut self) -> usize {
+        if !self.adaptive {
+            return self.k_max;
+        }
+        let (mut best, mut best_rate) = (0, 1.0);
+        let (mut expected, mut run) = (1.0, 1.0);
+        for k in 1..=self.k_max {
+            run *= self.alpha(k - 1);
+            expected += run;
+            let rate = expected / (1.0 + k as f64 * (self.draft_cost + self.row_cost));
+            if rate > best_rate {
+                (best, best_rate) = (k, rate);
+            }
+        }
+        if best > 0 {
+            self.plain_passes = 0;
+            return best;
+        }
+        self.plain_passes += 1;
+        if self.plain_passes >= PROBE {
+            self.plain_passes = 0;
+            return 1;
+        }
+        0
+    }
+
+    /// A pass kept `kept` of `drafted` tokens (the first rejection ends the run, so positions
+    /// after it were not tried).
+    fn record(&mut self, drafted: usize, kept: usize) {
+        for j in 0..drafted.min(kept + 1).min(self.k_max) {
+            self.tried[j] = self.tried[j] * DECAY + 1.0;
+            self.kept[j] = self.kept[j] * DECAY + if j < kept { 1.0 } else { 0.0 };
+        }
+    }
+}
+
+/// A generation session whose decode steps are speculative.
+pub struct Speculator<'m> {
+    target: Target<'m>,
+    drafter: Drafter,
+    opts: SpecOptions,
+    /// Tokens whose keys and values are in the target's cache.
+    cached: Vec<u32>,
+    /// Cost of one more verified row relative to a decode step (see [`AdaptiveK`]).
+    pub row_cost: f64,
+    ws: Workspace,
+}
+
+/// Default cost of one more row in a verification pass relative to a one-token decode step,
+/// measured on SmolLM2-135M Q4_1 with 2 threads by `frugal bench speculate` (docs/speculative.md).
+pub const DEFAULT_ROW_COST: f64 = 0.08;
+
+impl<'m> Speculator<'m> {
+    /// A speculative session over `model` with room for `ctx` tokens. A `draft:` method needs
+    /// the draft model loaded (`draft`); the other methods take none.
+    pub fn new(
+        model: &'m Model,
+        ctx: usize,
+        kv: &KvOptions,
+        attention: Attention,
+        opts: &SpecOptions,
+        draft: Option<Model>,
+    ) -> Result<Self> {
+        let (drafter, exit) = match (&opts.method, draft) {
+            (Method::Ngram { n }, None) => (Drafter::Ngram { n: *n }, None),
+            (Method::EarlyExit { layers }, None) => {
+                let n_layers = model.config.n_layers;
+                if *layers >= n_layers {
+                    return Err(Error::Invalid(format!(
+                        "--speculate self:{layers}: the early exit must come before the last of the model's {n_layers} layers"
+                    )));
+                }
+                (Drafter::EarlyExit, Some(*layers))
+            }
+            (Method::Draft { .. }, Some(d)) => (
+                Drafter::Model(Box::new(DraftModel::new(d, model, ctx, kv, attention)?)),
+                None,
+            ),
+            (Method::Draft { path }, None) => {
+                return Err(Error::Invalid(format!(
+                    "the draft model {} is not loaded",
+                    path.display()
+                )));
+            }
+            (_, Some(_)) => {
+                return Err(Error::Invalid(
+                    "a draft model was given to a drafter that takes none".into(),
+                ));
+            }
+        };
+        Ok(Speculator {
+            target: Target::new(model, ctx, kv, attention, exit)?,
+            drafter,
+            opts: opts.clone(),
+            cached: Vec::new(),
+            row_cost: DEFAULT_ROW_COST,
+            ws: Workspace::default(),
+        })
+    }
+
+    pub fn ctx(&self) -> usize {
+        self.target.ctx()
+    }
+
+    /// The drafter's cost per drafted token relative to a target decode step, from the
+    /// multiply-adds of the matrix products each runs per token.
+    pub fn draft_cost(&self) -> f64 {
+        let target = self.target.model;
+        let full = macs_per_token(target, target.config.n_layers);
+        match &self.drafter {
+            Drafter::Ngram { .. } => 0.0,
+            Drafter::EarlyExit => match self.opts.method {
+                Method::EarlyExit { layers } => macs_per_token(target, layers) / full,
+                _ => 1.0,
+            },
+            Drafter::Model(d) => macs_per_token(&d.model, d.model.config.n_layers) / full,
+        }
+    }
+
+    /// Generates a continuation of `prompt` as [`Session::generate`](crate::generate::Session)
+    /// does, with the same tokens under greedy decoding and the same distribution when sampling.
+    pub fn generate(
+        &mut self,
+        tok: &Tokenizer,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<(Generation, SpecStats)> {
+        crate::generate::check_prompt(prompt, self.ctx(), opts)?;
+        let common = self
+            .cached
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = common.min(prompt.len() - 1);
+        self.target.truncate(keep);
+        self.cached.truncate(keep);
+
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt.len(),
+            prefill_tokens: prompt.len() - keep,
+            ..Default::default()
+        };
+        let mut spec = SpecStats::default();
+        let mut sampler = Sampler::new(opts.sampler.clone());
+        // The draft's own stream, so drafting does not shift the verifier's draws.
+        let mut draft_sampler = Sampler::new(SamplerParams {
+            seed: opts.sampler.seed ^ 0x5eed_d4af_7000_0001,
+            ..opts.sampler.clone()
+        });
+        let mut adapt = AdaptiveK::new(
+            self.opts.k,
+            self.opts.adaptive,
+            self.draft_cost(),
+            self.row_cost,
+        );
+        let mut out = Emitter::new(tok, prompt, opts, self.ctx());
+        let n_vocab = self.target.model.config.n_vocab;
+        let gen_start = prompt.len();
+
+        let t0 = Instant::now();
+        let mut next = {
+            let logits = self.target.forward(&prompt[keep..], Logits::Last)?;
+            sampler.sample_with(logits, out.history(), out.generated())
+        };
+        self.cached.extend_from_slice(&prompt[keep..]);
+        stats.prefill_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut draft = Vec::new();
+        let mut q: Vec<Vec<(u32, f32)>> = Vec::new();
+        let mut feed = Vec::new();
+        let stop_reason = 'outer: loop {
+            if let Some(stop) = out.push(next, &mut on_text) {
+                break stop;
+            }
+            // Draft at most what fits in the context and what max_tokens can still use.
+            let room = self.ctx().saturating_sub(self.target.len() + 1);
+            let wanted = opts.max_tokens.saturating_sub(out.generated().len() + 1);
+            let k = adapt.next_k().min(room).min(wanted);
+            let td = Instant::now();
+            let stochastic = self.draft(
+                out.history(),
+                gen_start,
+                k,
+                &mut draft_sampler,
+                &mut draft,
+                &mut q,
+            )?;
+            spec.draft_seconds += td.elapsed().as_secs_f64();
+
+            let tv = Instant::now();
+            feed.clear();
+            feed.push(next);
+            feed.extend_from_slice(&draft);
+            let base = self.target.len();
+            let rows = self.target.forward(&feed, Logits::All)?;
+            let v = rule::verify(
+                rows,
+                n_vocab,
+                &draft,
+                stochastic.then(|| &q[..draft.len()]),
+                out.history(),
+                gen_start,
+                &mut sampler,
+                &mut self.ws,
+            );
+            // Keep the last accepted token and the kept drafts; drop the rejected positions.
+            self.target.truncate(base + 1 + v.accepted);
+            self.cached.extend_from_slice(&feed[..1 + v.accepted]);
+            spec.verify_seconds += tv.elapsed().as_secs_f64();
+            spec.passes += 1;
+            spec.drafted += draft.len();
+            spec.accepted += v.accepted;
+            spec.drafted_passes += usize::from(!draft.is_empty());
+            adapt.record(draft.len(), v.accepted);
+            stats.decode_steps += 1;
+            stats.decode_tokens += 1 + v.accepted;
+            for &t in &draft[..v.accepted] {
+                if let Some(stop) = out.push(t, &mut on_text) {
+                    break 'outer stop;
+                }
+            }
+            next = v.next;
+        };
+        stats.decode_seconds = t1.elapsed().as_secs_f64();
+        stats.kv_cache_bytes = self.target.kv_bytes();
+        Ok((out.finish(stop_reason, stats, &mut on_text), spec))
+    }
+
+    /// Fills `draft` with up to `k` tokens after `context`; returns whether they were sampled
+    /// (with their distributions in `q`) rather than chosen deterministically.
+    fn draft(
+        &mut self,
+        context: &[u32],
+        gen_start: usize,
+        k: usize,
+        sampler: &mut Sampler,
+        draft: &mut Vec<u32>,
+        q: &mut Vec<Vec<(u32, f32)>>,
+    ) -> Result<bool> {
+        draft.clear();
+        if k == 0 {
+            return Ok(false);
+        }
+        let sampled = sampler.params.temperature > 0.0;
+        match &mut self.drafter {
+            Drafter::Ngram { n } => {
+                ngram::lookup(context, *n, k, draft);
+                Ok(false)
+            }
+            Drafter::Model(d) => {
+                d.propose(context, gen_start, k, sampler, draft, q)?;
+                Ok(sampled)
+            }
+            Drafter::EarlyExit => {
+                let mut seq = context.to_vec();
+                let mut token = *context.last().expect("the context holds the last token");
+                for i in 0..k {
+                    let logits = self.target.exit_step(token)?;
+                    let (seen, generated) = (&seq[..], &seq[gen_start..]);
+                    token = if sampled {
+                        if q.len() <= i {
+                            q.push(Vec::new());
+                        }
+                        sampler.distribution(logits, seen, generated, &mut q[i]);
+                        sampler.draw(&q[i]).unwrap_or(q[i][0].0)
+                    } else {
+                        sampler.sample_with(logits, seen, generated)
+                    };
+                    draft.push(token);
+                    seq.push(token);
+                }
+                Ok(sampled)
+            }
+        }
+    }
+}
+
+/// Multiply-adds of the matrix products for one token through `layers` layers and the head.
+pub(crate) fn macs_per_token(m: &Model, layers: usize) -> f64 {
+    let c = &m.config;
+    let attn = c.n_embd * (2 * c.q_dim() + 2 * c.kv_dim());
+    let ffn = 3 * c.n_embd * c.n_ff;
+    (layers * (attn + ffn) + c.n_embd * c.n_vocab) as f64
+}

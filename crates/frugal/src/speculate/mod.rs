@@ -1,0 +1,128 @@
+//! Speculative decoding: a cheap drafter proposes K tokens, the target checks them all in one
+//! pass, and the output is exactly the target's.
+//!
+//! Decoding one token reads every weight once; checking K + 1 tokens in one pass reads them once
+//! too, so each accepted draft token is a decode step saved. The pieces:
+//! - [`rule`]: which drafted tokens to keep: greedy identity, or the Leviathan/Chen rule that
+//!   keeps the target's sampling distribution exact.
+//! - drafters: [`ngram`] (prompt lookup, no model), [`draft_model`] (a smaller model with the
+//!   same vocabulary), the target's own first layers (an early exit that shares its cache with the
+//!   target, `target.rs`), and draft heads trained on the model's own outputs.
+//! - [`Speculator`] (`decode.rs`): the loop, with an adaptive draft length that falls back to
+//!   plain decoding where drafts are rejected, so speculation costs little when it does not pay.
+
+mod decode;
+pub mod draft_model;
+pub mod ngram;
+pub mod rule;
+mod target;
+#[cfg(test)]
+mod tests;
+
+pub use decode::{Drafter, SpecStats, Speculator};
+pub use draft_model::{DraftModel, check_same_vocabulary};
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// Which drafter proposes tokens: the value of `--speculate`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Method {
+    /// Prompt lookup over suffixes of up to `n` tokens.
+    Ngram { n: usize },
+    /// The target's first `layers` layers, then its final norm and head.
+    EarlyExit { layers: usize },
+    /// Another model with the same vocabulary.
+    Draft { path: PathBuf },
+}
+
+/// A drafter and the most tokens it drafts per pass.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpecOptions {
+    pub method: Method,
+    /// Most tokens drafted per target pass (K).
+    pub k: usize,
+    /// Shrink K (down to plain decoding) when acceptance falls, grow it back when it rises.
+    pub adaptive: bool,
+}
+
+/// Suffix length tried first by prompt lookup when `ngram` names none.
+pub const DEFAULT_NGRAM: usize = 3;
+
+impl FromStr for SpecOptions {
+    type Err = String;
+
+    /// `ngram[:N][:K]`, `self:L[:K]` or `draft:FILE[:K]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad_k = || "the draft length K must be at least 1".to_string();
+        let number = |what: &str, v: &str| {
+            v.parse::<usize>().map_err(|_| {
+                format!("{what} in --speculate {s:?} must be a whole number, not {v:?}")
+            })
+        };
+        let (kind, rest) = s.split_once(':').unwrap_or((s, ""));
+        let parts: Vec<&str> = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split(':').collect()
+        };
+        let (method, k) = match kind {
+            "ngram" => {
+                if parts.len() > 2 {
+                    return Err(format!("--speculate {s:?}: expected ngram[:N][:K]"));
+                }
+                let n = match parts.first() {
+                    Some(v) => number("N", v)?,
+                    None => DEFAULT_NGRAM,
+                };
+                if n == 0 {
+                    return Err("the n-gram length N must be at least 1".into());
+                }
+                let k = parts.get(1).map(|v| number("K", v)).transpose()?;
+                (Method::Ngram { n }, k.unwrap_or(8))
+            }
+            "self" => {
+                if parts.is_empty() || parts.len() > 2 {
+                    return Err(format!("--speculate {s:?}: expected self:L[:K]"));
+                }
+                let layers = number("L", parts[0])?;
+                if layers == 0 {
+                    return Err("the early exit L must be at least 1 layer".into());
+                }
+                let k = parts.get(1).map(|v| number("K", v)).transpose()?;
+                (Method::EarlyExit { layers }, k.unwrap_or(4))
+            }
+            "draft" => {
+                // A trailing :K is a number; everything before it is the path.
+                let (path, k) = match rest.rsplit_once(':') {
+                    Some((p, k)) if !p.is_empty() && k.chars().all(|c| c.is_ascii_digit()) => {
+                        (p, Some(number("K", k)?))
+                    }
+                    _ => (rest, None),
+                };
+                if path.is_empty() {
+                    return Err(format!("--speculate {s:?}: expected draft:FILE[:K]"));
+                }
+                (
+                    Method::Draft {
+                        path: PathBuf::from(path),
+                    },
+                    k.unwrap_or(4),
+                )
+            }
+            other => {
+                return Err(format!(
+                    "unknown drafter {other:?} in --speculate: expected ngram[:N][:K], self:L[:K] or draft:FILE[:K]"
+                ));
+            }
+        };
+        if k == 0 {
+            return Err(bad_k());
+        }
+        Ok(SpecOptions {
+            method,
+            k,
+            adaptive: true,
+        })
+    }
+}

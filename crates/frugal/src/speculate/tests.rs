@@ -1,0 +1,349 @@
+//! Exactness of speculative decoding on small models the tests build: greedy output equal to
+//! plain decoding token for token, and sampled output distributed as plain sampling's (a
+//! chi-square test that also checks it notices a broken acceptance rule).
+
+use std::collections::HashMap;
+
+use super::rule::tests::{BROKEN, chi_square, chi_square_critical_0001};
+use super::{Method, SpecOptions, Speculator};
+use crate::attention::Attention;
+use crate::generate::{GenerateOptions, Session};
+use crate::gguf::GgufFile;
+use crate::kv::{KvLayout, KvOptions};
+use crate::model::synthetic::{SyntheticSpec, build};
+use crate::model::{Logits, Model, Scratch};
+use crate::quant::GgmlType;
+use crate::quant::act::Activations;
+use crate::sample::{Sampler, SamplerParams};
+use crate::tokenizer::Tokenizer;
+
+fn model(n_layers: usize, seed: u64) -> Model {
+    let spec = SyntheticSpec {
+        n_layers,
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ctx: 512,
+        ty: GgmlType::Q4_1,
+        // A separate output matrix: with a tied one, every random model mostly predicts its
+        // last input token, and a draft would agree with the target by construction.
+        untied_output: true,
+        seed,
+    };
+    let mut m = Model::from_file(GgufFile::from_bytes(build(&spec)).unwrap()).unwrap();
+    m.set_activations(Activations::Q8);
+    m
+}
+
+fn spec(method: Method, k: usize, adaptive: bool) -> SpecOptions {
+    SpecOptions {
+        method,
+        k,
+        adaptive,
+    }
+}
+
+/// A prompt with repeats, so prompt lookup finds matches.
+fn prompt(seed: u32) -> Vec<u32> {
+    let motif: Vec<u32> = (0..12u32).map(|i| (i * 37 + seed * 11) % 256).collect();
+    let mut p = motif.clone();
+    p.extend((0..20u32).map(|i| (i * 101 + seed) % 256));
+    p.extend_from_slice(&motif);
+    p.extend_from_slice(&motif[..6]);
+    p
+}
+
+#[test]
+fn greedy_speculation_reproduces_plain_decoding_for_every_drafter() {
+    let target = model(3, 1);
+    let tok = Tokenizer::from_gguf(&target.file).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 40,
+        stop: Vec::new(),
+        sampler: SamplerParams::greedy(),
+    };
+    for layout in [KvLayout::Contiguous, KvLayout::default()] {
+        let kv = KvOptions {
+            layout,
+            ..Default::default()
+        };
+        for seed in 0..3 {
+            let p = prompt(seed);
+            let mut plain =
+                Session::with_options(&target, 512, true, &kv, Attention::default()).unwrap();
+            let want = plain.generate(&tok, &p, &opts, |_| {}).unwrap();
+            // (drafter, draft model as (layers, seed)); the target as its own draft is always
+            // right.
+            let drafters = [
+                (Method::Ngram { n: 3 }, None),
+                (Method::EarlyExit { layers: 1 }, None),
+                (Method::EarlyExit { layers: 2 }, None),
+                (Method::Draft { path: "d".into() }, Some((1, 7))),
+                (Method::Draft { path: "t".into() }, Some((3, 1))),
+            ];
+            for (method, draft) in &drafters {
+                for (k, adaptive) in [(1, false), (4, false), (6, true)] {
+                    let o = spec(method.clone(), k, adaptive);
+                    let d = draft.map(|(layers, seed)| model(layers, seed));
+                    let mut s =
+                        Speculator::new(&target, 512, &kv, Attention::default(), &o, d).unwrap();
+                    let (got, st) = s.generate(&tok, &p, &opts, |_| {}).unwrap();
+                    let what =
+                        format!("{method:?} k {k} adaptive {adaptive} seed {seed} {layout:?}");
+                    assert_eq!(got.tokens, want.tokens, "{what}");
+                    assert_eq!(got.text, want.text, "{what}");
+                    assert_eq!(got.stop_reason, want.stop_reason, "{what}");
+                    if *draft == Some((3, 1)) && !adaptive {
+                        assert_eq!(
+                            st.accepted, st.drafted,
+                            "{what}: a self-draft is always right"
+                        );
+                        assert!(st.passes < got.tokens.len(), "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn speculation_stops_where_plain_decoding_does() {
+    // A context that fills up mid-draft, and max_tokens smaller than K.
+    let target = model(2, 3);
+    let tok = Tokenizer::from_gguf(&target.file).unwrap();
+    let p = prompt(5);
+    for (ctx, max_tokens) in [(p.len() + 5, 100), (512, 3), (512, 1)] {
+        let opts = GenerateOptions {
+            max_tokens,
+            stop: Vec::new(),
+            sampler: SamplerParams::greedy(),
+        };
+        let kv = KvOptions::default();
+        let mut plain =
+            Session::with_options(&target, ctx, true, &kv, Attention::default()).unwrap();
+        let want = plain.generate(&tok, &p, &opts, |_| {}).unwrap();
+        let o = spec(Method::Draft { path: "t".into() }, 8, false);
+        let mut s = Speculator::new(
+            &target,
+            ctx,
+            &kv,
+            Attention::default(),
+            &o,
+            Some(model(2, 3)),
+        )
+        .unwrap();
+        let (got, _) = s.generate(&tok, &p, &opts, |_| {}).unwrap();
+        assert_eq!(got.tokens, want.tokens, "ctx {ctx} max {max_tokens}");
+        assert_eq!(got.stop_reason, want.stop_reason);
+    }
+}
+
+#[test]
+fn bad_drafters_are_refused_with_a_reason() {
+    let target = model(3, 1);
+    let kv = KvOptions::default();
+    let a = Attention::default();
+    let e = |o: SpecOptions, d: Option<Model>| {
+        Speculator::new(&target, 64, &kv, a, &o, d)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    assert!(e(spec(Method::EarlyExit { layers: 3 }, 2, true), None).contains("before the last"));
+    assert!(e(spec(Method::Draft { path: "x".into() }, 2, true), None).contains("not loaded"));
+    assert!(e(spec(Method::Ngram { n: 2 }, 2, true), Some(model(1, 2))).contains("takes none"));
+}
+
+/// The exact distribution of the first `n` generated tokens under `params`, from plain passes
+/// of the target. Keys: the generated tokens, with `EOG` appended when generation ended.
+fn exact_distribution(
+    target: &Model,
+    tok: &Tokenizer,
+    p: &[u32],
+    params: &SamplerParams,
+    n: usize,
+) -> HashMap<Vec<u32>, f64> {
+    const EOG: u32 = u32::MAX;
+    let mut s = Sampler::new(params.clone());
+    let mut out = HashMap::new();
+    // (generated so far, its probability), expanded one token at a time.
+    let mut frontier = vec![(Vec::<u32>::new(), 1.0f64)];
+    let mut dist = Vec::new();
+    while let Some((done, prob)) = frontier.pop() {
+        if done.len() == n {
+            *out.entry(done).or_insert(0.0) += prob;
+            continue;
+        }
+        let mut seq = p.to_vec();
+        seq.extend_from_slice(&done);
+        let mut kv = target.new_seq_cache(512, &KvOptions::default()).unwrap();
+        let mut sc = Scratch::default();
+        let logits = target
+            .forward(&seq, &mut kv, &mut sc, Logits::Last)
+            .unwrap();
+        s.distribution(logits, &seq, &done, &mut dist);
+        for &(t, pt) in &dist {
+            let mut next = done.clone();
+            let pr = prob * f64::from(pt);
+            if tok.is_end_of_generation(t) {
+                next.push(EOG);
+                *out.entry(next).or_insert(0.0) += pr;
+            } else {
+                next.push(t);
+                frontier.push((next, pr));
+            }
+        }
+    }
+    out
+}
+
+/// Tokens per sampled generation: the first comes from the prompt's pass, the others from
+/// verification passes, so two drafted positions are checked.
+const TOKENS: usize = 3;
+
+fn sampled_counts(
+    target: &Model,
+    tok: &Tokenizer,
+    p: &[u32],
+    params: &SamplerParams,
+    o: &SpecOptions,
+    draft_seed: Option<u64>,
+    runs: u64,
+) -> HashMap<Vec<u32>, u64> {
+    const EOG: u32 = u32::MAX;
+    let kv = KvOptions::default();
+    let draft = draft_seed.map(|s| model(1, s));
+    let mut sp = Speculator::new(target, 512, &kv, Attention::default(), o, draft).unwrap();
+    let mut counts = HashMap::new();
+    for seed in 0..runs {
+        let opts = GenerateOptions {
+            max_tokens: TOKENS,
+            stop: Vec::new(),
+            sampler: SamplerParams {
+                seed,
+                ..params.clone()
+            },
+        };
+        let (g, _) = sp.generate(tok, p, &opts, |_| {}).unwrap();
+        let mut key = g.tokens.clone();
+        if g.stop_reason == crate::generate::StopReason::EndOfGeneration {
+            key.push(EOG);
+        }
+        *counts.entry(key).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn chi_square_against(
+    counts: &HashMap<Vec<u32>, u64>,
+    exact: &HashMap<Vec<u32>, f64>,
+) -> (f64, usize) {
+    let keys: Vec<&Vec<u32>> = exact.keys().collect();
+    let observed: Vec<u64> = keys
+        .iter()
+        .map(|k| counts.get(*k).copied().unwrap_or(0))
+        .collect();
+    let strays: u64 = counts
+        .iter()
+        .filter(|(k, _)| !exact.contains_key(*k))
+        .map(|(_, &c)| c)
+        .sum();
+    assert_eq!(strays, 0, "tokens outside the target's support: {counts:?}");
+    let expected: Vec<f64> = keys.iter().map(|k| exact[*k]).collect();
+    chi_square(&observed, &expected)
+}
+
+#[test]
+fn speculative_sampling_keeps_the_targets_distribution() {
+    // The joint distribution of three tokens (about 125 cells); top-k and temperature narrow the
+    // support to a few tokens per step, and both the draft and
+    // the target apply them; the draft model is another random model, so its guesses are
+    // often rejected and the residual draw matters.
+    let target = model(2, 21);
+    let tok = Tokenizer::from_gguf(&target.file).unwrap();
+    let p = prompt(9);
+    let params = SamplerParams {
+        temperature: 3.0,
+        top_k: 5,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.1,
+        ..Default::default()
+    };
+    let exact = exact_distribution(&target, &tok, &p, &params, TOKENS);
+    let runs = 6000;
+    for (o, draft) in [
+        (spec(Method::Draft { path: "d".into() }, 3, false), Some(22)),
+        (spec(Method::EarlyExit { layers: 1 }, 3, false), None),
+        (spec(Method::Ngram { n: 3 }, 3, false), None),
+    ] {
+        let counts = sampled_counts(&target, &tok, &p, &params, &o, draft, runs);
+        let (stat, df) = chi_square_against(&counts, &exact);
+        assert!(
+            stat < chi_square_critical_0001(df),
+            "{:?}: chi-square {stat:.1} with {df} degrees of freedom",
+            o.method
+        );
+    }
+    // Accepting every draft gives the draft's distribution: the test must see it.
+    BROKEN.with(|b| b.set(true));
+    let o = spec(Method::Draft { path: "d".into() }, 3, false);
+    let counts = sampled_counts(&target, &tok, &p, &params, &o, Some(22), runs);
+    BROKEN.with(|b| b.set(false));
+    let (stat, df) = chi_square_against_lenient(&counts, &exact);
+    assert!(
+        stat > chi_square_critical_0001(df),
+        "the broken rule passed: chi-square {stat:.1} with {df} degrees of freedom"
+    );
+}
+
+/// As [`chi_square_against`], counting tokens outside the target's support as a cell expected
+/// to be (nearly) empty, which the broken rule produces.
+fn chi_square_against_lenient(
+    counts: &HashMap<Vec<u32>, u64>,
+    exact: &HashMap<Vec<u32>, f64>,
+) -> (f64, usize) {
+    let mut keys: Vec<Vec<u32>> = exact.keys().cloned().collect();
+    keys.extend(counts.keys().filter(|k| !exact.contains_key(*k)).cloned());
+    let observed: Vec<u64> = keys
+        .iter()
+        .map(|k| counts.get(k).copied().unwrap_or(0))
+        .collect();
+    let expected: Vec<f64> = keys
+        .iter()
+        .map(|k| exact.get(k).copied().unwrap_or(1e-9))
+        .collect();
+    chi_square(&observed, &expected)
+}
+
+#[test]
+fn parses_every_drafter_and_rejects_bad_values() {
+    let p = |s: &str| s.parse::<SpecOptions>();
+    assert_eq!(p("ngram").unwrap().method, Method::Ngram { n: 3 });
+    assert_eq!(p("ngram:2:6").unwrap().k, 6);
+    assert_eq!(p("self:8").unwrap().method, Method::EarlyExit { layers: 8 });
+    assert_eq!(p("self:8:3").unwrap().k, 3);
+    let d = p("draft:/tmp/a:b.gguf:5").unwrap();
+    assert_eq!(
+        (d.method, d.k),
+        (
+            Method::Draft {
+                path: "/tmp/a:b.gguf".into()
+            },
+            5
+        )
+    );
+    assert_eq!(p("draft:small.gguf").unwrap().k, 4);
+    for bad in [
+        "ngram:0",
+        "ngram:2:0",
+        "self",
+        "self:0",
+        "self:x",
+        "draft:",
+        "medusa:3",
+    ] {
+        assert!(p(bad).is_err(), "{bad} was accepted");
+    }
+}

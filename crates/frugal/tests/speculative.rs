@@ -1,0 +1,119 @@
+//! Speculative decoding on the reference model: for every drafter, greedy output is token for
+//! token the output of plain decoding, over prompts of different kinds (input-grounded rewrite
+//! and code, where prompt lookup drafts well, and open generation, where it rarely does); and a
+//! draft with another vocabulary is refused. Skips when the model is absent (see
+//! `reference_model.rs`).
+
+use frugal::attention::Attention;
+use frugal::chat::{ChatTemplate, Message};
+use frugal::convert::{self, Policy, Target};
+use frugal::generate::{GenerateOptions, Session};
+use frugal::gguf::GgufFile;
+use frugal::kv::{KvLayout, KvOptions};
+use frugal::model::Model;
+use frugal::model::synthetic::{SyntheticSpec, build};
+use frugal::quant::act::Activations;
+use frugal::sample::SamplerParams;
+use frugal::speculate::{Method, SpecOptions, Speculator};
+use frugal::tokenizer::Tokenizer;
+
+const PROMPTS: [&str; 4] = [
+    "Rewrite this sentence in the past tense: The cat sits on the mat and watches the birds in the garden.",
+    "Add type hints to this function:\n\ndef area(width, height):\n    return width * height",
+    "Write a short poem about the sea.",
+    "List three facts about the Moon.",
+];
+
+fn load() -> Option<(Model, Tokenizer)> {
+    let mut model =
+        Model::load(frugal::fetch::reference_model_for_tests()?).expect("reference model loads");
+    model.set_activations(Activations::Q8);
+    let tok = Tokenizer::from_gguf(&model.file).expect("tokenizer builds");
+    Some((model, tok))
+}
+
+/// The reference model re-quantized to Q4_0 in memory: a different model with the same
+/// vocabulary, to draft with.
+fn q4_0_draft(model: &Model) -> Model {
+    let target: Target = "q4_0".parse().unwrap();
+    let (file, _) = convert::quantize_in_memory(&model.file, &Policy::new(target), |_, _| {})
+        .expect("re-quantizes");
+    let mut m = Model::from_file(file).unwrap();
+    m.set_activations(Activations::Q8);
+    m
+}
+
+#[test]
+fn every_drafter_reproduces_greedy_decoding_on_the_real_model() {
+    let Some((model, tok)) = load() else { return };
+    let template = ChatTemplate::from_gguf(&model.file).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 40,
+        stop: Vec::new(),
+        sampler: SamplerParams::greedy(),
+    };
+    let a = Attention::default();
+    let mut accepted = 0;
+    for (i, prompt) in PROMPTS.iter().enumerate() {
+        let text = template
+            .render(&[Message::new("user", prompt)], true)
+            .unwrap();
+        let ids = tok.encode(&text, true).unwrap();
+        // Both cache layouts, alternating over the prompts.
+        let layout = if i % 2 == 0 {
+            KvLayout::Contiguous
+        } else {
+            KvLayout::default()
+        };
+        let kv = KvOptions {
+            layout,
+            ..Default::default()
+        };
+        let ctx = ids.len() + opts.max_tokens + 1;
+        let mut plain = Session::with_options(&model, ctx, true, &kv, a).unwrap();
+        let want = plain.generate(&tok, &ids, &opts, |_| {}).unwrap();
+        let drafters = [
+            ("ngram", None),
+            ("ngram:2:6", None),
+            ("self:8:3", None),
+            ("self:24", None),
+            ("draft:q4_0", Some(q4_0_draft(&model))),
+        ];
+        for (name, draft) in drafters {
+            let mut o: SpecOptions = name.parse().unwrap();
+            o.adaptive = i % 2 == 1;
+            let mut s = Speculator::new(&model, ctx, &kv, a, &o, draft).unwrap();
+            let (got, st) = s.generate(&tok, &ids, &opts, |_| {}).unwrap();
+            assert_eq!(got.tokens, want.tokens, "{name} on prompt {i} ({layout:?})");
+            assert_eq!(got.stop_reason, want.stop_reason, "{name} on prompt {i}");
+            accepted += st.accepted;
+        }
+    }
+    assert!(accepted > 0, "no drafted token was ever accepted");
+}
+
+#[test]
+fn a_draft_with_another_vocabulary_is_refused() {
+    let Some((model, _)) = load() else { return };
+    let other =
+        Model::from_file(GgufFile::from_bytes(build(&SyntheticSpec::default())).unwrap()).unwrap();
+    let o = SpecOptions {
+        method: Method::Draft {
+            path: "other.gguf".into(),
+        },
+        k: 4,
+        adaptive: true,
+    };
+    let e = Speculator::new(
+        &model,
+        64,
+        &KvOptions::default(),
+        Attention::default(),
+        &o,
+        Some(other),
+    )
+    .err()
+    .expect("refused")
+    .to_string();
+    assert!(e.contains("vocabulary"), "{e}");
+}
