@@ -52,6 +52,9 @@ enum Command {
     /// Train a student to imitate one or more teachers (knowledge distillation): layer-dropped,
     /// another architecture, any GGUF, or the teacher itself.
     Distill(commands::train::DistillCmd),
+    /// Train draft heads for speculative decoding (`--speculate heads:FILE`) on the model's own
+    /// generations, the model frozen.
+    TrainHeads(commands::train_heads::Args),
     /// Serve the model over an OpenAI-compatible HTTP API: continuous batching, prefix caching,
     /// admission control, Prometheus metrics.
     Serve(commands::serve::Args),
@@ -114,5 +117,6 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve(a) => commands::serve::run(a),
         Command::Train(a) => commands::train::run_train(a),
         Command::Distill(a) => commands::train::run_distill(a),
+        Command::TrainHeads(a) => commands::train_heads::run(a),
     }
 }

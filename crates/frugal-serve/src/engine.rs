@@ -31,6 +31,7 @@ use frugal::kv::{KvPool, SeqId};
 use frugal::model::{Model, Scratch, Segment};
 use frugal::ops::log_sum_exp;
 use frugal::sample::{Sampler, SamplerParams};
+use frugal::speculate::{DEFAULT_ROW_COST, DraftLength, ngram, rule};
 use frugal::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
@@ -123,7 +124,13 @@ pub struct EngineConfig {
     pub attention: Attention,
     /// Threads of the scheduler's compute pool.
     pub threads: usize,
+    /// Prompt-lookup speculation: (longest suffix n, most drafted tokens K).
+    pub speculate: Option<(usize, usize)>,
 }
+
+/// Speculation runs only while at most this many sequences decode: in a larger batch the step
+/// is compute-bound, and the extra rows of a draft cost about as much as the tokens they save.
+const SPECULATE_MAX_BATCH: usize = 4;
 
 /// What the choices of one request share.
 struct Shared {
@@ -163,6 +170,9 @@ struct Seq {
     /// Admitted before (it is back in the queue after a preemption): its request has left the
     /// admission queue already.
     admitted_before: bool,
+    /// With speculation: the draft length policy, and this step's draft.
+    draft_len: Option<DraftLength>,
+    draft: Vec<u32>,
 }
 
 impl Seq {
@@ -200,6 +210,7 @@ pub fn spawn(
                 waiting: VecDeque::new(),
                 running: Vec::new(),
                 masked: Vec::new(),
+                verify_ws: rule::Workspace::default(),
             };
             workers.install(move || s.run(rx))
         })?;
@@ -218,6 +229,7 @@ struct Scheduler {
     running: Vec<Seq>,
     /// Logits with the end-of-generation tokens masked (`min_tokens`).
     masked: Vec<f32>,
+    verify_ws: rule::Workspace,
 }
 
 impl Scheduler {
@@ -296,6 +308,11 @@ impl Scheduler {
                 last_token_at: None,
                 stop_hit: false,
                 admitted_before: false,
+                draft_len: self
+                    .cfg
+                    .speculate
+                    .map(|(_, k)| DraftLength::new(k, true, 0.0, DEFAULT_ROW_COST)),
+                draft: Vec::new(),
             });
         }
     }
@@ -406,9 +423,22 @@ impl Scheduler {
 
     /// One forward pass over the batch; false when nothing could run.
     fn step(&mut self) -> bool {
+        self.draft();
         let plan = self.plan();
         if plan.is_empty() {
             return false;
+        }
+        // A decoding sequence's draft rides behind its token, appended for the pass only.
+        for &(i, n) in &plan {
+            let s = &mut self.running[i];
+            s.draft.truncate(n - 1);
+            if s.tokens.len() - s.computed == 1 && !s.draft.is_empty() {
+                let d = std::mem::take(&mut s.draft);
+                s.tokens.extend_from_slice(&d);
+                s.draft = d;
+            } else {
+                s.draft.clear();
+            }
         }
         let segs: Vec<Segment> = plan
             .iter()
@@ -418,6 +448,7 @@ impl Scheduler {
                     seq: s.kv.expect("running sequences hold a slot"),
                     tokens: &s.tokens[s.computed..s.computed + n],
                     logits: s.computed + n == s.tokens.len(),
+                    all_logits: !s.draft.is_empty(),
                 }
             })
             .collect();
@@ -446,6 +477,14 @@ impl Scheduler {
         let mut row = 0;
         let mut done = Vec::new();
         for &(i, n) in &plan {
+            if !self.running[i].draft.is_empty() {
+                let rows = &logits[row * v..(row + n) * v];
+                row += n;
+                if let Some(reason) = self.verify(i, rows) {
+                    done.push((i, reason));
+                }
+                continue;
+            }
             self.running[i].computed += n;
             self.register_blocks(i);
             let s = &self.running[i];
@@ -497,6 +536,73 @@ impl Scheduler {
         true
     }
 
+    /// Prompt lookup for every decoding sequence, while the batch is small enough for drafts
+    /// to pay; none before `min_tokens` (masked sampling is not what the rule checks).
+    fn draft(&mut self) {
+        let Some((n, _)) = self.cfg.speculate else {
+            return;
+        };
+        let ctx = self.cfg.ctx;
+        let decoding = self
+            .running
+            .iter()
+            .filter(|s| s.tokens.len() - s.computed == 1)
+            .count();
+        for s in &mut self.running {
+            s.draft.clear();
+            let Some(len) = &mut s.draft_len else {
+                continue;
+            };
+            if decoding > SPECULATE_MAX_BATCH
+                || s.tokens.len() - s.computed != 1
+                || s.generated < s.shared.min_tokens
+            {
+                continue;
+            }
+            let room = ctx.saturating_sub(s.tokens.len());
+            let wanted = s.shared.max_tokens.saturating_sub(s.generated + 1);
+            let k = len.next_k().min(room).min(wanted);
+            ngram::lookup(&s.tokens, n, k, &mut s.draft);
+        }
+    }
+
+    /// Checks sequence `i`'s draft against its `rows` (one per token fed), keeps the accepted
+    /// prefix in the pool and streams it with the target's next token; returns why the sequence
+    /// ends, if it does.
+    fn verify(&mut self, i: usize, rows: &[f32]) -> Option<Finish> {
+        let v = self.model.config.n_vocab;
+        let s = &mut self.running[i];
+        let draft = std::mem::take(&mut s.draft);
+        s.tokens.truncate(s.tokens.len() - draft.len());
+        let verdict = rule::verify(
+            rows,
+            v,
+            &draft,
+            None,
+            &s.tokens,
+            s.shared.prompt_len,
+            &mut s.sampler,
+            &mut self.verify_ws,
+        );
+        if let Some(len) = &mut s.draft_len {
+            len.record(draft.len(), verdict.accepted);
+        }
+        let id = s.kv.expect("running");
+        s.computed += 1;
+        self.pool.truncate(id, s.computed + verdict.accepted);
+        self.metrics.speculated(draft.len(), verdict.accepted);
+        for (j, &t) in draft[..verdict.accepted].iter().enumerate() {
+            let finish = self.emit(i, t, &rows[j * v..(j + 1) * v]);
+            self.running[i].computed += 1;
+            if finish.is_some() {
+                return finish;
+            }
+        }
+        self.register_blocks(i);
+        let m = verdict.accepted;
+        self.emit(i, verdict.next, &rows[m * v..(m + 1) * v])
+    }
+
     /// Which running sequences feed how many tokens this step: decodes first, then prompt
     /// chunks, within the token budget; preempts the newest sequences until the pool can hold
     /// the plan.
@@ -506,8 +612,10 @@ impl Scheduler {
             let mut plan = Vec::new();
             for (i, s) in self.running.iter().enumerate() {
                 if s.tokens.len() - s.computed == 1 && budget > 0 {
-                    plan.push((i, 1));
-                    budget -= 1;
+                    // The token, then as much of its draft as the budget allows.
+                    let n = (1 + s.draft.len()).min(budget);
+                    plan.push((i, n));
+                    budget -= n;
                 }
             }
             for (i, s) in self.running.iter().enumerate() {
@@ -571,7 +679,6 @@ impl Scheduler {
     /// sequence ends, if it does.
     fn advance(&mut self, i: usize, logits: &[f32]) -> Option<Finish> {
         let tok = self.tok.clone();
-        let ctx = self.cfg.ctx;
         let s = &mut self.running[i];
         let generated = &s.tokens[s.shared.prompt_len..];
         let next = if s.generated < s.shared.min_tokens {
@@ -588,6 +695,15 @@ impl Scheduler {
         } else {
             s.sampler.sample_with(logits, &s.tokens, generated)
         };
+        self.emit(i, next, logits)
+    }
+
+    /// Streams `next`, the token chosen for sequence `i` from `logits`; returns why the sequence
+    /// ends, if it does.
+    fn emit(&mut self, i: usize, next: u32, logits: &[f32]) -> Option<Finish> {
+        let tok = self.tok.clone();
+        let ctx = self.cfg.ctx;
+        let s = &mut self.running[i];
         let now = Instant::now();
         match s.last_token_at {
             None if s.choice == 0 => self.metrics.ttft(now - s.shared.arrived),

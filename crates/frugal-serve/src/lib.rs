@@ -49,6 +49,8 @@ pub struct ServeConfig {
     pub attention: frugal::attention::Attention,
     /// Compute threads.
     pub threads: usize,
+    /// Prompt-lookup speculation: (longest suffix n, most drafted tokens K).
+    pub speculate: Option<(usize, usize)>,
 }
 
 /// A loaded model, ready to serve.

@@ -76,6 +76,8 @@ pub struct Metrics {
     prefix_queries: AtomicU64,
     prefix_hits: AtomicU64,
     preemptions: AtomicU64,
+    spec_drafted: AtomicU64,
+    spec_accepted: AtomicU64,
     /// Requests submitted and not yet admitted (the HTTP side's admission control reads it).
     queued: AtomicUsize,
     running: AtomicUsize,
@@ -99,6 +101,8 @@ impl Metrics {
             prefix_queries: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
             preemptions: AtomicU64::new(0),
+            spec_drafted: AtomicU64::new(0),
+            spec_accepted: AtomicU64::new(0),
             queued: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
@@ -151,6 +155,14 @@ impl Metrics {
 
     pub fn preempted(&self) {
         self.preemptions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A speculative draft of `drafted` tokens of which `accepted` were kept.
+    pub fn speculated(&self, drafted: usize, accepted: usize) {
+        self.spec_drafted
+            .fetch_add(drafted as u64, Ordering::Relaxed);
+        self.spec_accepted
+            .fetch_add(accepted as u64, Ordering::Relaxed);
     }
 
     pub fn ttft(&self, d: Duration) {
@@ -283,6 +295,18 @@ impl Metrics {
             "counter",
             "Sequences preempted (freed and later recomputed) because the pool ran out.",
             &one(get(&self.preemptions).to_string()),
+        );
+        metric(
+            "frugal_spec_draft_tokens_total",
+            "counter",
+            "Tokens drafted by prompt-lookup speculation (--speculate).",
+            &one(get(&self.spec_drafted).to_string()),
+        );
+        metric(
+            "frugal_spec_accepted_tokens_total",
+            "counter",
+            "Drafted tokens the model accepted.",
+            &one(get(&self.spec_accepted).to_string()),
         );
         metric(
             "vllm:cache_config_info",

@@ -93,6 +93,7 @@ impl App {
                 prefix_cache: c.prefix_cache,
                 attention: c.attention,
                 threads: c.threads,
+                speculate: c.speculate,
             },
             metrics.clone(),
         )?;

@@ -61,6 +61,16 @@ struct Server {
 }
 
 fn server(blocks: usize, parallel: usize, batch_tokens: usize, prefix_cache: bool) -> Server {
+    server_spec(blocks, parallel, batch_tokens, prefix_cache, None)
+}
+
+fn server_spec(
+    blocks: usize,
+    parallel: usize,
+    batch_tokens: usize,
+    prefix_cache: bool,
+    speculate: Option<(usize, usize)>,
+) -> Server {
     let (m, tok) = model();
     let pool = m.new_kv_pool(KvFormat::default(), 16, blocks).unwrap();
     let metrics = Arc::new(Metrics::new("synthetic", 16, blocks));
@@ -71,6 +81,7 @@ fn server(blocks: usize, parallel: usize, batch_tokens: usize, prefix_cache: boo
         prefix_cache,
         attention: Default::default(),
         threads: 2,
+        speculate,
     };
     let submit = engine::spawn(m, Arc::new(tok), pool, cfg, metrics.clone()).unwrap();
     Server { submit, metrics }
@@ -122,6 +133,39 @@ fn cases() -> Vec<(Vec<u32>, usize)> {
         .enumerate()
         .map(|(i, &(len, max))| (prompt(len, i as u32), max))
         .collect()
+}
+
+#[test]
+fn prompt_lookup_speculation_gives_the_lone_tokens() {
+    let (m, tok) = model();
+    // Prompts that repeat a motif, so prompt lookup finds drafts; 3 requests speculate (a
+    // small batch), 8 do not until most have finished.
+    for n_requests in [3, 8] {
+        let cases: Vec<(Vec<u32>, usize)> = (0..n_requests)
+            .map(|i| {
+                let motif = prompt(10, 40 + i as u32);
+                let mut p = motif.clone();
+                p.extend(prompt(15, 60 + i as u32));
+                p.extend_from_slice(&motif);
+                p.extend_from_slice(&motif[..5]);
+                (p, 24 + i)
+            })
+            .collect();
+        let want: Vec<_> = cases.iter().map(|(p, n)| alone(&m, &tok, p, *n)).collect();
+        let s = server_spec(512, 16, 64, true, Some((3, 6)));
+        let rxs: Vec<_> = cases.iter().map(|(p, n)| request(&s, p, *n)).collect();
+        for (i, (rx, w)) in rxs.into_iter().zip(&want).enumerate() {
+            assert_eq!(&tokens(rx).0, w, "{n_requests} requests: request {i}");
+        }
+        let text = s.metrics.render();
+        let count = |name: &str| -> u64 {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().last()?.parse().ok())
+                .unwrap_or(0)
+        };
+        assert!(count("frugal_spec_draft_tokens_total") > 0, "{text}");
+    }
 }
 
 #[test]

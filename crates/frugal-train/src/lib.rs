@@ -15,6 +15,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod error;
 pub mod gemm;
+pub mod heads;
 pub mod hidden;
 pub mod loss;
 pub mod math;

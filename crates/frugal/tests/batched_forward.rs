@@ -101,6 +101,7 @@ fn batched(m: &Model, prompts: &[Vec<u32>], chunk: usize) -> Vec<Vec<Vec<f32>>> 
                 seq: ids[*i],
                 tokens: t,
                 logits: *want,
+                all_logits: false,
             })
             .collect();
         let out = m.forward_batch(&segs, &mut pool, &mut s).unwrap();
@@ -177,11 +178,13 @@ fn a_batch_that_does_not_fit_changes_nothing() {
             seq: a,
             tokens: &p[..20],
             logits: true,
+            all_logits: false,
         },
         Segment {
             seq: b,
             tokens: &p,
             logits: true,
+            all_logits: false,
         },
     ];
     assert!(m.forward_batch(&segs, &mut pool, &mut s).is_err());

@@ -14,7 +14,7 @@ use frugal::model::Model;
 use frugal::model::synthetic::{SyntheticSpec, build};
 use frugal::quant::act::Activations;
 use frugal::sample::SamplerParams;
-use frugal::speculate::{Method, SpecOptions, Speculator};
+use frugal::speculate::{HeadWeights, Method, SpecOptions, Speculator};
 use frugal::tokenizer::Tokenizer;
 
 const PROMPTS: [&str; 4] = [
@@ -78,15 +78,35 @@ fn every_drafter_reproduces_greedy_decoding_on_the_real_model() {
             ("self:8:3", None),
             ("self:24", None),
             ("draft:q4_0", Some(q4_0_draft(&model))),
+            ("draft:q4_0-top8k", Some(q4_0_draft(&model))),
         ];
         for (name, draft) in drafters {
-            let mut o: SpecOptions = name.parse().unwrap();
+            let mut o: SpecOptions = name.trim_end_matches("-top8k").parse().unwrap();
             o.adaptive = i % 2 == 1;
+            if name.ends_with("-top8k") {
+                // FR-Spec: the draft scores only the first 8192 ids.
+                o.draft_vocab = Some(8192);
+            }
             let mut s = Speculator::new(&model, ctx, &kv, a, &o, draft).unwrap();
             let (got, st) = s.generate(&tok, &ids, &opts, |_| {}).unwrap();
             assert_eq!(got.tokens, want.tokens, "{name} on prompt {i} ({layout:?})");
             assert_eq!(got.stop_reason, want.stop_reason, "{name} on prompt {i}");
             accepted += st.accepted;
+        }
+        // Draft heads: untrained (each repeats the model's next token) over the first 4096
+        // ids, and perturbed ones; exactness does not depend on what they guess.
+        let n = model.config.n_embd;
+        for scale in [0.0f32, 0.05] {
+            let mut w =
+                HeadWeights::identity(3, n, model.config.n_vocab, Some((0..4096).collect()));
+            for (j, (m, _)) in w.heads.iter_mut().enumerate() {
+                for (x, v) in m.iter_mut().enumerate() {
+                    *v = scale * (((x * 7 + j * 13) % 17) as f32 / 17.0 - 0.5);
+                }
+            }
+            let mut s = Speculator::with_heads(&model, ctx, &kv, a, 3, i % 2 == 1, w).unwrap();
+            let (got, _) = s.generate(&tok, &ids, &opts, |_| {}).unwrap();
+            assert_eq!(got.tokens, want.tokens, "heads x{scale} on prompt {i}");
         }
     }
     assert!(accepted > 0, "no drafted token was ever accepted");
@@ -103,6 +123,7 @@ fn a_draft_with_another_vocabulary_is_refused() {
         },
         k: 4,
         adaptive: true,
+        draft_vocab: None,
     };
     let e = Speculator::new(
         &model,

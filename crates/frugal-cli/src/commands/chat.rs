@@ -7,7 +7,7 @@ use anyhow::Result;
 use frugal::chat::{ChatTemplate, Message};
 use frugal::generate::{GenerateOptions, Session, StopReason};
 
-use super::common::{self, ModelArgs, RunArgs, SamplingArgs};
+use super::common::{self, ModelArgs, RunArgs, SamplingArgs, SpecArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -20,15 +20,38 @@ pub struct Args {
     pub run: RunArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
     // Flags first: a typo fails before the model loads.
     let (kv_opts, attention) = (a.run.engine.kv_options()?, a.run.engine.attention()?);
+    let spec = a.spec.options()?;
+    anyhow::ensure!(
+        spec.is_none() || !a.run.no_kv_cache,
+        "--speculate needs the KV cache (it drops rejected positions from it)"
+    );
     let (model, tok) = common::load(&a.model)?;
     let template = ChatTemplate::from_gguf(&model.file)?;
     let ctx = common::context_len(&a.run, &model)?;
-    let mut session = Session::with_options(&model, ctx, !a.run.no_kv_cache, &kv_opts, attention)?;
+    // Either session keeps its cache between turns.
+    let (mut plain, mut speculative) = match &spec {
+        None => (
+            Some(Session::with_options(
+                &model,
+                ctx,
+                !a.run.no_kv_cache,
+                &kv_opts,
+                attention,
+            )?),
+            None,
+        ),
+        Some(o) => (
+            None,
+            Some(common::speculator(&model, ctx, &kv_opts, attention, o)?),
+        ),
+    };
     let opts = GenerateOptions {
         max_tokens: a.sampling.max_tokens,
         stop: a.sampling.stop.clone(),
@@ -68,10 +91,15 @@ pub fn run(a: Args) -> Result<()> {
             continue;
         }
         let mut out = std::io::stdout().lock();
-        let g = session.generate(&tok, &prompt, &opts, |piece| {
+        let stream = |piece: &str| {
             let _ = out.write_all(piece.as_bytes());
             let _ = out.flush();
-        })?;
+        };
+        let g = match (&mut plain, &mut speculative) {
+            (Some(session), _) => session.generate(&tok, &prompt, &opts, stream)?,
+            (_, Some(s)) => s.generate(&tok, &prompt, &opts, stream)?.0,
+            (None, None) => unreachable!("one session exists"),
+        };
         writeln!(out)?;
         let s = &g.stats;
         eprintln!(

@@ -10,7 +10,7 @@ use frugal::kv::{KvFormat, KvLayout, KvOptions, KvType};
 use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::sample::SamplerParams;
-use frugal::speculate::{Method, SpecOptions, Speculator};
+use frugal::speculate::{SpecOptions, Speculator};
 use frugal::tokenizer::Tokenizer;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -158,6 +158,10 @@ pub struct SpecArgs {
     /// Draft K tokens every pass instead of adapting the draft length to the acceptance
     #[arg(long = "speculate-fixed", requires = "speculate")]
     pub fixed: bool,
+    /// A draft model scores only its first N token ids (FR-Spec: a BPE vocabulary is numbered
+    /// by merge order, so roughly the N most frequent); the output is unchanged
+    #[arg(long = "draft-vocab", value_name = "N", requires = "speculate")]
+    pub draft_vocab: Option<usize>,
 }
 
 impl SpecArgs {
@@ -168,29 +172,31 @@ impl SpecArgs {
         };
         let mut o: SpecOptions = s.parse().map_err(anyhow::Error::msg)?;
         o.adaptive = !self.fixed;
+        anyhow::ensure!(
+            self.draft_vocab.is_none()
+                || matches!(o.method, frugal::speculate::Method::Draft { .. }),
+            "--draft-vocab applies to a draft: model"
+        );
+        anyhow::ensure!(
+            self.draft_vocab != Some(0),
+            "--draft-vocab must be at least 1"
+        );
+        o.draft_vocab = self.draft_vocab;
         Ok(Some(o))
     }
 }
 
-/// A speculative session for `model`: loads the draft model a `draft:` drafter names, with the
-/// same activation precision as the target.
+/// A speculative session for `model` (a `draft:` model is loaded with the target's activation
+/// precision, a `heads:` file read).
 pub fn speculator<'m>(
     model: &'m Model,
-    args: &ModelArgs,
     ctx: usize,
     kv: &KvOptions,
     attention: Attention,
     spec: &SpecOptions,
 ) -> Result<Speculator<'m>> {
-    let draft = match &spec.method {
-        Method::Draft { path } => {
-            let mut d = load_model(path, None)?;
-            d.set_activations(args.activations);
-            Some(d)
-        }
-        _ => None,
-    };
-    Ok(Speculator::new(model, ctx, kv, attention, spec, draft)?)
+    Speculator::new(model, ctx, kv, attention, spec, None)
+        .with_context(|| format!("setting up speculative decoding ({:?})", spec.method))
 }
 
 /// The model path given, or the default model (fetched if missing).

@@ -71,7 +71,7 @@ pub fn run(a: Args) -> Result<()> {
             (session.generate(&tok, &ids, &opts, stream)?, None)
         }
         Some(so) => {
-            let mut s = common::speculator(&model, &a.model, ctx, &kv_opts, attention, so)?;
+            let mut s = common::speculator(&model, ctx, &kv_opts, attention, so)?;
             let (g, st) = s.generate(&tok, &ids, &opts, stream)?;
             (g, Some(st))
         }

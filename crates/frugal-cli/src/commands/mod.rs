@@ -15,3 +15,4 @@ pub mod report;
 pub mod report_distill;
 pub mod serve;
 pub mod train;
+pub mod train_heads;

@@ -41,6 +41,11 @@ pub struct Args {
     /// Model name clients use [default: the GGUF's general.basename, lowercased]
     #[arg(long = "alias")]
     pub alias: Option<String>,
+    /// Speculative decoding by prompt lookup, ngram[:N][:K], while at most 4 sequences decode
+    /// (a larger batch is compute-bound: drafts would cost what they save); tokens are the
+    /// same, greedy or not in distribution
+    #[arg(long = "speculate", value_name = "ngram[:N][:K]")]
+    pub speculate: Option<String>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -92,6 +97,20 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(c) = a.ctx {
         anyhow::ensure!(c > 1, "--ctx must be at least 2");
     }
+    let speculate = match &a.speculate {
+        None => None,
+        Some(spec) => match spec.parse::<frugal::speculate::SpecOptions>() {
+            Ok(frugal::speculate::SpecOptions {
+                method: frugal::speculate::Method::Ngram { n },
+                k,
+                ..
+            }) => Some((n, k)),
+            Ok(_) => anyhow::bail!(
+                "the server drafts by prompt lookup only: --speculate ngram[:N][:K] (model drafters need a cache per sequence)"
+            ),
+            Err(e) => anyhow::bail!(e),
+        },
+    };
     let cfg = ServeConfig {
         host: a.host.clone(),
         port: a.port,
@@ -105,6 +124,7 @@ pub fn run(a: Args) -> Result<()> {
         prefix_cache: !a.no_prefix_cache,
         attention,
         threads: rayon::current_num_threads(),
+        speculate,
     };
     let model_args = a.model.clone();
     let alias = a.alias.clone();

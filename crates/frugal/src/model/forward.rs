@@ -128,12 +128,14 @@ fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 }
 
 /// One sequence's part of a batched forward pass: its new tokens, and whether it needs the
-/// logits of its last one (a prompt chunk before the last does not).
+/// logits of its last one (a prompt chunk before the last does not), or of every one (a
+/// speculative draft being verified).
 #[derive(Copy, Clone, Debug)]
 pub struct Segment<'a> {
     pub seq: SeqId,
     pub tokens: &'a [u32],
     pub logits: bool,
+    pub all_logits: bool,
 }
 
 impl Model {
@@ -205,7 +207,8 @@ impl Model {
 
     /// Advances several sequences of `pool` in one pass: every weight matrix is read once for
     /// all their tokens, and each sequence's attention runs over its own blocks. Returns the
-    /// logits of the last token of each segment that asks for them, in segment order
+    /// logits of the last token of each segment that asks for them (of every token with
+    /// `all_logits`), in segment order
     /// (`rows x n_vocab`). A sequence's logits are the same bits as when it runs alone (see
     /// `attention::key_chunk`; the products treat every row on its own). On an error (the pool
     /// is full, a bad token) no sequence changes.
@@ -229,8 +232,11 @@ impl Model {
                     g.seq.index()
                 )));
             }
+            let first = tokens.len();
             tokens.extend_from_slice(g.tokens);
-            if g.logits && !g.tokens.is_empty() {
+            if g.all_logits {
+                s.logit_rows.extend(first..tokens.len());
+            } else if g.logits && !g.tokens.is_empty() {
                 s.logit_rows.push(tokens.len() - 1);
             }
             seqs.push(g.seq);

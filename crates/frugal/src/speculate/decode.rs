@@ -8,6 +8,7 @@
 use std::time::Instant;
 
 use super::draft_model::DraftModel;
+use super::heads::{DraftHeads, HeadWeights};
 use super::ngram;
 use super::rule::{self, Workspace};
 use super::target::Target;
@@ -28,6 +29,7 @@ pub enum Drafter {
     /// The target's own first layers (the split lives in the target's caches).
     EarlyExit,
     Model(Box<DraftModel>),
+    Heads(Box<DraftHeads>),
 }
 
 /// What speculation did during one generation.
@@ -61,7 +63,7 @@ impl SpecStats {
 /// When no draft length pays it decodes plainly, drafting one token every `PROBE` passes to
 /// notice when acceptance recovers.
 #[derive(Clone, Debug)]
-struct AdaptiveK {
+pub struct DraftLength {
     k_max: usize,
     adaptive: bool,
     draft_cost: f64,
@@ -72,12 +74,12 @@ struct AdaptiveK {
     plain_passes: usize,
 }
 
-const PROBE: usize = 8;
+const PROBE: usize = 16;
 const DECAY: f64 = 0.9;
 
-impl AdaptiveK {
-    fn new(k_max: usize, adaptive: bool, draft_cost: f64, row_cost: f64) -> Self {
-        AdaptiveK {
+impl DraftLength {
+    pub fn new(k_max: usize, adaptive: bool, draft_cost: f64, row_cost: f64) -> Self {
+        DraftLength {
             k_max,
             adaptive,
             draft_cost,
@@ -94,7 +96,8 @@ impl AdaptiveK {
         ((self.kept[j] + 1.0) / (self.tried[j] + 2.0)).min(0.999)
     }
 
-    fn next_k(&mut self) -> usize {
+    /// The draft length for the next pass.
+    pub fn next_k(&mut self) -> usize {
         if !self.adaptive {
             return self.k_max;
         }
@@ -122,7 +125,7 @@ impl AdaptiveK {
 
     /// A pass kept `kept` of `drafted` tokens (the first rejection ends the run, so positions
     /// after it were not tried).
-    fn record(&mut self, drafted: usize, kept: usize) {
+    pub fn record(&mut self, drafted: usize, kept: usize) {
         for j in 0..drafted.min(kept + 1).min(self.k_max) {
             self.tried[j] = self.tried[j] * DECAY + 1.0;
             self.kept[j] = self.kept[j] * DECAY + if j < kept { 1.0 } else { 0.0 };
@@ -137,18 +140,22 @@ pub struct Speculator<'m> {
     opts: SpecOptions,
     /// Tokens whose keys and values are in the target's cache.
     cached: Vec<u32>,
-    /// Cost of one more verified row relative to a decode step (see [`AdaptiveK`]).
+    /// Cost of one more verified row relative to a decode step (see [`DraftLength`]).
     pub row_cost: f64,
     ws: Workspace,
+    /// The target's last hidden state at the position of the latest chosen token (what draft
+    /// heads read).
+    last_hidden: Vec<f32>,
 }
 
 /// Default cost of one more row in a verification pass relative to a one-token decode step,
 /// measured on SmolLM2-135M Q4_1 with 2 threads by `frugal bench speculate` (docs/speculative.md).
-pub const DEFAULT_ROW_COST: f64 = 0.08;
+pub const DEFAULT_ROW_COST: f64 = 0.2;
 
 impl<'m> Speculator<'m> {
-    /// A speculative session over `model` with room for `ctx` tokens. A `draft:` method needs
-    /// the draft model loaded (`draft`); the other methods take none.
+    /// A speculative session over `model` with room for `ctx` tokens. A `draft:` method uses
+    /// `draft` when given, else loads the file it names (with the target's activation
+    /// precision); a `heads:` method loads its heads file.
     pub fn new(
         model: &'m Model,
         ctx: usize,
@@ -157,6 +164,7 @@ impl<'m> Speculator<'m> {
         opts: &SpecOptions,
         draft: Option<Model>,
     ) -> Result<Self> {
+        let mut opts = opts.clone();
         let (drafter, exit) = match (&opts.method, draft) {
             (Method::Ngram { n }, None) => (Drafter::Ngram { n: *n }, None),
             (Method::EarlyExit { layers }, None) => {
@@ -168,15 +176,22 @@ impl<'m> Speculator<'m> {
                 }
                 (Drafter::EarlyExit, Some(*layers))
             }
-            (Method::Draft { .. }, Some(d)) => (
-                Drafter::Model(Box::new(DraftModel::new(d, model, ctx, kv, attention)?)),
-                None,
-            ),
-            (Method::Draft { path }, None) => {
-                return Err(Error::Invalid(format!(
-                    "the draft model {} is not loaded",
-                    path.display()
-                )));
+            (Method::Draft { path }, d) => {
+                let d = match d {
+                    Some(d) => d,
+                    None => {
+                        let mut d = Model::load(path)?;
+                        d.set_activations(model.activations);
+                        d
+                    }
+                };
+                let d = DraftModel::new(d, model, ctx, kv, attention, opts.draft_vocab)?;
+                (Drafter::Model(Box::new(d)), None)
+            }
+            (Method::Heads { path }, None) => {
+                let h = DraftHeads::new(HeadWeights::read(path)?, model)?;
+                opts.k = opts.k.min(h.len());
+                (Drafter::Heads(Box::new(h)), None)
             }
             (_, Some(_)) => {
                 return Err(Error::Invalid(
@@ -187,10 +202,41 @@ impl<'m> Speculator<'m> {
         Ok(Speculator {
             target: Target::new(model, ctx, kv, attention, exit)?,
             drafter,
-            opts: opts.clone(),
+            opts,
             cached: Vec::new(),
             row_cost: DEFAULT_ROW_COST,
             ws: Workspace::default(),
+            last_hidden: Vec::new(),
+        })
+    }
+
+    /// Speculation with draft heads already in memory (tests, training reports).
+    pub fn with_heads(
+        model: &'m Model,
+        ctx: usize,
+        kv: &KvOptions,
+        attention: Attention,
+        k: usize,
+        adaptive: bool,
+        heads: HeadWeights,
+    ) -> Result<Self> {
+        let h = DraftHeads::new(heads, model)?;
+        let opts = SpecOptions {
+            method: Method::Heads {
+                path: "(in memory)".into(),
+            },
+            k: k.clamp(1, h.len()),
+            adaptive,
+            draft_vocab: None,
+        };
+        Ok(Speculator {
+            target: Target::new(model, ctx, kv, attention, None)?,
+            drafter: Drafter::Heads(Box::new(h)),
+            opts,
+            cached: Vec::new(),
+            row_cost: DEFAULT_ROW_COST,
+            ws: Workspace::default(),
+            last_hidden: Vec::new(),
         })
     }
 
@@ -209,7 +255,8 @@ impl<'m> Speculator<'m> {
                 Method::EarlyExit { layers } => macs_per_token(target, layers) / full,
                 _ => 1.0,
             },
-            Drafter::Model(d) => macs_per_token(&d.model, d.model.config.n_layers) / full,
+            Drafter::Model(d) => d.macs_per_token() / full,
+            Drafter::Heads(h) => h.macs_per_head() / full,
         }
     }
 
@@ -245,7 +292,7 @@ impl<'m> Speculator<'m> {
             seed: opts.sampler.seed ^ 0x5eed_d4af_7000_0001,
             ..opts.sampler.clone()
         });
-        let mut adapt = AdaptiveK::new(
+        let mut adapt = DraftLength::new(
             self.opts.k,
             self.opts.adaptive,
             self.draft_cost(),
@@ -261,6 +308,7 @@ impl<'m> Speculator<'m> {
             sampler.sample_with(logits, out.history(), out.generated())
         };
         self.cached.extend_from_slice(&prompt[keep..]);
+        self.keep_hidden(prompt.len() - keep - 1);
         stats.prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut draft = Vec::new();
@@ -301,6 +349,7 @@ impl<'m> Speculator<'m> {
                 &mut sampler,
                 &mut self.ws,
             );
+            self.keep_hidden(v.accepted);
             // Keep the last accepted token and the kept drafts; drop the rejected positions.
             self.target.truncate(base + 1 + v.accepted);
             self.cached.extend_from_slice(&feed[..1 + v.accepted]);
@@ -322,6 +371,16 @@ impl<'m> Speculator<'m> {
         stats.decode_seconds = t1.elapsed().as_secs_f64();
         stats.kv_cache_bytes = self.target.kv_bytes();
         Ok((out.finish(stop_reason, stats, &mut on_text), spec))
+    }
+
+    /// Keeps the hidden state of `row` of the last target pass, if the drafter reads it.
+    fn keep_hidden(&mut self, row: usize) {
+        if let Drafter::Heads(_) = self.drafter {
+            let d = self.target.model.config.n_embd;
+            let h = &self.target.scratch.hidden()[row * d..(row + 1) * d];
+            self.last_hidden.clear();
+            self.last_hidden.extend_from_slice(h);
+        }
     }
 
     /// Fills `draft` with up to `k` tokens after `context`; returns whether they were sampled
@@ -347,6 +406,20 @@ impl<'m> Speculator<'m> {
             }
             Drafter::Model(d) => {
                 d.propose(context, gen_start, k, sampler, draft, q)?;
+                Ok(sampled)
+            }
+            Drafter::Heads(h) => {
+                let m = self.target.model;
+                h.propose(
+                    m,
+                    &self.last_hidden,
+                    context,
+                    gen_start,
+                    k,
+                    sampler,
+                    draft,
+                    q,
+                )?;
                 Ok(sampled)
             }
             Drafter::EarlyExit => {

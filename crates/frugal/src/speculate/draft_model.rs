@@ -7,8 +7,11 @@
 use crate::attention::Attention;
 use crate::error::{Error, Result};
 use crate::kv::{KvOptions, SeqCache};
-use crate::model::{Logits, Model, Scratch};
+use crate::model::{Input, Logits, Model, Scratch};
+use crate::ops::rms_norm;
 use crate::sample::Sampler;
+
+use super::heads::{SubsetHead, pick};
 
 pub struct DraftModel {
     pub model: Model,
@@ -16,25 +19,48 @@ pub struct DraftModel {
     scratch: Scratch,
     /// Tokens whose keys and values are in `cache`.
     cached: Vec<u32>,
+    /// The draft's output head restricted to its first token ids (FR-Spec), if asked.
+    subset: Option<SubsetHead>,
+    z: Vec<f32>,
 }
 
 impl DraftModel {
     /// A drafter for `target` from `model`, which must share its vocabulary token for token.
+    /// With `vocab`, the draft scores only the first `vocab` token ids: a BPE vocabulary is
+    /// numbered in merge order, so those are (roughly) the most frequent tokens.
     pub fn new(
         model: Model,
         target: &Model,
         ctx: usize,
         kv: &KvOptions,
         attention: Attention,
+        vocab: Option<usize>,
     ) -> Result<Self> {
         check_same_vocabulary(&model, target)?;
         let cache = model.new_seq_cache(ctx, kv)?;
+        let subset = match vocab {
+            Some(n) if n < model.config.n_vocab => {
+                Some(SubsetHead::new(&model, (0..n as u32).collect())?)
+            }
+            _ => None,
+        };
         Ok(DraftModel {
             model,
             cache,
             scratch: Scratch::new(attention),
             cached: Vec::new(),
+            subset,
+            z: Vec::new(),
         })
+    }
+
+    /// Multiply-adds of the draft's matrix products per token.
+    pub fn macs_per_token(&self) -> f64 {
+        let c = &self.model.config;
+        let attn = c.n_embd * (2 * c.q_dim() + 2 * c.kv_dim());
+        let ffn = 3 * c.n_embd * c.n_ff;
+        let head = self.subset.as_ref().map_or(c.n_vocab, |s| s.len());
+        (c.n_layers * (attn + ffn) + c.n_embd * head) as f64
     }
 
     pub fn kv_bytes(&self) -> usize {
@@ -67,24 +93,39 @@ impl DraftModel {
             .min(context.len() - 1);
         self.cache.truncate(common);
         self.cached.truncate(common);
-        let greedy = sampler.params.temperature <= 0.0;
         let mut seq = context.to_vec();
         let mut feed = context[common..].to_vec();
+        let c = &self.model.config;
         for i in 0..k {
-            let logits =
-                self.model
-                    .forward(&feed, &mut self.cache, &mut self.scratch, Logits::Last)?;
-            self.cached.extend_from_slice(&feed);
-            let (seen, generated) = (&seq[..], &seq[gen_start..]);
-            let d = if greedy {
-                sampler.sample_with(logits, seen, generated)
-            } else {
-                if q.len() <= i {
-                    q.push(Vec::new());
+            let logits = match &mut self.subset {
+                None => {
+                    self.model
+                        .forward(&feed, &mut self.cache, &mut self.scratch, Logits::Last)?
                 }
-                sampler.distribution(logits, seen, generated, &mut q[i]);
-                sampler.draw(&q[i]).unwrap_or(q[i][0].0)
+                Some(head) => {
+                    let all = 0..c.n_layers;
+                    let input = Input::Tokens(&feed);
+                    self.model.forward_span(
+                        input,
+                        all,
+                        &mut self.cache,
+                        &mut self.scratch,
+                        None,
+                    )?;
+                    let h = self.scratch.hidden();
+                    let last = &h[h.len() - c.n_embd..];
+                    self.z.resize(c.n_embd, 0.0);
+                    rms_norm(
+                        last,
+                        &self.model.weights.output_norm,
+                        c.rms_eps,
+                        &mut self.z,
+                    );
+                    head.logits(&self.z)?
+                }
             };
+            self.cached.extend_from_slice(&feed);
+            let d = pick(sampler, logits, &seq, gen_start, i, q);
             out.push(d);
             seq.push(d);
             feed.clear();

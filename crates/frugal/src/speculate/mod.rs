@@ -13,14 +13,16 @@
 
 mod decode;
 pub mod draft_model;
+pub mod heads;
 pub mod ngram;
 pub mod rule;
 mod target;
 #[cfg(test)]
 mod tests;
 
-pub use decode::{Drafter, SpecStats, Speculator};
+pub use decode::{DEFAULT_ROW_COST, DraftLength, Drafter, SpecStats, Speculator};
 pub use draft_model::{DraftModel, check_same_vocabulary};
+pub use heads::{DraftHeads, HeadWeights};
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -34,6 +36,8 @@ pub enum Method {
     EarlyExit { layers: usize },
     /// Another model with the same vocabulary.
     Draft { path: PathBuf },
+    /// Draft heads trained on the target (`frugal train-heads`).
+    Heads { path: PathBuf },
 }
 
 /// A drafter and the most tokens it drafts per pass.
@@ -44,7 +48,12 @@ pub struct SpecOptions {
     pub k: usize,
     /// Shrink K (down to plain decoding) when acceptance falls, grow it back when it rises.
     pub adaptive: bool,
+    /// A draft model scores only its first this many token ids (FR-Spec); `None`: all.
+    pub draft_vocab: Option<usize>,
 }
+
+/// The longest draft a pass verifies.
+pub const MAX_K: usize = 64;
 
 /// Suffix length tried first by prompt lookup when `ngram` names none.
 pub const DEFAULT_NGRAM: usize = 3;
@@ -52,7 +61,7 @@ pub const DEFAULT_NGRAM: usize = 3;
 impl FromStr for SpecOptions {
     type Err = String;
 
-    /// `ngram[:N][:K]`, `self:L[:K]` or `draft:FILE[:K]`.
+    /// `ngram[:N][:K]`, `self:L[:K]`, `draft:FILE[:K]` or `heads:FILE[:K]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let bad_k = || "the draft length K must be at least 1".to_string();
         let number = |what: &str, v: &str| {
@@ -92,7 +101,7 @@ impl FromStr for SpecOptions {
                 let k = parts.get(1).map(|v| number("K", v)).transpose()?;
                 (Method::EarlyExit { layers }, k.unwrap_or(4))
             }
-            "draft" => {
+            "draft" | "heads" => {
                 // A trailing :K is a number; everything before it is the path.
                 let (path, k) = match rest.rsplit_once(':') {
                     Some((p, k)) if !p.is_empty() && k.chars().all(|c| c.is_ascii_digit()) => {
@@ -101,28 +110,32 @@ impl FromStr for SpecOptions {
                     _ => (rest, None),
                 };
                 if path.is_empty() {
-                    return Err(format!("--speculate {s:?}: expected draft:FILE[:K]"));
+                    return Err(format!("--speculate {s:?}: expected {kind}:FILE[:K]"));
                 }
-                (
-                    Method::Draft {
-                        path: PathBuf::from(path),
-                    },
-                    k.unwrap_or(4),
-                )
+                let path = PathBuf::from(path);
+                match kind {
+                    // Without K, every head of the file drafts.
+                    "heads" => (Method::Heads { path }, k.unwrap_or(MAX_K)),
+                    _ => (Method::Draft { path }, k.unwrap_or(4)),
+                }
             }
             other => {
                 return Err(format!(
-                    "unknown drafter {other:?} in --speculate: expected ngram[:N][:K], self:L[:K] or draft:FILE[:K]"
+                    "unknown drafter {other:?} in --speculate: expected ngram[:N][:K], self:L[:K], draft:FILE[:K] or heads:FILE[:K]"
                 ));
             }
         };
         if k == 0 {
             return Err(bad_k());
         }
+        if k > MAX_K {
+            return Err(format!("the draft length K is at most {MAX_K}, not {k}"));
+        }
         Ok(SpecOptions {
             method,
             k,
             adaptive: true,
+            draft_vocab: None,
         })
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::rule::tests::{BROKEN, chi_square, chi_square_critical_0001};
-use super::{Method, SpecOptions, Speculator};
+use super::{HeadWeights, Method, SpecOptions, Speculator};
 use crate::attention::Attention;
 use crate::generate::{GenerateOptions, Session};
 use crate::gguf::GgufFile;
@@ -41,6 +41,7 @@ fn spec(method: Method, k: usize, adaptive: bool) -> SpecOptions {
         method,
         k,
         adaptive,
+        draft_vocab: None,
     }
 }
 
@@ -107,6 +108,65 @@ fn greedy_speculation_reproduces_plain_decoding_for_every_drafter() {
     }
 }
 
+/// Heads with random weights (they draft badly, which exercises rejection) over a vocabulary
+/// subset, or the identity heads (which repeat the target's next token).
+fn heads(random: bool, n: usize) -> HeadWeights {
+    let vocab = Some((0..200u32).collect());
+    let mut w = HeadWeights::identity(n, 64, crate::model::synthetic::SYNTHETIC_VOCAB, vocab);
+    if random {
+        let mut state = 99u64;
+        for (m, b) in &mut w.heads {
+            for x in m.iter_mut().chain(b.iter_mut()) {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                *x = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.5;
+            }
+        }
+    }
+    w
+}
+
+#[test]
+fn greedy_speculation_with_draft_heads_reproduces_plain_decoding() {
+    let target = model(3, 1);
+    let tok = Tokenizer::from_gguf(&target.file).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 40,
+        stop: Vec::new(),
+        sampler: SamplerParams::greedy(),
+    };
+    let kv = KvOptions::default();
+    let p = prompt(1);
+    let mut plain = Session::with_options(&target, 512, true, &kv, Attention::default()).unwrap();
+    let want = plain.generate(&tok, &p, &opts, |_| {}).unwrap();
+    for random in [false, true] {
+        for (k, adaptive) in [(1, false), (3, false), (3, true)] {
+            let mut s = Speculator::with_heads(
+                &target,
+                512,
+                &kv,
+                Attention::default(),
+                k,
+                adaptive,
+                heads(random, 3),
+            )
+            .unwrap();
+            let (got, st) = s.generate(&tok, &p, &opts, |_| {}).unwrap();
+            assert_eq!(got.tokens, want.tokens, "random {random} k {k}");
+            assert!(st.drafted > 0);
+        }
+    }
+    // A heads file round-trips.
+    let dir = std::env::temp_dir().join(format!("frugal-heads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("h.gguf");
+    let w = heads(true, 2);
+    w.write(&path).unwrap();
+    assert_eq!(HeadWeights::read(&path).unwrap(), w);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn speculation_stops_where_plain_decoding_does() {
     // A context that fills up mid-draft, and max_tokens smaller than K.
@@ -151,7 +211,19 @@ fn bad_drafters_are_refused_with_a_reason() {
             .unwrap_or_default()
     };
     assert!(e(spec(Method::EarlyExit { layers: 3 }, 2, true), None).contains("before the last"));
-    assert!(e(spec(Method::Draft { path: "x".into() }, 2, true), None).contains("not loaded"));
+    assert!(
+        e(
+            spec(
+                Method::Draft {
+                    path: "/nonexistent/x".into()
+                },
+                2,
+                true
+            ),
+            None
+        )
+        .contains("/nonexistent/x")
+    );
     assert!(e(spec(Method::Ngram { n: 2 }, 2, true), Some(model(1, 2))).contains("takes none"));
 }
 
@@ -207,14 +279,27 @@ fn sampled_counts(
     tok: &Tokenizer,
     p: &[u32],
     params: &SamplerParams,
-    o: &SpecOptions,
+    o: Option<&SpecOptions>,
     draft_seed: Option<u64>,
     runs: u64,
 ) -> HashMap<Vec<u32>, u64> {
     const EOG: u32 = u32::MAX;
     let kv = KvOptions::default();
     let draft = draft_seed.map(|s| model(1, s));
-    let mut sp = Speculator::new(target, 512, &kv, Attention::default(), o, draft).unwrap();
+    // Without options: random draft heads.
+    let mut sp = match o {
+        Some(o) => Speculator::new(target, 512, &kv, Attention::default(), o, draft).unwrap(),
+        None => Speculator::with_heads(
+            target,
+            512,
+            &kv,
+            Attention::default(),
+            2,
+            false,
+            heads(true, 2),
+        )
+        .unwrap(),
+    };
     let mut counts = HashMap::new();
     for seed in 0..runs {
         let opts = GenerateOptions {
@@ -278,7 +363,7 @@ fn speculative_sampling_keeps_the_targets_distribution() {
         (spec(Method::EarlyExit { layers: 1 }, 3, false), None),
         (spec(Method::Ngram { n: 3 }, 3, false), None),
     ] {
-        let counts = sampled_counts(&target, &tok, &p, &params, &o, draft, runs);
+        let counts = sampled_counts(&target, &tok, &p, &params, Some(&o), draft, runs);
         let (stat, df) = chi_square_against(&counts, &exact);
         assert!(
             stat < chi_square_critical_0001(df),
@@ -286,10 +371,17 @@ fn speculative_sampling_keeps_the_targets_distribution() {
             o.method
         );
     }
+    // Random draft heads: sampled drafts from a vocabulary subset.
+    let counts = sampled_counts(&target, &tok, &p, &params, None, None, runs);
+    let (stat, df) = chi_square_against(&counts, &exact);
+    assert!(
+        stat < chi_square_critical_0001(df),
+        "heads: chi-square {stat:.1} with {df} degrees of freedom"
+    );
     // Accepting every draft gives the draft's distribution: the test must see it.
     BROKEN.with(|b| b.set(true));
     let o = spec(Method::Draft { path: "d".into() }, 3, false);
-    let counts = sampled_counts(&target, &tok, &p, &params, &o, Some(22), runs);
+    let counts = sampled_counts(&target, &tok, &p, &params, Some(&o), Some(22), runs);
     BROKEN.with(|b| b.set(false));
     let (stat, df) = chi_square_against_lenient(&counts, &exact);
     assert!(

@@ -75,6 +75,7 @@ pub fn run(a: Args) -> Result<()> {
                         seq: ids[i],
                         tokens: &prompts[i][fed[i]..fed[i] + n],
                         logits: fed[i] + n == a.pp,
+                        all_logits: false,
                     });
                     order.push((i, fed[i] + n == a.pp));
                     fed[i] += n;
@@ -101,6 +102,7 @@ pub fn run(a: Args) -> Result<()> {
                     seq,
                     tokens: t,
                     logits: true,
+                    all_logits: false,
                 })
                 .collect();
             let logits = model.forward_batch(&segs, &mut pool, &mut s)?;

@@ -44,6 +44,9 @@ pub struct Args {
     /// Only the adaptive runs (no K sweep)
     #[arg(long = "no-sweep")]
     pub no_sweep: bool,
+    /// Also run each draft: model with its head restricted to its first N token ids (FR-Spec)
+    #[arg(long = "draft-vocab", value_name = "N")]
+    pub draft_vocab: Option<usize>,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -112,7 +115,7 @@ fn speculative(
 ) -> Result<(Run, f64)> {
     let kv = a.engine.kv_options()?;
     let ctx = ids.len() + a.max_tokens + 1;
-    let mut s = common::speculator(model, &a.model, ctx, &kv, a.engine.attention()?, o)?;
+    let mut s = common::speculator(model, ctx, &kv, a.engine.attention()?, o)?;
     let cost = s.draft_cost();
     let (g, st) = s.generate(tok, ids, &options(a), |_| {})?;
     Ok((run_of(g, Some(st)), cost))
@@ -187,7 +190,16 @@ pub fn run(a: Args) -> Result<()> {
     let mut specs = Vec::new();
     for d in &a.drafters {
         let o: SpecOptions = d.parse().map_err(anyhow::Error::msg)?;
-        specs.push((d.clone(), o));
+        if let (Some(n), frugal::speculate::Method::Draft { .. }) = (a.draft_vocab, &o.method) {
+            let fr = SpecOptions {
+                draft_vocab: Some(n),
+                ..o.clone()
+            };
+            specs.push((d.clone(), o));
+            specs.push((format!("{d} (head: first {n} ids)"), fr));
+        } else {
+            specs.push((d.clone(), o));
+        }
     }
     let (model, tok) = common::load(&a.model)?;
     let template = ChatTemplate::from_gguf(&model.file)?;

@@ -1,0 +1,156 @@
+//! `frugal train-heads`: draft heads for speculative decoding (`--speculate heads:FILE`),
+//! trained on the model's own greedy generations with the model frozen.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use frugal::chat::{ChatTemplate, Message};
+use frugal_train::heads::{self, HeadsConfig};
+
+use super::common::{self, ModelArgs};
+use super::train::parse_count;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Text whose passages prompt the generations (half as raw text to continue, half as chat
+    /// messages to answer)
+    #[arg(long = "data", required = true, num_args = 1..)]
+    pub data: Vec<PathBuf>,
+    /// Number of heads: head j guesses the token j + 1 places after the model's next one
+    #[arg(long = "heads", default_value_t = 3)]
+    pub heads: usize,
+    /// Tokens the model generates to train on (k and M suffixes)
+    #[arg(long = "tokens", default_value = "100k")]
+    pub tokens: String,
+    /// Tokens generated per prompt
+    #[arg(long = "gen", default_value_t = 128)]
+    pub gen_len: usize,
+    /// Tokens the heads score: the most frequent in the generations (FR-Spec); 0 = all
+    #[arg(long = "vocab", default_value_t = 8192)]
+    pub vocab: usize,
+    /// Optimizer steps (default: two passes over the positions)
+    #[arg(long = "steps")]
+    pub steps: Option<usize>,
+    /// Positions per step
+    #[arg(long = "batch", default_value_t = 256)]
+    pub batch: usize,
+    #[arg(long = "lr", default_value_t = 1e-3)]
+    pub lr: f32,
+    #[arg(long = "seed", default_value_t = 0)]
+    pub seed: u64,
+    /// Output heads file (GGUF)
+    #[arg(long = "out", required = true)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let tokens = parse_count(&a.tokens)?;
+    anyhow::ensure!(a.heads >= 1 && a.heads <= 16, "--heads must be 1 to 16");
+    anyhow::ensure!(a.gen_len > a.heads, "--gen must exceed --heads");
+    anyhow::ensure!(a.batch > 0, "--batch must be at least 1");
+    let mut text = String::new();
+    for p in &a.data {
+        text.push_str(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        );
+        text.push('\n');
+    }
+    let (model, tok) = common::load(&a.model)?;
+    let template = ChatTemplate::from_gguf(&model.file)?;
+    // Prompts: passages of ~48 tokens, spread over the text.
+    let ids = tok.encode(&text, false)?;
+    let n_prompts = tokens.div_ceil(a.gen_len).max(1);
+    anyhow::ensure!(
+        ids.len() >= 64,
+        "the --data text is too short to draw prompts from"
+    );
+    let span = 48.min(ids.len());
+    let stride = ((ids.len() - span) / n_prompts).max(1);
+    let mut prompts = Vec::with_capacity(n_prompts);
+    for i in 0..n_prompts {
+        let at = (i * stride) % (ids.len() - span + 1);
+        let passage = &ids[at..at + span];
+        // Even prompts: raw text to continue; odd ones: a chat request about the passage, so
+        // the heads also see the model answering as an assistant.
+        if i % 2 == 0 {
+            prompts.push(passage.to_vec());
+        } else {
+            const ASKS: [&str; 4] = [
+                "Summarize this text:",
+                "Explain this in simple words:",
+                "Write a short story that starts like this:",
+                "What questions does this text raise?",
+            ];
+            let msg = format!("{}\n\n{}", ASKS[(i / 2) % ASKS.len()], tok.decode(passage));
+            let chat = template.render(&[Message::new("user", &msg)], true)?;
+            prompts.push(tok.encode(&chat, true)?);
+        }
+    }
+    let t0 = Instant::now();
+    let eog = |t: u32| tok.is_end_of_generation(t);
+    let mut last = Instant::now();
+    let seqs = heads::generate_corpus(&model, &prompts, a.gen_len, 16, &eog, |n| {
+        if last.elapsed().as_secs_f64() > 10.0 {
+            eprintln!(
+                "generating: {n} tokens ({:.0} s)",
+                t0.elapsed().as_secs_f64()
+            );
+            last = Instant::now();
+        }
+    })?;
+    let generated: usize = seqs.iter().map(|(s, p)| s.len() - p).sum();
+    eprintln!(
+        "generated {generated} tokens from {} prompts in {:.0} s",
+        prompts.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let corpus = heads::hidden_states(&model, &seqs, a.heads)?;
+    let positions = corpus.next.len();
+    let steps = a
+        .steps
+        .unwrap_or_else(|| (2 * positions).div_ceil(a.batch).max(1));
+    let cfg = HeadsConfig {
+        n_heads: a.heads,
+        vocab: a.vocab,
+        steps,
+        batch: a.batch,
+        lr: a.lr,
+        seed: a.seed,
+    };
+    let t1 = Instant::now();
+    let mut last = Instant::now();
+    let (w, reports) = heads::train(&model, &corpus, &cfg, |step, r| {
+        if last.elapsed().as_secs_f64() > 10.0 || step + 1 == steps {
+            let accs: Vec<String> = r.iter().map(|h| format!("{:.2}", h.accuracy)).collect();
+            eprintln!(
+                "step {}/{steps}: top-1 accuracy per head [{}]",
+                step + 1,
+                accs.join(", ")
+            );
+            last = Instant::now();
+        }
+    })?;
+    w.write(&a.out)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    eprintln!(
+        "trained {} heads on {positions} positions ({steps} steps of {}, {:.0} s); vocabulary {}",
+        a.heads,
+        a.batch,
+        t1.elapsed().as_secs_f64(),
+        w.vocab.as_ref().map_or(model.config.n_vocab, |v| v.len())
+    );
+    for (j, r) in reports.iter().enumerate() {
+        println!(
+            "head {}: predicts token t+{}: loss {:.3}, top-1 accuracy {:.3} (last quarter of training)",
+            j + 1,
+            j + 2,
+            r.loss,
+            r.accuracy
+        );
+    }
+    println!("wrote {}", a.out.display());
+    Ok(())
+}

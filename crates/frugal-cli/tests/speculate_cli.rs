@@ -1,0 +1,153 @@
+//! `--speculate` and `train-heads` end to end on small models the test writes: every drafter
+//! gives plain greedy decoding's tokens, trained heads load and draft, and bad drafter flags
+//! end with one clean `error:` line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use frugal::model::synthetic::{SyntheticSpec, build};
+use frugal::quant::GgmlType;
+
+fn frugal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .env("FRUGAL_HOME", "/nonexistent-frugal-home")
+        .output()
+        .unwrap()
+}
+
+fn write(dir: &Path, name: &str, layers: usize, seed: u64) -> PathBuf {
+    let p = dir.join(name);
+    let bytes = build(&SyntheticSpec {
+        n_layers: layers,
+        ty: GgmlType::Q8_0,
+        n_ctx: 256,
+        untied_output: true,
+        seed,
+        ..Default::default()
+    });
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn tokens(out: &Output) -> Vec<u64> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+fn assert_clean_error(out: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line expected: {err}");
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains(needle),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_drafter_gives_the_plain_greedy_tokens_and_heads_train() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = write(dir.path(), "t.gguf", 3, 1);
+    let draft = write(dir.path(), "d.gguf", 1, 2);
+    let data = dir.path().join("data.txt");
+    std::fs::write(
+        &data,
+        "the quick brown fox jumps over the lazy dog. ".repeat(40),
+    )
+    .unwrap();
+    let heads = dir.path().join("heads.gguf");
+    let m = target.to_str().unwrap();
+    let out = frugal(&[
+        "train-heads",
+        "-m",
+        m,
+        "--data",
+        data.to_str().unwrap(),
+        "--heads",
+        "2",
+        "--tokens",
+        "300",
+        "--gen",
+        "24",
+        "--vocab",
+        "64",
+        "--out",
+        heads.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("head 2: predicts token t+3"));
+
+    let prompt = "abcabcabcab";
+    let base = [
+        "generate", "-m", m, "--temp", "0", "-n", "24", "--json", prompt,
+    ];
+    let want = tokens(&frugal(&base));
+    let drafters = [
+        "ngram".to_string(),
+        "ngram:2:3".to_string(),
+        "self:1".to_string(),
+        "self:2:2".to_string(),
+        format!("draft:{}", draft.display()),
+        format!("draft:{}:2", target.display()),
+        format!("heads:{}", heads.display()),
+        format!("heads:{}:1", heads.display()),
+    ];
+    for d in &drafters {
+        for fixed in [false, true] {
+            let mut args: Vec<&str> = base.to_vec();
+            args.extend(["--speculate", d]);
+            if fixed {
+                args.push("--speculate-fixed");
+            }
+            assert_eq!(
+                tokens(&frugal(&args)),
+                want,
+                "--speculate {d} fixed {fixed}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_drafters_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = write(dir.path(), "t.gguf", 2, 1);
+    let m = target.to_str().unwrap();
+    let run = |spec: &str| frugal(&["generate", "-m", m, "-n", "4", "hello", "--speculate", spec]);
+    assert_clean_error(&run("ngram:3:0"), "at least 1");
+    assert_clean_error(&run("self:2"), "before the last");
+    assert_clean_error(&run("self:9"), "before the last");
+    assert_clean_error(&run("medusa"), "unknown drafter");
+    assert_clean_error(&run("draft:/nonexistent.gguf"), "nonexistent");
+    // A model file is not a heads file.
+    assert_clean_error(&run(&format!("heads:{m}")), "not a draft-heads file");
+    let out = frugal(&[
+        "generate",
+        "-m",
+        m,
+        "-n",
+        "4",
+        "hello",
+        "--speculate",
+        "ngram",
+        "--no-kv-cache",
+    ]);
+    assert_clean_error(&out, "KV cache");
+}
