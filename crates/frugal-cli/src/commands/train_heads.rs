@@ -73,20 +73,48 @@ pub fn run(a: Args) -> Result<()> {
     for i in 0..n_prompts {
         let at = (i * stride) % (ids.len() - span + 1);
         let passage = &ids[at..at + span];
-        // Even prompts: raw text to continue; odd ones: a chat request about the passage, so
-        // the heads also see the model answering as an assistant.
-        if i % 2 == 0 {
-            prompts.push(passage.to_vec());
-        } else {
-            const ASKS: [&str; 4] = [
-                "Summarize this text:",
-                "Explain this in simple words:",
-                "Write a short story that starts like this:",
-                "What questions does this text raise?",
-            ];
-            let msg = format!("{}\n\n{}", ASKS[(i / 2) % ASKS.len()], tok.decode(passage));
-            let chat = template.render(&[Message::new("user", &msg)], true)?;
-            prompts.push(tok.encode(&chat, true)?);
+        // A third of the prompts: raw text to continue; the others chat requests, about the
+        // passage or about one of its words, so the heads mostly see the model answering as an
+        // assistant, the way it is used.
+        const ASKS: [&str; 3] = [
+            "Summarize this text:",
+            "Explain this in simple words:",
+            "What questions does this text raise?",
+        ];
+        const TOPICS: [&str; 6] = [
+            "Write a short story about",
+            "Explain to a ten-year-old what this is:",
+            "Give me five tips about",
+            "Write a poem about",
+            "What are the pros and cons of",
+            "Describe the history of",
+        ];
+        let msg = tok.decode(passage);
+        let request = match i % 3 {
+            0 => None,
+            1 => Some(format!("{}\n\n{msg}", ASKS[(i / 3) % ASKS.len()])),
+            _ => {
+                let words: Vec<&str> = msg
+                    .split(|c: char| !c.is_alphabetic())
+                    .filter(|w| w.len() >= 5)
+                    .collect();
+                let word = words
+                    .get((i / 3) % words.len().max(1))
+                    .copied()
+                    .unwrap_or("time");
+                Some(format!(
+                    "{} {}",
+                    TOPICS[(i / 3) % TOPICS.len()],
+                    word.to_lowercase()
+                ))
+            }
+        };
+        match request {
+            None => prompts.push(passage.to_vec()),
+            Some(r) => {
+                let chat = template.render(&[Message::new("user", &r)], true)?;
+                prompts.push(tok.encode(&chat, true)?);
+            }
         }
     }
     let t0 = Instant::now();
