@@ -1198,3 +1198,39 @@ def test_graceful_shutdown_finishes_in_flight():
         assert rc == 0, f"exit code after SIGTERM with a request in flight: {rc}\n{s.describe()}"
     finally:
         s.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# Speculative decoding in the server: prompt lookup changes no token.
+
+SPEC_PROMPTS = [
+    "Repeat this list exactly: apples, pears, plums, cherries, apples, pears, plums, cherries,",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a",
+    "The cat sat on the mat. The dog sat on the log. The cat sat on the",
+]
+
+
+def test_prompt_lookup_speculation_keeps_greedy_tokens():
+    refs = {p: generate_reference(p, 48) for p in SPEC_PROMPTS}
+    s = Server("--parallel", "4", "--ctx", "512", "--kv-budget", "64MiB", "--speculate", "ngram")
+    try:
+        c = s.client()
+        mid = c.models.list().data[0].id
+        results = [None] * len(SPEC_PROMPTS)
+
+        def worker(i):
+            r = c.completions.create(model=mid, prompt=SPEC_PROMPTS[i], max_tokens=48, temperature=0)
+            results[i] = r.choices[0].text
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(SPEC_PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        for p, got in zip(SPEC_PROMPTS, results):
+            assert got == refs[p]["text"], f"{p!r}:\n  serve:    {got!r}\n  generate: {refs[p]['text']!r}"
+        samples, _, _ = parse_metrics(s.http().get("/metrics").text)
+        assert metric(samples, "frugal_spec_draft_tokens_total") > 0, "nothing was drafted"
+        assert metric(samples, "frugal_spec_accepted_tokens_total") > 0, "no draft was accepted"
+    finally:
+        s.stop_and_check()

@@ -162,9 +162,11 @@ pub fn hidden_states(
     Ok(corpus)
 }
 
-/// The most frequent `size` tokens among the targets of the corpus (all that occur, if fewer),
-/// ordered by id: the vocabulary the heads score.
-pub fn frequent_tokens(corpus: &HeadCorpus, size: usize) -> Vec<u32> {
+/// The vocabulary the heads score, `size` token ids ordered by id: the tokens most frequent among
+/// the corpus targets, topped up with the lowest ids not yet in (a BPE vocabulary is numbered in
+/// merge order, roughly by frequency in the tokenizer's own training text), so a narrow corpus
+/// does not leave out common words it happens to lack.
+pub fn frequent_tokens(corpus: &HeadCorpus, size: usize, n_vocab: usize) -> Vec<u32> {
     let mut counts = std::collections::HashMap::<u32, usize>::new();
     for n in &corpus.next {
         for &t in n {
@@ -174,9 +176,23 @@ pub fn frequent_tokens(corpus: &HeadCorpus, size: usize) -> Vec<u32> {
     let mut by_count: Vec<(u32, usize)> = counts.into_iter().collect();
     by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     by_count.truncate(size);
-    let mut ids: Vec<u32> = by_count.into_iter().map(|(t, _)| t).collect();
-    ids.sort_unstable();
-    ids
+    let mut keep = vec![false; n_vocab];
+    for &(t, _) in &by_count {
+        if let Some(k) = keep.get_mut(t as usize) {
+            *k = true;
+        }
+    }
+    let mut missing = size.saturating_sub(by_count.len());
+    for k in keep.iter_mut() {
+        if missing == 0 {
+            break;
+        }
+        if !*k {
+            *k = true;
+            missing -= 1;
+        }
+    }
+    (0..n_vocab as u32).filter(|&t| keep[t as usize]).collect()
 }
 
 #[derive(Clone, Debug)]
@@ -314,7 +330,7 @@ pub fn train(
     let vocab = if cfg.vocab == 0 || cfg.vocab >= c.n_vocab {
         None
     } else {
-        Some(frequent_tokens(corpus, cfg.vocab))
+        Some(frequent_tokens(corpus, cfg.vocab, c.n_vocab))
     };
     let ids: Vec<u32> = vocab
         .clone()
