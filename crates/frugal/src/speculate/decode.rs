@@ -60,8 +60,10 @@ impl SpecStats {
 /// and `v` the cost of one more verified row, both relative to a plain decode step. Position by
 /// position matters for prompt lookup, whose drafts are either a long copy or wrong at once.
 /// The choice depends on the tokens only (not on timings), so a seeded run repeats exactly.
-/// When no draft length pays it decodes plainly, drafting one token every `PROBE` passes to
-/// notice when acceptance recovers.
+/// When no draft length pays it decodes plainly, drafting one token after `PROBE` passes to
+/// notice when acceptance recovers, and twice as many passes after each probe that does not
+/// bring it back (up to `MAX_PROBE`): a draft model must catch up on every token since its last
+/// draft, so frequent probes would cost more than they find.
 #[derive(Clone, Debug)]
 pub struct DraftLength {
     k_max: usize,
@@ -72,9 +74,12 @@ pub struct DraftLength {
     kept: Vec<f64>,
     tried: Vec<f64>,
     plain_passes: usize,
+    /// Plain passes before the next probe.
+    probe_every: usize,
 }
 
 const PROBE: usize = 16;
+const MAX_PROBE: usize = 512;
 const DECAY: f64 = 0.9;
 
 impl DraftLength {
@@ -87,6 +92,7 @@ impl DraftLength {
             kept: vec![0.0; k_max],
             tried: vec![0.0; k_max],
             plain_passes: 0,
+            probe_every: PROBE,
         }
     }
 
@@ -113,11 +119,13 @@ impl DraftLength {
         }
         if best > 0 {
             self.plain_passes = 0;
+            self.probe_every = PROBE;
             return best;
         }
         self.plain_passes += 1;
-        if self.plain_passes >= PROBE {
+        if self.plain_passes >= self.probe_every {
             self.plain_passes = 0;
+            self.probe_every = (self.probe_every * 2).min(MAX_PROBE);
             return 1;
         }
         0
@@ -199,15 +207,7 @@ impl<'m> Speculator<'m> {
                 ));
             }
         };
-        Ok(Speculator {
-            target: Target::new(model, ctx, kv, attention, exit)?,
-            drafter,
-            opts,
-            cached: Vec::new(),
-            row_cost: DEFAULT_ROW_COST,
-            ws: Workspace::default(),
-            last_hidden: Vec::new(),
-        })
+        Self::assemble(Target::new(model, ctx, kv, attention, exit)?, drafter, opts)
     }
 
     /// Speculation with draft heads already in memory (tests, training reports).
@@ -229,9 +229,14 @@ impl<'m> Speculator<'m> {
             adaptive,
             draft_vocab: None,
         };
+        let target = Target::new(model, ctx, kv, attention, None)?;
+        Self::assemble(target, Drafter::Heads(Box::new(h)), opts)
+    }
+
+    fn assemble(target: Target<'m>, drafter: Drafter, opts: SpecOptions) -> Result<Self> {
         Ok(Speculator {
-            target: Target::new(model, ctx, kv, attention, None)?,
-            drafter: Drafter::Heads(Box::new(h)),
+            target,
+            drafter,
             opts,
             cached: Vec::new(),
             row_cost: DEFAULT_ROW_COST,
