@@ -21,7 +21,7 @@ fn write(dir: &Path, name: &str, layers: usize, seed: u64) -> PathBuf {
     let bytes = build(&SyntheticSpec {
         n_layers: layers,
         ty: GgmlType::Q8_0,
-        n_ctx: 256,
+        n_ctx: 1024,
         untied_output: true,
         seed,
         ..Default::default()
@@ -150,4 +150,41 @@ fn bad_drafters_fail_cleanly() {
         "--no-kv-cache",
     ]);
     assert_clean_error(&out, "KV cache");
+}
+
+#[test]
+fn bench_speculate_prints_its_table_and_draws_its_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = write(dir.path(), "t.gguf", 2, 1);
+    let out_dir = dir.path().join("charts");
+    let out = frugal(&[
+        "bench",
+        "speculate",
+        "-m",
+        target.to_str().unwrap(),
+        "--drafters",
+        "ngram,self:1",
+        "--k",
+        "1,2",
+        "--reps",
+        "1",
+        "-n",
+        "8",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "| R | relative time |",
+        "| ngram | input-grounded | adaptive |",
+        "| self:1 | open | 2 |",
+    ] {
+        assert!(stdout.contains(needle), "{needle:?} missing:\n{stdout}");
+    }
+    assert!(out_dir.join("speculative.svg").exists());
 }

@@ -334,6 +334,22 @@ pub fn run(a: Args) -> Result<()> {
         print_table(&a, &rows);
     }
     let mut series = Vec::new();
+    // Chart labels name files by their stem, not their directory.
+    let label = |name: &str| -> String {
+        match name.split_once(':') {
+            Some((kind @ ("draft" | "heads"), rest)) => {
+                let (path, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let stem = std::path::Path::new(path)
+                    .file_stem()
+                    .map_or(path.into(), |s| s.to_string_lossy());
+                format!(
+                    "{kind}:{stem}{}{tail}",
+                    if tail.is_empty() { "" } else { " " }
+                )
+            }
+            _ => name.to_string(),
+        }
+    };
     for (name, _) in &specs {
         for kind in ["input-grounded", "open"] {
             let pts = |pred: bool| -> Vec<(f64, f64)> {
@@ -346,11 +362,11 @@ pub fn run(a: Args) -> Result<()> {
                     .collect()
             };
             series.push(Series {
-                name: format!("{name}, {kind}: measured"),
+                name: format!("{}, {kind}: measured", label(name)),
                 points: pts(false),
             });
             series.push(Series {
-                name: format!("{name}, {kind}: Leviathan formula"),
+                name: format!("{}, {kind}: Leviathan formula", label(name)),
                 points: pts(true),
             });
         }
