@@ -138,14 +138,8 @@ impl<'m> Session<'m> {
     ) -> Result<Generation> {
         check_prompt(prompt, self.ctx(), opts)?;
         // Reuse the longest cached prefix, but always run at least the last prompt token.
-        let common = self
-            .cached
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
         let keep = if self.use_kv_cache {
-            common.min(prompt.len() - 1)
+            reusable_prefix(&self.cached, prompt)
         } else {
             0
         };
@@ -180,6 +174,17 @@ impl<'m> Session<'m> {
         stats.kv_cache_bytes = self.kv.bytes_in_use();
         Ok(out.finish(stop_reason, stats, &mut on_text))
     }
+}
+
+/// How many leading tokens of `cached` a new pass over `tokens` (not empty) can keep: their
+/// common prefix, less the last token of `tokens`, which must run to give its logits.
+pub fn reusable_prefix(cached: &[u32], tokens: &[u32]) -> usize {
+    let common = cached
+        .iter()
+        .zip(tokens)
+        .take_while(|(a, b)| a == b)
+        .count();
+    common.min(tokens.len().saturating_sub(1))
 }
 
 /// A prompt must hold at least one token and fit the context, and the sampler settings must be

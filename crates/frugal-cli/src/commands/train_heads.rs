@@ -11,6 +11,21 @@ use frugal_train::heads::{self, HeadsConfig};
 use super::common::{self, ModelArgs};
 use super::train::parse_count;
 
+/// Chat requests about a passage, and about one of its words.
+const ASKS: [&str; 3] = [
+    "Summarize this text:",
+    "Explain this in simple words:",
+    "What questions does this text raise?",
+];
+const TOPICS: [&str; 6] = [
+    "Write a short story about",
+    "Explain to a ten-year-old what this is:",
+    "Give me five tips about",
+    "Write a poem about",
+    "What are the pros and cons of",
+    "Describe the history of",
+];
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Text whose passages prompt the generations (half as raw text to continue, half as chat
@@ -76,19 +91,6 @@ pub fn run(a: Args) -> Result<()> {
         // A third of the prompts: raw text to continue; the others chat requests, about the
         // passage or about one of its words, so the heads mostly see the model answering as an
         // assistant, the way it is used.
-        const ASKS: [&str; 3] = [
-            "Summarize this text:",
-            "Explain this in simple words:",
-            "What questions does this text raise?",
-        ];
-        const TOPICS: [&str; 6] = [
-            "Write a short story about",
-            "Explain to a ten-year-old what this is:",
-            "Give me five tips about",
-            "Write a poem about",
-            "What are the pros and cons of",
-            "Describe the history of",
-        ];
         let msg = tok.decode(passage);
         let request = match i % 3 {
             0 => None,

@@ -17,7 +17,7 @@ use crate::attention::Attention;
 use crate::error::{Error, Result};
 use crate::generate::{Emitter, GenerateOptions, Generation, GenerationStats};
 use crate::kv::KvOptions;
-use crate::model::{Logits, Model};
+use crate::model::{Config, Logits, Model};
 use crate::sample::{Sampler, SamplerParams};
 use crate::tokenizer::Tokenizer;
 
@@ -154,6 +154,8 @@ pub struct Speculator<'m> {
     /// The target's last hidden state at the position of the latest chosen token (what draft
     /// heads read).
     last_hidden: Vec<f32>,
+    /// The context followed by the tokens drafted so far (the early exit's penalties read it).
+    seq: Vec<u32>,
 }
 
 /// Default cost of one more row in a verification pass relative to a one-token decode step,
@@ -242,6 +244,7 @@ impl<'m> Speculator<'m> {
             row_cost: DEFAULT_ROW_COST,
             ws: Workspace::default(),
             last_hidden: Vec::new(),
+            seq: Vec::new(),
         })
     }
 
@@ -253,11 +256,12 @@ impl<'m> Speculator<'m> {
     /// multiply-adds of the matrix products each runs per token.
     pub fn draft_cost(&self) -> f64 {
         let target = self.target.model;
-        let full = macs_per_token(target, target.config.n_layers);
+        let c = &target.config;
+        let full = macs_per_token(c, c.n_layers, c.n_vocab);
         match &self.drafter {
             Drafter::Ngram { .. } => 0.0,
             Drafter::EarlyExit => match self.opts.method {
-                Method::EarlyExit { layers } => macs_per_token(target, layers) / full,
+                Method::EarlyExit { layers } => macs_per_token(c, layers, c.n_vocab) / full,
                 _ => 1.0,
             },
             Drafter::Model(d) => d.macs_per_token() / full,
@@ -275,13 +279,7 @@ impl<'m> Speculator<'m> {
         mut on_text: impl FnMut(&str),
     ) -> Result<(Generation, SpecStats)> {
         crate::generate::check_prompt(prompt, self.ctx(), opts)?;
-        let common = self
-            .cached
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
-        let keep = common.min(prompt.len() - 1);
+        let keep = crate::generate::reusable_prefix(&self.cached, prompt);
         self.target.truncate(keep);
         self.cached.truncate(keep);
 
@@ -428,20 +426,13 @@ impl<'m> Speculator<'m> {
                 Ok(sampled)
             }
             Drafter::EarlyExit => {
-                let mut seq = context.to_vec();
+                let seq = &mut self.seq;
+                seq.clear();
+                seq.extend_from_slice(context);
                 let mut token = *context.last().expect("the context holds the last token");
                 for i in 0..k {
                     let logits = self.target.exit_step(token)?;
-                    let (seen, generated) = (&seq[..], &seq[gen_start..]);
-                    token = if sampled {
-                        if q.len() <= i {
-                            q.push(Vec::new());
-                        }
-                        sampler.distribution(logits, seen, generated, &mut q[i]);
-                        sampler.draw(&q[i]).unwrap_or(q[i][0].0)
-                    } else {
-                        sampler.sample_with(logits, seen, generated)
-                    };
+                    token = super::draft_token(sampler, logits, seq, gen_start, i, q);
                     draft.push(token);
                     seq.push(token);
                 }
@@ -451,10 +442,10 @@ impl<'m> Speculator<'m> {
     }
 }
 
-/// Multiply-adds of the matrix products for one token through `layers` layers and the head.
-pub(crate) fn macs_per_token(m: &Model, layers: usize) -> f64 {
-    let c = &m.config;
+/// Multiply-adds of the matrix products for one token through `layers` layers and a head of
+/// `head_rows` tokens.
+pub(crate) fn macs_per_token(c: &Config, layers: usize, head_rows: usize) -> f64 {
     let attn = c.n_embd * (2 * c.q_dim() + 2 * c.kv_dim());
     let ffn = 3 * c.n_embd * c.n_ff;
-    (layers * (attn + ffn) + c.n_embd * c.n_vocab) as f64
+    (layers * (attn + ffn) + c.n_embd * head_rows) as f64
 }

@@ -11,7 +11,8 @@ use crate::model::{Input, Logits, Model, Scratch};
 use crate::ops::rms_norm;
 use crate::sample::Sampler;
 
-use super::heads::{SubsetHead, pick};
+use super::draft_token;
+use super::heads::SubsetHead;
 
 pub struct DraftModel {
     pub model: Model,
@@ -22,6 +23,9 @@ pub struct DraftModel {
     /// The draft's output head restricted to its first token ids (FR-Spec), if asked.
     subset: Option<SubsetHead>,
     z: Vec<f32>,
+    /// The context followed by the tokens drafted so far, and the tokens the next pass feeds.
+    seq: Vec<u32>,
+    feed: Vec<u32>,
 }
 
 impl DraftModel {
@@ -51,16 +55,16 @@ impl DraftModel {
             cached: Vec::new(),
             subset,
             z: Vec::new(),
+            seq: Vec::new(),
+            feed: Vec::new(),
         })
     }
 
     /// Multiply-adds of the draft's matrix products per token.
     pub fn macs_per_token(&self) -> f64 {
         let c = &self.model.config;
-        let attn = c.n_embd * (2 * c.q_dim() + 2 * c.kv_dim());
-        let ffn = 3 * c.n_embd * c.n_ff;
         let head = self.subset.as_ref().map_or(c.n_vocab, |s| s.len());
-        (c.n_layers * (attn + ffn) + c.n_embd * head) as f64
+        super::decode::macs_per_token(c, c.n_layers, head)
     }
 
     pub fn kv_bytes(&self) -> usize {
@@ -84,27 +88,24 @@ impl DraftModel {
         if k == 0 || context.is_empty() {
             return Ok(());
         }
-        let common = self
-            .cached
-            .iter()
-            .zip(context)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(context.len() - 1);
+        let common = crate::generate::reusable_prefix(&self.cached, context);
         self.cache.truncate(common);
         self.cached.truncate(common);
-        let mut seq = context.to_vec();
-        let mut feed = context[common..].to_vec();
+        let (seq, feed) = (&mut self.seq, &mut self.feed);
+        seq.clear();
+        seq.extend_from_slice(context);
+        feed.clear();
+        feed.extend_from_slice(&context[common..]);
         let c = &self.model.config;
         for i in 0..k {
             let logits = match &mut self.subset {
                 None => {
                     self.model
-                        .forward(&feed, &mut self.cache, &mut self.scratch, Logits::Last)?
+                        .forward(feed, &mut self.cache, &mut self.scratch, Logits::Last)?
                 }
                 Some(head) => {
                     let all = 0..c.n_layers;
-                    let input = Input::Tokens(&feed);
+                    let input = Input::Tokens(feed);
                     self.model.forward_span(
                         input,
                         all,
@@ -124,8 +125,8 @@ impl DraftModel {
                     head.logits(&self.z)?
                 }
             };
-            self.cached.extend_from_slice(&feed);
-            let d = pick(sampler, logits, &seq, gen_start, i, q);
+            self.cached.extend_from_slice(feed);
+            let d = draft_token(sampler, logits, seq, gen_start, i, q);
             out.push(d);
             seq.push(d);
             feed.clear();

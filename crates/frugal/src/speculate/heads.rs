@@ -222,6 +222,8 @@ pub struct DraftHeads {
     w_bytes: Vec<Vec<u8>>,
     z: Vec<f32>,
     a: Vec<f32>,
+    /// The context followed by the tokens drafted so far.
+    seq: Vec<u32>,
 }
 
 impl DraftHeads {
@@ -249,6 +251,7 @@ impl DraftHeads {
             w_bytes,
             z: Vec::new(),
             a: Vec::new(),
+            seq: Vec::new(),
             w,
         })
     }
@@ -292,7 +295,9 @@ impl DraftHeads {
         let c = &target.config;
         self.z.resize(d, 0.0);
         rms_norm(hidden, &target.weights.output_norm, c.rms_eps, &mut self.z);
-        let mut seq = context.to_vec();
+        let seq = &mut self.seq;
+        seq.clear();
+        seq.extend_from_slice(context);
         for (j, ((_, b), wb)) in self.w.heads.iter().zip(&self.w_bytes).take(k).enumerate() {
             // u = z + SiLU(W z + b)
             let wm = WeightMatrix::new(GgmlType::F32, d, d, wb)
@@ -304,31 +309,10 @@ impl DraftHeads {
                 *a = z + x / (1.0 + (-x).exp());
             }
             let logits = self.head.logits(&self.a)?;
-            let t = pick(sampler, logits, &seq, gen_start, j, q);
+            let t = super::draft_token(sampler, logits, seq, gen_start, j, q);
             out.push(t);
             seq.push(t);
         }
         Ok(())
     }
-}
-
-/// The draft token from `logits` after `seq`: the sampler's greedy choice, or a draw whose
-/// distribution goes to `q[j]`.
-pub(crate) fn pick(
-    sampler: &mut Sampler,
-    logits: &[f32],
-    seq: &[u32],
-    gen_start: usize,
-    j: usize,
-    q: &mut Vec<Vec<(u32, f32)>>,
-) -> u32 {
-    let generated = &seq[gen_start.min(seq.len())..];
-    if sampler.params.temperature <= 0.0 {
-        return sampler.sample_with(logits, seq, generated);
-    }
-    if q.len() <= j {
-        q.push(Vec::new());
-    }
-    sampler.distribution(logits, seq, generated, &mut q[j]);
-    sampler.draw(&q[j]).unwrap_or(q[j][0].0)
 }

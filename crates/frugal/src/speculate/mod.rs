@@ -25,6 +25,8 @@ pub use draft_model::{DraftModel, check_same_vocabulary};
 pub use heads::{DraftHeads, HeadWeights};
 
 use std::path::PathBuf;
+
+use crate::sample::Sampler;
 use std::str::FromStr;
 
 /// Which drafter proposes tokens: the value of `--speculate`.
@@ -138,4 +140,25 @@ impl FromStr for SpecOptions {
             draft_vocab: None,
         })
     }
+}
+
+/// The draft token from `logits` after `seq`: the sampler's greedy choice, or a draw whose
+/// distribution goes to `q[j]`.
+pub(crate) fn draft_token(
+    sampler: &mut Sampler,
+    logits: &[f32],
+    seq: &[u32],
+    gen_start: usize,
+    j: usize,
+    q: &mut Vec<Vec<(u32, f32)>>,
+) -> u32 {
+    let generated = &seq[gen_start.min(seq.len())..];
+    if sampler.params.temperature <= 0.0 {
+        return sampler.sample_with(logits, seq, generated);
+    }
+    if q.len() <= j {
+        q.push(Vec::new());
+    }
+    sampler.distribution(logits, seq, generated, &mut q[j]);
+    sampler.draw(&q[j]).unwrap_or(q[j][0].0)
 }

@@ -45,6 +45,14 @@ fn spec(method: Method, k: usize, adaptive: bool) -> SpecOptions {
     }
 }
 
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        stop: Vec::new(),
+        sampler: SamplerParams::greedy(),
+    }
+}
+
 /// A prompt with repeats, so prompt lookup finds matches.
 fn prompt(seed: u32) -> Vec<u32> {
     let motif: Vec<u32> = (0..12u32).map(|i| (i * 37 + seed * 11) % 256).collect();
@@ -59,11 +67,7 @@ fn prompt(seed: u32) -> Vec<u32> {
 fn greedy_speculation_reproduces_plain_decoding_for_every_drafter() {
     let target = model(3, 1);
     let tok = Tokenizer::from_gguf(&target.file).unwrap();
-    let opts = GenerateOptions {
-        max_tokens: 40,
-        stop: Vec::new(),
-        sampler: SamplerParams::greedy(),
-    };
+    let opts = greedy(40);
     for layout in [KvLayout::Contiguous, KvLayout::default()] {
         let kv = KvOptions {
             layout,
@@ -131,11 +135,7 @@ fn heads(random: bool, n: usize) -> HeadWeights {
 fn greedy_speculation_with_draft_heads_reproduces_plain_decoding() {
     let target = model(3, 1);
     let tok = Tokenizer::from_gguf(&target.file).unwrap();
-    let opts = GenerateOptions {
-        max_tokens: 40,
-        stop: Vec::new(),
-        sampler: SamplerParams::greedy(),
-    };
+    let opts = greedy(40);
     let kv = KvOptions::default();
     let p = prompt(1);
     let mut plain = Session::with_options(&target, 512, true, &kv, Attention::default()).unwrap();
@@ -174,11 +174,7 @@ fn speculation_stops_where_plain_decoding_does() {
     let tok = Tokenizer::from_gguf(&target.file).unwrap();
     let p = prompt(5);
     for (ctx, max_tokens) in [(p.len() + 5, 100), (512, 3), (512, 1)] {
-        let opts = GenerateOptions {
-            max_tokens,
-            stop: Vec::new(),
-            sampler: SamplerParams::greedy(),
-        };
+        let opts = greedy(max_tokens);
         let kv = KvOptions::default();
         let mut plain =
             Session::with_options(&target, ctx, true, &kv, Attention::default()).unwrap();
