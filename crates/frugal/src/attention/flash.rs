@@ -29,7 +29,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::{AttnShape, AttnWorkspace, OutPtr};
-use crate::kv::KvView;
+use crate::kv::{KvType, KvView};
 
 /// One K tile plus one V tile (f32) fit in this much L1.
 const KV_TILE_BYTES: usize = 32 * 1024;
@@ -281,6 +281,14 @@ fn merge_partial(acc: &mut [f32], m: &mut f32, l: &mut f32, acc_c: &[f32], m_c: 
     *m = mn;
 }
 
+/// The bytes of `v` (what the strided SIMD kernels read, from a decoded tile or the cache).
+#[cfg(target_arch = "x86_64")]
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any initialized f32 is 4 initialized bytes, u8 has alignment 1, and the length is
+    // the same memory measured in bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
 fn grow(v: &mut Vec<f32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0.0);
@@ -353,15 +361,36 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
     let mut j0 = span.lo;
     while j0 < hi {
         let nb = (hi - j0).min(bc);
-        job.k
-            .decode_head(span.kvh, hd, j0, nb, &mut t.kraw[..nb * hd]);
-        for j in 0..nb {
-            for c in 0..hd {
-                t.kt[c * bc + j] = t.kraw[j * hd + c];
+        // An f32 cache is read in place on the SIMD path (keys transposed straight from it,
+        // values weighted where they lie); any other format is decoded a tile at a time.
+        let in_place = fast && job.k.ty() == KvType::F32;
+        if in_place {
+            let mut j = 0;
+            while j < nb {
+                let (bytes, stride, m) = job.k.head_run(span.kvh, hd, j0 + j, nb - j);
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                unsafe {
+                    super::flash_x86::transpose_rows(bytes, stride, m, hd, &mut t.kt, bc, j)
+                };
+                j += m;
+            }
+        } else {
+            job.k
+                .decode_head(span.kvh, hd, j0, nb, &mut t.kraw[..nb * hd]);
+            for j in 0..nb {
+                for c in 0..hd {
+                    t.kt[c * bc + j] = t.kraw[j * hd + c];
+                }
             }
         }
-        job.v
-            .decode_head(span.kvh, hd, j0, nb, &mut t.vt[..nb * hd]);
+        // Values in place only for a few rows (decode): more rows re-read the tile once per
+        // R of them, which a decoded tile serves from L1. The bits are the same either way.
+        let v_in_place = fast && job.v.ty() == KvType::F32 && rows <= 2 * R;
+        if !v_in_place {
+            job.v
+                .decode_head(span.kvh, hd, j0, nb, &mut t.vt[..nb * hd]);
+        }
         for rb in (0..rows).step_by(R) {
             // Visible keys of this tile per row (causal: up to the row's own position).
             let jn: [usize; R] = std::array::from_fn(|i| {
@@ -417,11 +446,41 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
             // The tile's p.v is summed on its own, then added: two-level summation keeps the
             // rounding error growing with (tile + tiles) rather than with every key.
             let pv = &mut t.pv[..R * hd];
-            if fast {
+            if v_in_place {
+                // The tile's runs (a paged cache's blocks) in order, each continuing the sums.
+                let mut j = 0;
+                while j < jmax {
+                    let (bytes, stride, m) = job.v.head_run(span.kvh, hd, j0 + j, jmax - j);
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                    unsafe {
+                        super::flash_x86::weighted_values(
+                            &sb[j..],
+                            bc,
+                            bytes,
+                            stride,
+                            hd,
+                            m,
+                            pv,
+                            j > 0,
+                        )
+                    };
+                    j += m;
+                }
+            } else if fast {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `fast` implies the CPU has AVX2 and FMA.
                 unsafe {
-                    super::flash_x86::weighted_values(sb, bc, &t.vt, hd, jmax, pv)
+                    super::flash_x86::weighted_values(
+                        sb,
+                        bc,
+                        f32_bytes(&t.vt[..nb * hd]),
+                        4 * hd,
+                        hd,
+                        jmax,
+                        pv,
+                        false,
+                    )
                 };
             } else {
                 weighted_values(sb, bc, &t.vt, hd, jmax, pv);

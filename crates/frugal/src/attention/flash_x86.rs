@@ -128,38 +128,52 @@ pub(super) unsafe fn exp_row(s: &mut [f32], max: f32) -> f32 {
     sum
 }
 
-/// `pv[i] = sum_j p[i][j] * v_j` for `R` rows (`p` is `R x bc`, `v` row-major, `hd` per key, a
-/// multiple of 16), keys `0..jn`: sixteen outputs by `R` rows in registers, each loaded value
-/// vector serving `R` rows.
+/// `pv[i] (+)= sum_j p[i][j] * v_j` for `R` rows and keys `0..jn`: `p` is `R x bc` (row `i` at
+/// `i * bc`), value row `j` is `hd` f32s (a multiple of 16) at byte `j * stride` of `v` (a
+/// decoded tile, or the cache itself read in place). Sixteen outputs by `R` rows in registers,
+/// each loaded value vector serving `R` rows. With `accumulate` the sums continue from `pv`, so
+/// a tile taken in several runs (a paged cache's blocks) gives the same bits as in one.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn weighted_values(
     p: &[f32],
     bc: usize,
-    v: &[f32],
+    v: &[u8],
+    stride: usize,
     hd: usize,
     jn: usize,
     pv: &mut [f32],
+    accumulate: bool,
 ) {
     assert!(
         hd.is_multiple_of(16)
+            && jn >= 1
             && jn <= bc
-            && p.len() >= R * bc
-            && v.len() >= jn * hd
+            && p.len() >= (R - 1) * bc + jn
+            && v.len() >= (jn - 1) * stride + 4 * hd
             && pv.len() >= R * hd,
         "flash weighted values: tile shapes"
     );
     let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), pv.as_mut_ptr());
-    // SAFETY: reads v[j * hd + d0 ..+16] with j < jn, d0 + 16 <= hd, and p[i * bc + j] with
-    // i < R, j < jn <= bc; writes pv[i * hd + d0 ..+16]: all inside the checked lengths.
+    // SAFETY: reads 16 f32s at byte j * stride + 4 * d0 of v with j < jn, d0 + 16 <= hd, and
+    // p[i * bc + j] with i < R, j < jn; reads and writes pv[i * hd + d0 ..+16]: all inside the
+    // checked lengths (unaligned loads: the cache's bytes carry no f32 alignment).
     unsafe {
         for d0 in (0..hd).step_by(16) {
             let mut a = [[_mm256_setzero_ps(); 2]; R];
+            if accumulate {
+                for (i, ai) in a.iter_mut().enumerate() {
+                    ai[0] = _mm256_loadu_ps(op.add(i * hd + d0));
+                    ai[1] = _mm256_loadu_ps(op.add(i * hd + d0 + 8));
+                }
+            }
             for j in 0..jn {
-                let v0 = _mm256_loadu_ps(vp.add(j * hd + d0));
-                let v1 = _mm256_loadu_ps(vp.add(j * hd + d0 + 8));
+                let row = vp.add(j * stride).cast::<f32>();
+                let v0 = _mm256_loadu_ps(row.add(d0));
+                let v1 = _mm256_loadu_ps(row.add(d0 + 8));
                 for (i, ai) in a.iter_mut().enumerate() {
                     let pj = _mm256_broadcast_ss(&*pp.add(i * bc + j));
                     ai[0] = _mm256_fmadd_ps(pj, v0, ai[0]);
@@ -169,6 +183,78 @@ pub(super) unsafe fn weighted_values(
             for (i, ai) in a.iter().enumerate() {
                 _mm256_storeu_ps(op.add(i * hd + d0), ai[0]);
                 _mm256_storeu_ps(op.add(i * hd + d0 + 8), ai[1]);
+            }
+        }
+    }
+}
+
+/// `kt[c * bc + j0 + j] = row_j[c]` for `m` rows of `hd` f32s (a multiple of 8) at byte
+/// `j * stride` of `src`: the transposed key tile `scores` reads, filled eight rows by eight
+/// columns at a time with in-register 8x8 transposes, straight from the cache when it holds
+/// f32 (the scalar twin is the element loop in `flash::block_body`).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn transpose_rows(
+    src: &[u8],
+    stride: usize,
+    m: usize,
+    hd: usize,
+    kt: &mut [f32],
+    bc: usize,
+    j0: usize,
+) {
+    assert!(
+        hd.is_multiple_of(8)
+            && m >= 1
+            && j0 + m <= bc
+            && kt.len() >= hd * bc
+            && src.len() >= (m - 1) * stride + 4 * hd,
+        "flash key transpose: tile shapes"
+    );
+    let (sp, kp) = (src.as_ptr(), kt.as_mut_ptr());
+    // SAFETY: reads 8 f32s at byte (j + i) * stride + 4 * c0 with j + i < m and c0 + 8 <= hd,
+    // or one at (jj * stride + 4 * c); writes kt[(c0 + c) * bc + j0 + j ..+8] with
+    // j0 + j + 8 <= j0 + m <= bc: all inside the checked lengths.
+    unsafe {
+        let row = |j: usize| sp.add(j * stride).cast::<f32>();
+        let mut j = 0;
+        while j + 8 <= m {
+            for c0 in (0..hd).step_by(8) {
+                let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(row(j + i).add(c0)));
+                let t: [__m256; 8] = std::array::from_fn(|i| {
+                    let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+                    if i % 2 == 0 {
+                        _mm256_unpacklo_ps(a, b)
+                    } else {
+                        _mm256_unpackhi_ps(a, b)
+                    }
+                });
+                // u[4h + q] holds element 4h.. of column q (and q + 4 in the upper half).
+                let u: [__m256; 8] = std::array::from_fn(|i| {
+                    let (h, q) = (i / 4, i % 4);
+                    let (a, b) = (t[4 * h + q / 2], t[4 * h + 2 + q / 2]);
+                    if q % 2 == 0 {
+                        _mm256_shuffle_ps::<0x44>(a, b)
+                    } else {
+                        _mm256_shuffle_ps::<0xEE>(a, b)
+                    }
+                });
+                for c in 0..8 {
+                    let col = if c < 4 {
+                        _mm256_permute2f128_ps::<0x20>(u[c], u[4 + c])
+                    } else {
+                        _mm256_permute2f128_ps::<0x31>(u[c - 4], u[c])
+                    };
+                    _mm256_storeu_ps(kp.add((c0 + c) * bc + j0 + j), col);
+                }
+            }
+            j += 8;
+        }
+        for jj in j..m {
+            for c in 0..hd {
+                *kp.add(c * bc + j0 + jj) = std::ptr::read_unaligned(row(jj).add(c));
             }
         }
     }

@@ -216,8 +216,14 @@ fn exp_approx_is_within_two_ulp_of_exp() {
     assert!(super::flash::exp_approx(f32::NEG_INFINITY) < 2e-38);
 }
 
+/// The bytes of `v`, as a cache stores f32 rows.
+#[cfg(target_arch = "x86_64")]
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
 /// The AVX2 inner loops of flash against their portable twins on random tiles, including key
-/// counts that are not multiples of the vector width.
+/// counts that are not multiples of the vector width, and strided rows read in place.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn simd_flash_loops_match_the_portable_ones() {
@@ -260,13 +266,64 @@ fn simd_flash_loops_match_the_portable_ones() {
                 .collect::<Vec<_>>();
             let (mut pa, mut pb) = (vec![0f32; R * hd], vec![0f32; R * hd]);
             weighted_values(&p, bc, &v, hd, jn, &mut pa);
+            let vb = f32_bytes(&v);
             // SAFETY: as above.
-            unsafe { flash_x86::weighted_values(&p, bc, &v, hd, jn, &mut pb) };
+            unsafe { flash_x86::weighted_values(&p, bc, &vb, 4 * hd, hd, jn, &mut pb, false) };
             for (x, y) in pa.iter().zip(&pb) {
                 assert!(
                     (x - y).abs() <= jn as f32 * 2.0 * f32::EPSILON,
                     "{x} vs {y}"
                 );
+            }
+            // The same keys in two runs of rows spread apart (as a paged cache's blocks hold
+            // them, among other heads): the same bits as in one run.
+            let stride = 3 * 4 * hd + 4;
+            let mut spread = vec![0u8; bc * stride];
+            for j in 0..bc {
+                spread[j * stride + 4 * hd..][..4 * hd]
+                    .copy_from_slice(&vb[4 * hd * j..][..4 * hd]);
+            }
+            let split = jn / 2;
+            let mut pc = vec![0f32; R * hd];
+            let at = |j: usize| &spread[j * stride + 4 * hd..];
+            // SAFETY: as above.
+            unsafe {
+                if split > 0 {
+                    flash_x86::weighted_values(&p, bc, at(0), stride, hd, split, &mut pc, false);
+                }
+                flash_x86::weighted_values(
+                    &p[split..],
+                    bc,
+                    at(split),
+                    stride,
+                    hd,
+                    jn - split,
+                    &mut pc,
+                    split > 0,
+                );
+            }
+            assert_eq!(pb, pc, "values in two strided runs");
+            // Keys transposed straight from strided rows, in two runs, against the element loop.
+            let mut kt_simd = vec![f32::NAN; hd * bc];
+            // SAFETY: as above.
+            unsafe {
+                if split > 0 {
+                    flash_x86::transpose_rows(at(0), stride, split, hd, &mut kt_simd, bc, 0);
+                }
+                flash_x86::transpose_rows(
+                    at(split),
+                    stride,
+                    jn - split,
+                    hd,
+                    &mut kt_simd,
+                    bc,
+                    split,
+                );
+            }
+            for j in 0..jn {
+                for c in 0..hd {
+                    assert_eq!(kt_simd[c * bc + j], v[j * hd + c], "key {j} dim {c}");
+                }
             }
         }
     }

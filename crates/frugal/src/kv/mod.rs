@@ -202,9 +202,24 @@ impl<'a> KvView<'a> {
         }
     }
 
+    /// Head `head` (of `head_dim` values) of rows `start..start+m`, `1 <= m <= max`, as stored:
+    /// the bytes from the first row's head to the end of the run, the byte stride between rows,
+    /// and `m`. Attention reads an f32 cache through this in place rather than copying tiles.
+    #[inline]
+    pub fn head_run(
+        &self,
+        head: usize,
+        head_dim: usize,
+        start: usize,
+        max: usize,
+    ) -> (&'a [u8], usize, usize) {
+        let (bytes, m) = self.run(start, max);
+        (&bytes[head * self.ty.bytes(head_dim)..], self.row_bytes, m)
+    }
+
     /// Decodes head `head` (of `head_dim` values) of rows `start..start+n` into `out`
-    /// (`n x head_dim`, row-major). This is the only way attention reads the cache: a tile at a
-    /// time, straight from the stored format.
+    /// (`n x head_dim`, row-major): how attention reads a cache in a format it cannot use in
+    /// place, a tile at a time, straight from the stored format.
     #[inline]
     pub fn decode_head(
         &self,
