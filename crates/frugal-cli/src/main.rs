@@ -39,6 +39,8 @@ enum Command {
     Bench(commands::bench::Args),
     /// Write a model in another storage format (mixed precision: norms F32, embedding Q8_0).
     Quantize(commands::quantize::Args),
+    /// Model surgery on the attention layout: regroup the KV heads (mha, gqa:G, mqa).
+    Convert(commands::convert::Args),
     /// Analyze a model's numbers: outliers and what they cost each quantization scheme.
     #[command(subcommand)]
     Analyze(commands::analyze::AnalyzeCommand),
@@ -110,6 +112,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Info(a) => commands::info::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Quantize(a) => commands::quantize::run(a),
+        Command::Convert(a) => commands::convert::run(a),
         Command::Analyze(c) => commands::analyze::run(c),
         Command::Report(c) => commands::report::run(c),
         Command::Estimate(a) => commands::estimate::run(a),

@@ -209,3 +209,29 @@ fn llama_cpp_runs_distilled_students() {
         );
     }
 }
+
+/// What `frugal convert --attention` writes (MHA: the KV heads duplicated; MQA: mean-pooled)
+/// loads and runs in llama.cpp with the perplexity frugal measures.
+#[test]
+fn llama_cpp_runs_converted_attention_layouts() {
+    let (Some(bin), Some(model)) = (llama_bin(), frugal::fetch::reference_model_for_tests()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let text = text(dir.path());
+    for layout in ["mha", "mqa"] {
+        let out = dir.path().join(format!("{layout}.gguf"));
+        run(Command::new(env!("CARGO_BIN_EXE_frugal")).args([
+            "convert",
+            model.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--attention",
+            layout,
+        ]));
+        assert_close(
+            &format!("converted to {layout}"),
+            frugal_ppl(&out, &text),
+            llama_ppl(&bin, &out, &text),
+        );
+    }
+}

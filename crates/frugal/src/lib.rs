@@ -23,6 +23,7 @@ pub mod ops;
 pub mod quant;
 pub mod sample;
 pub mod speculate;
+pub mod surgery;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -4,6 +4,7 @@ pub mod analyze;
 pub mod bench;
 pub mod chat;
 pub mod common;
+pub mod convert;
 pub mod estimate;
 pub mod eval;
 pub mod fetch;

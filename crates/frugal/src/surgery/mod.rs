@@ -1,0 +1,22 @@
+//! Model surgery: read a GGUF, change the architecture's shape, write a GGUF that frugal (and,
+//! where GGUF can express it, llama.cpp) runs. Surgery never adds a branch to the forward pass;
+//! distillation (`frugal distill --student OUT`) heals what it costs.
+//!
+//! - [`attention`]: regroup KV heads (MHA, GQA with G groups, MQA).
+
+pub mod attention;
+
+pub use attention::{AttentionLayout, LayoutReport, convert_attention};
+
+use crate::gguf::GgufError;
+use crate::quant::QuantError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SurgeryError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("{0}: {1}")]
+    Quant(String, QuantError),
+    #[error("{0}")]
+    Invalid(String),
+}
