@@ -1,6 +1,6 @@
 //! Throughput measurements in llama-bench's terms, so figures compare directly:
 //! `pp N` = prefill of N tokens in one batch from an empty cache; `tg N` = N single-token decode
-//! steps from an empty cache. Plus the machine's read bandwidth and the decode roofline it
+//! steps from an empty cache; either after a prefix of `depth` tokens (`-d`). Plus the machine's read bandwidth and the decode roofline it
 //! implies (every weight byte is read once per generated token).
 
 use std::time::Instant;
@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::eval::EvalOptions;
-use crate::kv::KvSequence;
+use crate::kv::{KvSequence, SeqCache};
 use crate::model::{Logits, Model, Scratch};
 
 /// Repeated timings of one test, in tokens per second.
@@ -58,12 +58,48 @@ fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
 /// Prefill: `n` tokens in one batch from an empty cache (run as `opts` says), `reps` times
 /// after one warm-up.
 pub fn prefill(model: &Model, n: usize, reps: usize, opts: &EvalOptions) -> Result<Throughput> {
+    prefill_at(model, n, 0, reps, opts)
+}
+
+/// Decode: `n` single-token steps from an empty cache (run as `opts` says), `reps` times after
+/// one warm-up.
+pub fn decode(model: &Model, n: usize, reps: usize, opts: &EvalOptions) -> Result<Throughput> {
+    decode_at(model, n, 0, reps, opts)
+}
+
+/// A cache already holding `depth` positions (computed once, untimed), and a way back to it.
+fn cache_at(
+    model: &Model,
+    depth: usize,
+    extra: usize,
+    opts: &EvalOptions,
+    s: &mut Scratch,
+) -> Result<SeqCache> {
+    let mut kv = model.new_seq_cache(depth + extra, &opts.kv)?;
+    if depth > 0 {
+        let prefix = tokens(depth, model.config.n_vocab, 3);
+        // In chunks, as a server would prefill it: the score matrix of one call stays bounded.
+        for chunk in prefix.chunks(512) {
+            model.forward(chunk, &mut kv as &mut dyn KvSequence, s, Logits::Last)?;
+        }
+    }
+    Ok(kv)
+}
+
+/// [`prefill`] after a prefix of `depth` tokens in the cache (llama-bench's `pp N @ dD`).
+pub fn prefill_at(
+    model: &Model,
+    n: usize,
+    depth: usize,
+    reps: usize,
+    opts: &EvalOptions,
+) -> Result<Throughput> {
     let toks = tokens(n, model.config.n_vocab, 1);
-    let mut kv = model.new_seq_cache(n, &opts.kv)?;
     let mut s = Scratch::new(opts.attention);
+    let mut kv = cache_at(model, depth, n, opts, &mut s)?;
     let mut runs = Vec::with_capacity(reps);
     for rep in 0..=reps {
-        kv.clear();
+        kv.truncate(depth);
         let t = Instant::now();
         model.forward(&toks, &mut kv as &mut dyn KvSequence, &mut s, Logits::Last)?;
         if rep > 0 {
@@ -73,15 +109,21 @@ pub fn prefill(model: &Model, n: usize, reps: usize, opts: &EvalOptions) -> Resu
     Ok(Throughput::from_runs(n, runs))
 }
 
-/// Decode: `n` single-token steps from an empty cache (run as `opts` says), `reps` times after
-/// one warm-up.
-pub fn decode(model: &Model, n: usize, reps: usize, opts: &EvalOptions) -> Result<Throughput> {
+/// [`decode`] after a prefix of `depth` tokens in the cache (llama-bench's `tg N @ dD`): where
+/// long context costs, since every step reads the whole cache.
+pub fn decode_at(
+    model: &Model,
+    n: usize,
+    depth: usize,
+    reps: usize,
+    opts: &EvalOptions,
+) -> Result<Throughput> {
     let toks = tokens(n, model.config.n_vocab, 2);
-    let mut kv = model.new_seq_cache(n, &opts.kv)?;
     let mut s = Scratch::new(opts.attention);
+    let mut kv = cache_at(model, depth, n, opts, &mut s)?;
     let mut runs = Vec::with_capacity(reps);
     for rep in 0..=reps {
-        kv.clear();
+        kv.truncate(depth);
         let t = Instant::now();
         for &tok in &toks {
             model.forward(&[tok], &mut kv as &mut dyn KvSequence, &mut s, Logits::Last)?;

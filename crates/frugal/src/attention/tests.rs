@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::flash::flash_with;
 use super::*;
-use crate::kv::{KvFormat, KvPool, KvSequence, KvType};
+use crate::kv::{CacheShape, KvFormat, KvPool, KvSequence, KvType};
 
 fn random(n: usize, amp: f32, rng: &mut ChaCha8Rng) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-amp..amp)).collect()
@@ -162,7 +162,7 @@ fn flash_reads_a_paged_quantized_cache_like_naive() {
     };
     let c = case(s, 300, 300, 1.0, 7);
     for ty in [KvType::Q8_0, KvType::F16, KvType::Bf16] {
-        let mut pool = KvPool::new(1, 2, 64, KvFormat::both(ty), 16, 32).unwrap();
+        let mut pool = KvPool::new(1, CacheShape::new(2, 64), KvFormat::both(ty), 16, 32).unwrap();
         let id = pool.add_sequence(400);
         let mut seq = pool.slot(id);
         seq.reserve(300).unwrap();

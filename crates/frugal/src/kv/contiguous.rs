@@ -2,12 +2,14 @@
 //! V, in their stored formats. Storage is reserved for the whole context up front but only pages
 //! that hold tokens are touched, so resident memory grows with the tokens actually cached.
 
-use super::{KvError, KvFormat, KvSequence, KvType, KvView};
+use super::{CacheShape, KvError, KvFormat, KvSequence, KvType, KvView};
 
 #[derive(Debug)]
 pub struct KvCache {
     n_layers: usize,
     kv_dim: usize,
+    /// Values per value row: `kv_dim`, or 0 when the keys are read as the values.
+    v_dim: usize,
     format: KvFormat,
     capacity: usize,
     len: usize,
@@ -34,18 +36,23 @@ impl KvCache {
     /// head_dim. Fails cleanly (instead of aborting) when the sizes overflow or memory cannot be
     /// reserved.
     pub fn new(n_layers: usize, kv_dim: usize, capacity: usize) -> Result<Self, KvError> {
-        Self::with_format(n_layers, 1, kv_dim, capacity, KvFormat::default())
+        Self::with_format(
+            n_layers,
+            CacheShape::new(1, kv_dim),
+            capacity,
+            KvFormat::default(),
+        )
     }
 
-    /// A cache storing keys and values in `format`.
+    /// A cache of rows shaped `shape`, storing keys and values in `format`.
     pub fn with_format(
         n_layers: usize,
-        n_head_kv: usize,
-        head_dim: usize,
+        shape: CacheShape,
         capacity: usize,
         format: KvFormat,
     ) -> Result<Self, KvError> {
-        let kv_dim = n_head_kv.saturating_mul(head_dim);
+        let head_dim = shape.head_dim;
+        let (kv_dim, v_dim) = (shape.k_dim(), shape.v_dim());
         let err = |reason: String| KvError::Reserve {
             positions: capacity,
             kv_dim,
@@ -53,14 +60,16 @@ impl KvCache {
             reason,
         };
         check_format(format.k, head_dim)?;
-        check_format(format.v, head_dim)?;
+        if shape.separate_values {
+            check_format(format.v, head_dim)?;
+        }
         // f32 (4 bytes a value) is the widest format: if its total fits, every size does.
         kv_dim
             .checked_mul(4)
             .and_then(|row| row.checked_mul(capacity))
             .and_then(|n| n.checked_mul(2 * n_layers))
             .ok_or_else(|| err("the size overflows".into()))?;
-        let (kb, vb) = (format.k.bytes(kv_dim), format.v.bytes(kv_dim));
+        let (kb, vb) = (format.k.bytes(kv_dim), format.v.bytes(v_dim));
         let mut k = Vec::new();
         let mut v = Vec::new();
         for _ in 0..n_layers {
@@ -74,6 +83,7 @@ impl KvCache {
         Ok(KvCache {
             n_layers,
             kv_dim,
+            v_dim,
             format,
             capacity,
             len: 0,
@@ -127,7 +137,7 @@ impl KvCache {
         let n = n.min(self.len);
         let (kb, vb) = (
             self.format.k.bytes(self.kv_dim),
-            self.format.v.bytes(self.kv_dim),
+            self.format.v.bytes(self.v_dim),
         );
         for l in 0..self.n_layers {
             self.k[l].truncate(n * kb);
@@ -143,12 +153,20 @@ impl KvCache {
 
     /// Bytes holding cached keys and values right now.
     pub fn bytes_in_use(&self) -> usize {
-        self.len * self.format.bytes_per_token(self.n_layers, self.kv_dim)
+        self.len * self.shape().bytes_per_token(self.n_layers, self.format)
     }
 
     /// Bytes the cache would hold at full context.
     pub fn bytes_at_capacity(&self) -> usize {
-        self.capacity * self.format.bytes_per_token(self.n_layers, self.kv_dim)
+        self.capacity * self.shape().bytes_per_token(self.n_layers, self.format)
+    }
+
+    fn shape(&self) -> CacheShape {
+        CacheShape {
+            n_head_kv: 1,
+            head_dim: self.kv_dim,
+            separate_values: self.v_dim > 0,
+        }
     }
 }
 
@@ -177,10 +195,12 @@ impl KvSequence for KvCache {
     }
 
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        debug_assert_eq!(k.len(), v.len());
         debug_assert_eq!(k.len(), self.pending * self.kv_dim);
+        debug_assert_eq!(v.len(), self.pending * self.v_dim);
         push_encoded(&mut self.k[layer], self.format.k, self.kv_dim, k);
-        push_encoded(&mut self.v[layer], self.format.v, self.kv_dim, v);
+        if self.v_dim > 0 {
+            push_encoded(&mut self.v[layer], self.format.v, self.v_dim, v);
+        }
     }
 
     fn commit(&mut self, n: usize) {
@@ -191,16 +211,15 @@ impl KvSequence for KvCache {
     }
 
     fn layer(&self, layer: usize) -> (KvView<'_>, KvView<'_>) {
-        let (kb, vb) = (
-            self.format.k.bytes(self.kv_dim),
-            self.format.v.bytes(self.kv_dim),
-        );
+        let kb = self.format.k.bytes(self.kv_dim);
         let k = &self.k[layer];
+        let keys = KvView::contiguous(self.format.k, kb, k.len() / kb, k);
+        if self.v_dim == 0 {
+            return (keys, keys);
+        }
+        let vb = self.format.v.bytes(self.v_dim);
         let v = &self.v[layer];
-        (
-            KvView::contiguous(self.format.k, kb, k.len() / kb, k),
-            KvView::contiguous(self.format.v, vb, v.len() / vb, v),
-        )
+        (keys, KvView::contiguous(self.format.v, vb, v.len() / vb, v))
     }
 }
 
@@ -232,10 +251,28 @@ mod tests {
         assert!(c.check_room(2).is_ok());
     }
 
+    /// A keys-only cache (MLA's latent rows) stores no values, and attention reads the keys'
+    /// view in their place.
+    #[test]
+    fn keys_only_rows_serve_as_values() {
+        let mut c =
+            KvCache::with_format(1, CacheShape::keys_only(8), 4, KvFormat::default()).unwrap();
+        c.reserve(2).unwrap();
+        c.append(0, &[0.5; 16], &[]);
+        c.commit(2);
+        assert_eq!(c.bytes_in_use(), 2 * 8 * 4);
+        let (k, v) = c.layer(0);
+        let (mut a, mut b) = ([0f32; 16], [0f32; 16]);
+        k.decode_head(0, 8, 0, 2, &mut a);
+        v.decode_head(0, 8, 0, 2, &mut b);
+        assert_eq!((a, b), ([0.5; 16], [0.5; 16]));
+    }
+
     #[test]
     fn q8_0_needs_whole_blocks_per_head() {
-        let e = KvCache::with_format(1, 2, 16, 8, KvFormat::both(KvType::Q8_0)).unwrap_err();
+        let q8 = KvFormat::both(KvType::Q8_0);
+        let e = KvCache::with_format(1, CacheShape::new(2, 16), 8, q8).unwrap_err();
         assert!(matches!(e, KvError::Format { head_dim: 16, .. }));
-        assert!(KvCache::with_format(1, 2, 64, 8, KvFormat::both(KvType::Q8_0)).is_ok());
+        assert!(KvCache::with_format(1, CacheShape::new(2, 64), 8, q8).is_ok());
     }
 }

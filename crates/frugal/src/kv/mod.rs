@@ -65,6 +65,57 @@ pub enum KvError {
     NoSequence(u32),
 }
 
+/// What one position of one layer holds: `n_head_kv` keys of `head_dim` values each and, unless
+/// the values are read from the keys themselves, as many values. Multi-head latent attention
+/// caches one row (its compressed latent and the shared RoPE key) that serves as both: the
+/// values are the row's leading dims, so a second copy would only double the cache.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct CacheShape {
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// False when attention reads the values from the key rows (no value storage).
+    pub separate_values: bool,
+}
+
+impl CacheShape {
+    /// Keys and values, `n_head_kv` heads of `head_dim` each.
+    pub fn new(n_head_kv: usize, head_dim: usize) -> Self {
+        CacheShape {
+            n_head_kv,
+            head_dim,
+            separate_values: true,
+        }
+    }
+
+    /// One row of `dim` values per position that is both the key and the value.
+    pub fn keys_only(dim: usize) -> Self {
+        CacheShape {
+            n_head_kv: 1,
+            head_dim: dim,
+            separate_values: false,
+        }
+    }
+
+    /// Values in a key row.
+    pub fn k_dim(&self) -> usize {
+        self.n_head_kv.saturating_mul(self.head_dim)
+    }
+
+    /// Values in a value row (0 when there is no value storage).
+    pub fn v_dim(&self) -> usize {
+        if self.separate_values {
+            self.k_dim()
+        } else {
+            0
+        }
+    }
+
+    /// Bytes one cached position takes across `n_layers` layers in `format`.
+    pub fn bytes_per_token(&self, n_layers: usize, format: KvFormat) -> usize {
+        n_layers * (format.k.bytes(self.k_dim()) + format.v.bytes(self.v_dim()))
+    }
+}
+
 /// How a cache is laid out in memory.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -259,29 +310,20 @@ impl SeqCache {
     /// A cache for up to `capacity` positions of a model with these dimensions.
     pub fn new(
         n_layers: usize,
-        n_head_kv: usize,
-        head_dim: usize,
+        shape: CacheShape,
         capacity: usize,
         opts: &KvOptions,
     ) -> Result<Self, KvError> {
         match opts.layout {
             KvLayout::Contiguous => Ok(SeqCache::Contiguous(KvCache::with_format(
                 n_layers,
-                n_head_kv,
-                head_dim,
+                shape,
                 capacity,
                 opts.format,
             )?)),
             KvLayout::Paged { block_size } => {
                 let blocks = capacity.div_ceil(block_size.max(1));
-                let mut pool = KvPool::new(
-                    n_layers,
-                    n_head_kv,
-                    head_dim,
-                    opts.format,
-                    block_size,
-                    blocks,
-                )?;
+                let mut pool = KvPool::new(n_layers, shape, opts.format, block_size, blocks)?;
                 let seq = pool.add_sequence(capacity);
                 Ok(SeqCache::Paged {
                     pool: Box::new(pool),

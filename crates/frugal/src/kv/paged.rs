@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::contiguous::check_format;
 use super::prefix::BlockHash;
-use super::{KvError, KvFormat, KvSequence, KvView};
+use super::{CacheShape, KvError, KvFormat, KvSequence, KvView};
 
 /// Positions per block unless asked otherwise (as vLLM): small enough that the unused tail of
 /// the last block wastes little, large enough that a table lookup covers many rows.
@@ -83,8 +83,7 @@ impl KvPool {
     /// A pool of `n_blocks` blocks of `block_size` positions for a model with these dimensions.
     pub fn new(
         n_layers: usize,
-        n_head_kv: usize,
-        head_dim: usize,
+        shape: CacheShape,
         format: KvFormat,
         block_size: usize,
         n_blocks: usize,
@@ -92,9 +91,11 @@ impl KvPool {
         if block_size == 0 {
             return Err(KvError::BlockSize);
         }
-        check_format(format.k, head_dim)?;
-        check_format(format.v, head_dim)?;
-        let kv_dim = n_head_kv.saturating_mul(head_dim);
+        check_format(format.k, shape.head_dim)?;
+        if shape.separate_values {
+            check_format(format.v, shape.head_dim)?;
+        }
+        let kv_dim = shape.k_dim();
         let positions = n_blocks.saturating_mul(block_size);
         let err = |reason: String| KvError::Reserve {
             positions,
@@ -111,7 +112,8 @@ impl KvPool {
             .and_then(|n| n.checked_mul(2 * n_layers))
             .filter(|_| n_blocks <= u32::MAX as usize)
             .ok_or_else(|| err("the size overflows".into()))?;
-        let (k_row, v_row) = (format.k.bytes(kv_dim), format.v.bytes(kv_dim));
+        // No value rows when attention reads the values from the keys (`v_row` 0).
+        let (k_row, v_row) = (format.k.bytes(kv_dim), format.v.bytes(shape.v_dim()));
         let mut k = Vec::with_capacity(n_layers);
         let mut v = Vec::with_capacity(n_layers);
         for _ in 0..n_layers {
@@ -437,21 +439,21 @@ impl KvPool {
             .as_ref()
             .expect("sequence ids must not be used after `remove`");
         debug_assert_eq!(k.len(), s.pending * kv_dim);
-        debug_assert_eq!(v.len(), k.len());
+        let with_values = self.v_row > 0;
+        debug_assert_eq!(v.len(), if with_values { k.len() } else { 0 });
         let (kd, vd) = (&mut self.k[layer], &mut self.v[layer]);
-        for (i, (kr, vr)) in k
-            .chunks_exact(kv_dim)
-            .zip(v.chunks_exact(kv_dim))
-            .enumerate()
-        {
+        for (i, kr) in k.chunks_exact(kv_dim).enumerate() {
             let pos = s.len + i;
             let row = s.table[pos / bs] as usize * bs + pos % bs;
             self.format
                 .k
                 .encode(kr, &mut kd[row * self.k_row..(row + 1) * self.k_row]);
-            self.format
-                .v
-                .encode(vr, &mut vd[row * self.v_row..(row + 1) * self.v_row]);
+            if with_values {
+                self.format.v.encode(
+                    &v[i * kv_dim..(i + 1) * kv_dim],
+                    &mut vd[row * self.v_row..(row + 1) * self.v_row],
+                );
+            }
         }
     }
 
@@ -466,15 +468,19 @@ impl KvPool {
     pub fn layer(&self, id: SeqId, layer: usize) -> (KvView<'_>, KvView<'_>) {
         let s = self.seq(id);
         let n = s.len + s.pending;
+        let keys = KvView::paged(
+            self.format.k,
+            self.k_row,
+            n,
+            &self.k[layer],
+            &s.table,
+            self.block_size,
+        );
+        if self.v_row == 0 {
+            return (keys, keys);
+        }
         (
-            KvView::paged(
-                self.format.k,
-                self.k_row,
-                n,
-                &self.k[layer],
-                &s.table,
-                self.block_size,
-            ),
+            keys,
             KvView::paged(
                 self.format.v,
                 self.v_row,
@@ -544,13 +550,29 @@ mod tests {
         out
     }
 
+    /// The paged layout stores keys-only rows the same way: blocks without value bytes.
+    #[test]
+    fn keys_only_blocks_hold_no_values() {
+        let mut pool = KvPool::new(2, CacheShape::keys_only(8), KvFormat::default(), 4, 4).unwrap();
+        let id = pool.add_sequence(16);
+        pool.reserve(id, 5).unwrap();
+        for l in 0..2 {
+            pool.append(id, l, &rows(5, 8, l as f32), &[]);
+        }
+        pool.commit(id, 5);
+        assert_eq!(pool.block_bytes(), 4 * 2 * 8 * 4);
+        let (k, v) = pool.layer(id, 1);
+        assert_eq!(read_all(k, 8), rows(5, 8, 1.0));
+        assert_eq!(read_all(v, 8), rows(5, 8, 1.0));
+    }
+
     #[test]
     fn paged_reads_what_contiguous_reads_for_every_format() {
         for t in KvType::ALL {
             let f = KvFormat::both(t);
-            let mut pool = KvPool::new(2, 1, 64, f, 4, 16).unwrap();
+            let mut pool = KvPool::new(2, CacheShape::new(1, 64), f, 4, 16).unwrap();
             let id = pool.add_sequence(50);
-            let mut flat = KvCache::with_format(2, 1, 64, 50, f).unwrap();
+            let mut flat = KvCache::with_format(2, CacheShape::new(1, 64), 50, f).unwrap();
             for (n, seed) in [(3, 0.0), (1, 7.0), (9, 3.0), (5, 1.0)] {
                 push(&mut pool.slot(id), 2, n, 64, seed);
                 push(&mut flat, 2, n, 64, seed);
@@ -568,7 +590,7 @@ mod tests {
     #[test]
     fn fork_shares_prefix_copy_on_write_and_blocks_return() {
         let f = KvFormat::default();
-        let mut pool = KvPool::new(1, 1, 8, f, 4, 8).unwrap();
+        let mut pool = KvPool::new(1, CacheShape::new(1, 8), f, 4, 8).unwrap();
         let a = pool.add_sequence(32);
         push(&mut pool.slot(a), 1, 6, 8, 0.0); // blocks: [full, half]
         assert_eq!(pool.blocks_in_use(), 2);
@@ -602,7 +624,7 @@ mod tests {
 
     #[test]
     fn exhaustion_and_context_limits_are_errors_that_change_nothing() {
-        let mut pool = KvPool::new(1, 1, 8, KvFormat::default(), 4, 2).unwrap();
+        let mut pool = KvPool::new(1, CacheShape::new(1, 8), KvFormat::default(), 4, 2).unwrap();
         let a = pool.add_sequence(100);
         let b = pool.add_sequence(4);
         push(&mut pool.slot(a), 1, 5, 8, 0.0);
@@ -620,13 +642,13 @@ mod tests {
             Err(KvError::ContextFull { .. })
         ));
         assert_eq!(pool.blocks_in_use(), 0);
-        assert!(KvPool::new(1, 1, 8, KvFormat::default(), 0, 2).is_err());
+        assert!(KvPool::new(1, CacheShape::new(1, 8), KvFormat::default(), 0, 2).is_err());
     }
 
     #[test]
     fn cached_blocks_survive_their_sequence_and_are_evicted_lru() {
         use crate::kv::prefix::block_hashes;
-        let mut pool = KvPool::new(1, 1, 8, KvFormat::default(), 4, 6).unwrap();
+        let mut pool = KvPool::new(1, CacheShape::new(1, 8), KvFormat::default(), 4, 6).unwrap();
         let toks: Vec<u32> = (0..10).collect();
         let hashes = block_hashes(&toks, 4); // two full blocks
         let a = pool.add_sequence(32);

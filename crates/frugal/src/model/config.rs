@@ -140,6 +140,11 @@ impl Config {
         self.n_head_kv * self.head_dim
     }
 
+    /// What the cache holds per position and layer.
+    pub fn cache_shape(&self) -> crate::kv::CacheShape {
+        crate::kv::CacheShape::new(self.n_head_kv, self.head_dim)
+    }
+
     /// KV-cache elements per token: 2 (K and V) x layers x KV heads x head dimension.
     pub fn kv_elements_per_token(&self) -> usize {
         2 * self.n_layers * self.kv_dim()

@@ -44,7 +44,12 @@ impl Model {
 
     /// An empty contiguous f32 KV cache for `ctx` positions.
     pub fn new_cache(&self, ctx: usize) -> Result<KvCache, KvError> {
-        KvCache::new(self.config.n_layers, self.config.kv_dim(), ctx)
+        KvCache::with_format(
+            self.config.n_layers,
+            self.config.cache_shape(),
+            ctx,
+            KvFormat::default(),
+        )
     }
 
     /// Selects the activation precision. Switching to 8-bit activations repacks the
@@ -91,7 +96,7 @@ impl Model {
     /// An empty KV cache for `ctx` positions with the given formats and layout.
     pub fn new_seq_cache(&self, ctx: usize, opts: &KvOptions) -> Result<SeqCache, KvError> {
         let c = &self.config;
-        SeqCache::new(c.n_layers, c.n_head_kv, c.head_dim, ctx, opts)
+        SeqCache::new(c.n_layers, c.cache_shape(), ctx, opts)
     }
 
     /// A pool of `n_blocks` blocks of `block_size` positions, for many sequences at once.
@@ -102,14 +107,7 @@ impl Model {
         n_blocks: usize,
     ) -> Result<KvPool, KvError> {
         let c = &self.config;
-        KvPool::new(
-            c.n_layers,
-            c.n_head_kv,
-            c.head_dim,
-            format,
-            block_size,
-            n_blocks,
-        )
+        KvPool::new(c.n_layers, c.cache_shape(), format, block_size, n_blocks)
     }
 
     /// Total number of weights.

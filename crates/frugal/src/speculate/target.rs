@@ -43,7 +43,7 @@ impl<'m> Target<'m> {
                 c.n_layers
             )));
         }
-        let cache = |layers| SeqCache::new(layers, c.n_head_kv, c.head_dim, ctx, kv);
+        let cache = |layers| SeqCache::new(layers, c.cache_shape(), ctx, kv);
         let upper = match split < c.n_layers {
             true => Some(cache(c.n_layers - split)?),
             false => None,

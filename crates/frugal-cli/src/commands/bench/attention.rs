@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{Result, ensure};
 use frugal::attention::{Attention, AttnShape, AttnWorkspace, attend};
-use frugal::kv::{KvCache, KvFormat, KvSequence, KvType};
+use frugal::kv::{CacheShape, KvCache, KvFormat, KvSequence, KvType};
 use rand::{Rng, SeedableRng};
 
 use super::plot::{Chart, Series, fmt_bytes, fmt_seconds};
@@ -113,7 +113,12 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     for &len in &a.seq {
-        let mut cache = KvCache::with_format(1, a.kv_heads, a.head_dim, len, KvFormat::both(ty))?;
+        let mut cache = KvCache::with_format(
+            1,
+            CacheShape::new(a.kv_heads, a.head_dim),
+            len,
+            KvFormat::both(ty),
+        )?;
         let k: Vec<f32> = (0..len * kv_dim)
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();

@@ -49,8 +49,7 @@ pub fn run(a: Args) -> Result<()> {
             let blocks = ctx.div_ceil(a.kv_block);
             let mut pool = KvPool::new(
                 c.n_layers,
-                c.n_head_kv,
-                c.head_dim,
+                c.cache_shape(),
                 KvFormat::both(t),
                 a.kv_block,
                 blocks,

@@ -14,6 +14,10 @@ pub struct Args {
     /// Tokens generated one at a time (tg test); 0 skips it
     #[arg(short = 'n', long = "gen", default_value_t = 128)]
     pub gen_tokens: usize,
+    /// Tokens already in the cache before each test (as llama-bench's -d): decode at depth D
+    /// reads D cached positions every step, which is where long context costs
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
     /// Timed repetitions of each test (after one warm-up); the median is reported
     #[arg(short = 'r', long = "reps", default_value_t = 3)]
     pub reps: usize,
@@ -39,12 +43,20 @@ pub fn run(a: Args) -> Result<()> {
     };
     let threads = rayon::current_num_threads();
     let pp = if a.prompt > 0 {
-        Some(frugal::bench::prefill(&model, a.prompt, a.reps, &opts)?)
+        Some(frugal::bench::prefill_at(
+            &model, a.prompt, a.depth, a.reps, &opts,
+        )?)
     } else {
         None
     };
     let tg = if a.gen_tokens > 0 {
-        Some(frugal::bench::decode(&model, a.gen_tokens, a.reps, &opts)?)
+        Some(frugal::bench::decode_at(
+            &model,
+            a.gen_tokens,
+            a.depth,
+            a.reps,
+            &opts,
+        )?)
     } else {
         None
     };
@@ -68,6 +80,7 @@ pub fn run(a: Args) -> Result<()> {
             "kv": opts.kv,
             "pp_tokens": a.prompt,
             "tg_tokens": a.gen_tokens,
+            "depth": a.depth,
             "pp_tokens_per_s": pp.as_ref().map(|t| t.median),
             "tg_tokens_per_s": tg.as_ref().map(|t| t.median),
             "pp": pp,
@@ -84,9 +97,14 @@ pub fn run(a: Args) -> Result<()> {
         "model {name} | {threads} threads | activations {} | attention {} | KV {}",
         model.activations, opts.attention, opts.kv.format
     );
+    let at = if a.depth > 0 {
+        format!(" @ d{}", a.depth)
+    } else {
+        String::new()
+    };
     if let Some(t) = &pp {
         println!(
-            "pp{:<5} {:8.1} tok/s  (median of {}; min {:.1}, max {:.1})",
+            "pp{:<5}{at} {:8.1} tok/s  (median of {}; min {:.1}, max {:.1})",
             a.prompt,
             t.median,
             t.runs.len(),
@@ -96,7 +114,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     if let Some(t) = &tg {
         println!(
-            "tg{:<5} {:8.1} tok/s  (median of {}; min {:.1}, max {:.1})",
+            "tg{:<5}{at} {:8.1} tok/s  (median of {}; min {:.1}, max {:.1})",
             a.gen_tokens,
             t.median,
             t.runs.len(),
