@@ -303,6 +303,7 @@ pub(crate) fn tiny_config() -> frugal::model::Config {
         rms_eps: 1e-5,
         rope_base: 10_000.0,
         rope_dim: 4,
+        mla: None,
     }
 }
 

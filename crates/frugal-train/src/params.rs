@@ -201,6 +201,11 @@ impl Params {
     /// Decodes every tensor of a loaded model to f32 (whatever its stored format).
     pub fn from_model(model: &Model) -> Result<Self> {
         let c = &model.config;
+        if c.mla.is_some() {
+            return Err(TrainError::Invalid(
+                "the training engine does not train latent attention (deepseek2) yet".into(),
+            ));
+        }
         let mut p = Params::zeros(c, model.weights.tied_output);
         let file = &model.file;
         for t in p.tensors_mut() {
@@ -321,6 +326,7 @@ mod tests {
             rms_eps: 1e-5,
             rope_base: 1e4,
             rope_dim: 4,
+            mla: None,
         };
         let mut l = LayerParams::zeros(&c, 7);
         l.renumber(2);

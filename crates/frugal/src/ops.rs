@@ -46,17 +46,37 @@ impl RopeTable {
     /// Rotates the first `rope_dim` dims of each head in `x` (`n x n_heads*head_dim`) by the
     /// angle of its row's position. GGUF Llama files rotate adjacent pairs `(2i, 2i+1)`.
     pub fn apply(&self, x: &mut [f32], n_heads: usize, head_dim: usize) {
+        self.apply_at(x, n_heads, head_dim, 0);
+    }
+
+    /// [`apply`](Self::apply) to the `rope_dim` dims of each head that start at `offset`
+    /// (latent attention rotates the tail of each query head and of each cached row).
+    pub fn apply_at(&self, x: &mut [f32], n_heads: usize, head_dim: usize, offset: usize) {
         let row = n_heads * head_dim;
         for (t, xr) in x.chunks_exact_mut(row).enumerate() {
             let cos = &self.cos[t * self.half..(t + 1) * self.half];
             let sin = &self.sin[t * self.half..(t + 1) * self.half];
             for head in xr.chunks_exact_mut(head_dim) {
+                let head = &mut head[offset..];
                 for i in 0..self.half {
                     let (a, b) = (head[2 * i], head[2 * i + 1]);
                     head[2 * i] = a * cos[i] - b * sin[i];
                     head[2 * i + 1] = a * sin[i] + b * cos[i];
                 }
             }
+        }
+    }
+}
+
+/// [`rms_norm`] in place on the first `w.len()` values of each row of `stride` values.
+pub fn rms_norm_prefix(x: &mut [f32], stride: usize, w: &[f32], eps: f32) {
+    let d = w.len();
+    for xr in x.chunks_exact_mut(stride) {
+        let xr = &mut xr[..d];
+        let ss: f64 = xr.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let scale = (1.0 / (ss / d as f64 + f64::from(eps)).sqrt()) as f32;
+        for (v, &g) in xr.iter_mut().zip(w) {
+            *v = *v * scale * g;
         }
     }
 }

@@ -111,10 +111,10 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
         v["tokens_per_s"] = ((r.windows * r.ctx) as f64 / secs).into();
         v["attention"] = serde_json::to_value(opts.attention)?;
         v["kv"] = serde_json::to_value(opts.kv)?;
-        v["kv_bytes_per_token"] = opts
-            .kv
-            .format
-            .bytes_per_token(model.config.n_layers, model.config.kv_dim())
+        v["kv_bytes_per_token"] = model
+            .config
+            .cache_shape()
+            .bytes_per_token(model.config.n_layers, opts.kv.format)
             .into();
         println!("{v}");
     } else {
@@ -135,9 +135,10 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
             "attention {}, KV cache {} ({} B per token)",
             opts.attention,
             opts.kv.format,
-            opts.kv
-                .format
-                .bytes_per_token(model.config.n_layers, model.config.kv_dim())
+            model
+                .config
+                .cache_shape()
+                .bytes_per_token(model.config.n_layers, opts.kv.format)
         );
     }
     Ok(())

@@ -2,9 +2,33 @@
 
 use crate::gguf::{GgufError, GgufFile};
 
-/// Architectures whose GGUF tensors follow the Llama layout (no biases, SwiGLU, RoPE in the
-/// interleaved-pair layout).
-pub const SUPPORTED_ARCHS: &[&str] = &["llama", "mistral"];
+/// Architectures frugal runs. `llama` and `mistral` follow the Llama layout (no biases, SwiGLU,
+/// RoPE in the interleaved-pair layout); `deepseek2` is the same block with multi-head latent
+/// attention (dense FFN layers only, no query compression).
+pub const SUPPORTED_ARCHS: &[&str] = &["llama", "mistral", "deepseek2"];
+
+/// Multi-head latent attention (DeepSeek-V2's MLA, llama.cpp's `deepseek2`): each token caches
+/// one RMS-normed latent of `kv_lora_rank` values and one RoPE key of `rope_dim` values shared
+/// by all heads. Head `h`'s key is `[W_uk_h c | k_pe]` (`nope_dim + rope_dim` values) and its
+/// value `W_uv_h c` (`v_dim`), computed from the latent `c` only when needed: decode absorbs
+/// `W_uk_h` into the query and `W_uv_h` into the output instead.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Mla {
+    pub kv_lora_rank: usize,
+    /// Per-head key dims without position (the part the latent gives).
+    pub nope_dim: usize,
+    /// Dims of the shared RoPE key, and of each query head's rotated tail.
+    pub rope_dim: usize,
+    /// Per-head value dims.
+    pub v_dim: usize,
+}
+
+impl Mla {
+    /// Values of one cached row: the latent, then the RoPE key.
+    pub fn row_dim(&self) -> usize {
+        self.kv_lora_rank + self.rope_dim
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Config {
@@ -19,8 +43,12 @@ pub struct Config {
     pub n_ctx_train: usize,
     pub rms_eps: f32,
     pub rope_base: f32,
-    /// Number of leading dimensions of each head that RoPE rotates.
+    /// Number of dimensions of each head that RoPE rotates: the leading ones, or under MLA the
+    /// trailing ones of each query head and the whole shared RoPE key.
     pub rope_dim: usize,
+    /// Latent attention; `None` for per-head keys and values (MHA, GQA, MQA). Under MLA,
+    /// `head_dim` is a query head's width (`nope_dim + rope_dim`) and `n_head_kv` is 1.
+    pub mla: Option<Mla>,
 }
 
 impl Config {
@@ -73,7 +101,9 @@ impl Config {
                 n_embd / n_head
             }
         };
-        if let Some(v) = f.u32_opt(&key("attention.value_length"))?
+        // (MLA's absorbed value is the latent, shorter than its key: checked in `read_mla`.)
+        if arch != "deepseek2"
+            && let Some(v) = f.u32_opt(&key("attention.value_length"))?
             && v as usize != head_dim
         {
             return Err(bad(
@@ -97,6 +127,13 @@ impl Config {
                 format!("{rope_dim} must be even and at most {head_dim}"),
             ));
         }
+        let mla = if arch == "deepseek2" {
+            Some(read_mla(f, &key, n_layers, n_head_kv, rope_dim)?)
+        } else {
+            None
+        };
+        // Under MLA a query head is nope + rope wide; `key_length` is the absorbed row.
+        let head_dim = mla.map_or(head_dim, |m| m.nope_dim + m.rope_dim);
         let n_vocab = match f.get("tokenizer.ggml.tokens") {
             Some(_) => f.array("tokenizer.ggml.tokens")?.len(),
             None => f
@@ -127,6 +164,7 @@ impl Config {
             rms_eps,
             rope_base,
             rope_dim,
+            mla,
         })
     }
 
@@ -135,18 +173,111 @@ impl Config {
         self.n_head * self.head_dim
     }
 
-    /// Width of the concatenated key (or value) heads.
+    /// Width of the concatenated key (or value) heads of a per-head layout.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
 
-    /// What the cache holds per position and layer.
+    /// What the cache holds per position and layer: keys and values per KV head, or MLA's
+    /// one latent row.
     pub fn cache_shape(&self) -> crate::kv::CacheShape {
-        crate::kv::CacheShape::new(self.n_head_kv, self.head_dim)
+        match self.mla {
+            Some(m) => crate::kv::CacheShape::keys_only(m.row_dim()),
+            None => crate::kv::CacheShape::new(self.n_head_kv, self.head_dim),
+        }
     }
 
-    /// KV-cache elements per token: 2 (K and V) x layers x KV heads x head dimension.
-    pub fn kv_elements_per_token(&self) -> usize {
-        2 * self.n_layers * self.kv_dim()
+    /// Width of the attention output, the input of the output projection.
+    pub fn attn_dim(&self) -> usize {
+        match self.mla {
+            Some(m) => self.n_head * m.v_dim,
+            None => self.q_dim(),
+        }
     }
+
+    /// KV-cache elements per token over all layers, as the cache stores them.
+    pub fn kv_elements_per_token(&self) -> usize {
+        let s = self.cache_shape();
+        self.n_layers * (s.k_dim() + s.v_dim())
+    }
+}
+
+/// Reads `deepseek2`'s latent attention keys, in the layout llama.cpp writes since it stores
+/// MLA absorbed: one KV head of `key_length = kv_lora_rank + rope` (`value_length =
+/// kv_lora_rank`), with the per-head sizes under `key_length_mla` / `value_length_mla`.
+fn read_mla(
+    f: &GgufFile,
+    key: &dyn Fn(&str) -> String,
+    n_layers: usize,
+    n_head_kv: usize,
+    rope_dim: usize,
+) -> Result<Mla, GgufError> {
+    let bad = |k: &str, reason: String| GgufError::BadValue {
+        key: key(k),
+        reason,
+    };
+    let need = |k: &str| {
+        f.u32_opt(&key(k))?.map(|v| v as usize).ok_or_else(|| {
+            bad(
+                k,
+                "missing: frugal reads MLA files in llama.cpp's absorbed layout \
+                 (attn_k_b / attn_v_b and the *_mla lengths)"
+                    .into(),
+            )
+        })
+    };
+    let rank = need("attention.kv_lora_rank")?;
+    let k_mla = need("attention.key_length_mla")?;
+    let v_dim = need("attention.value_length_mla")?;
+    if let Some(q) = f.u32_opt(&key("attention.q_lora_rank"))?
+        && q != 0
+    {
+        return Err(bad(
+            "attention.q_lora_rank",
+            format!("query compression (rank {q}) is not supported; only attn_q (rank 0)"),
+        ));
+    }
+    let dense = f
+        .u32_opt(&key("leading_dense_block_count"))?
+        .map_or(n_layers, |v| v as usize);
+    if dense < n_layers {
+        return Err(bad(
+            "leading_dense_block_count",
+            format!(
+                "{dense} of {n_layers} layers dense: mixture-of-experts layers are not supported"
+            ),
+        ));
+    }
+    if n_head_kv != 1 {
+        return Err(bad(
+            "attention.head_count_kv",
+            format!("{n_head_kv}: an absorbed MLA file has one KV head"),
+        ));
+    }
+    if rank == 0 || v_dim == 0 || k_mla <= rope_dim || rope_dim == 0 || !rope_dim.is_multiple_of(2) {
+        return Err(bad(
+            "attention.key_length_mla",
+            format!(
+                "latent rank {rank}, key length {k_mla}, value length {v_dim}, RoPE dims \
+                 {rope_dim}: the rank and lengths must be positive, the RoPE part even and \
+                 shorter than the key"
+            ),
+        ));
+    }
+    for (k, want) in [
+        ("attention.key_length", rank + rope_dim),
+        ("attention.value_length", rank),
+    ] {
+        if let Some(v) = f.u32_opt(&key(k))?
+            && v as usize != want
+        {
+            return Err(bad(k, format!("{v}, expected {want} (latent rank + RoPE)")));
+        }
+    }
+    Ok(Mla {
+        kv_lora_rank: rank,
+        nope_dim: k_mla - rope_dim,
+        rope_dim,
+        v_dim,
+    })
 }

@@ -8,11 +8,12 @@
 
 use std::ops::Range;
 
-use super::Linear;
-use super::Model;
+use super::mla::{self, LatentPath};
+use super::weights::KvProjection;
+use super::{Linear, Model};
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
-use crate::kv::{KvBatch, KvPool, KvSequence, OneSeq, PoolBatch, SeqId};
+use crate::kv::{KvBatch, KvPool, KvSequence, KvView, OneSeq, PoolBatch, SeqId};
 use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};
 use crate::quant::GgmlType;
 use crate::quant::act::{Activations, Q8Acts, WideActs};
@@ -47,6 +48,8 @@ pub enum Input<'a> {
 pub struct Scratch {
     /// Which attention kernel the pass uses (both are exact).
     pub attention: Attention,
+    /// How latent attention (MLA) is computed (both are exact).
+    pub latent: LatentPath,
     attn_ws: AttnWorkspace,
     /// One workspace per sequence of a batch (their attention runs in parallel).
     seg_ws: Vec<AttnWorkspace>,
@@ -70,6 +73,13 @@ pub struct Scratch {
     rope: RopeTable,
     acts: Q8Acts,
     wide: WideActs,
+    /// Latent attention: absorbed queries and attended rows (`n x n_head x row`), and the
+    /// decompressed path's cached rows, keys and values.
+    lat_q: Vec<f32>,
+    lat_out: Vec<f32>,
+    lat_rows: Vec<f32>,
+    lat_k: Vec<f32>,
+    lat_v: Vec<f32>,
 }
 
 impl Scratch {
@@ -328,7 +338,7 @@ impl Model {
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
         };
-        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+        let (q_dim, kv_dim, attn_dim) = (c.q_dim(), c.kv_dim(), c.attn_dim());
 
         // Token embeddings: decode the rows of the (usually quantized) embedding table.
         let x = sized(&mut s.x, n * d);
@@ -356,59 +366,113 @@ impl Model {
             observe(&mut obs, l_model, Site::AttnInput, xb, d);
             let xq = quantize_input(act, xb, d, &mut s.acts);
             let q = sized(&mut s.q, n * q_dim);
-            let k = sized(&mut s.k, n * kv_dim);
-            let v = sized(&mut s.v, n * kv_dim);
             self.linear(&lw.wq, xb, xq, q);
-            self.linear(&lw.wk, xb, xq, k);
-            self.linear(&lw.wv, xb, xq, v);
-            s.rope.apply(q, c.n_head, c.head_dim);
-            s.rope.apply(k, c.n_head_kv, c.head_dim);
-            let att = sized(&mut s.att, n * q_dim);
-            // Only attention is per sequence: its own positions, its own cache.
-            for (i, &(_, r0, len)) in s.segs.iter().enumerate() {
-                let rows = r0 * kv_dim..(r0 + len) * kv_dim;
-                kv.append(i, l, &k[rows.clone()], &v[rows]);
-            }
-            if s.segs.len() == 1 {
-                let (kl, vl) = kv.layer(0, l);
-                attend(
-                    s.attention,
-                    shape,
-                    q,
-                    kl,
-                    vl,
-                    s.segs[0].0,
-                    att,
-                    &mut s.attn_ws,
-                );
-            } else {
-                // Sequences in parallel (each call is small in a decode step); a row's result
-                // does not depend on how its call was scheduled.
-                if s.seg_ws.len() < s.segs.len() {
-                    s.seg_ws.resize_with(s.segs.len(), Default::default);
+            let att = sized(&mut s.att, n * attn_dim);
+            match &lw.kv {
+                KvProjection::Heads { wk, wv } => {
+                    let k = sized(&mut s.k, n * kv_dim);
+                    let v = sized(&mut s.v, n * kv_dim);
+                    self.linear(wk, xb, xq, k);
+                    self.linear(wv, xb, xq, v);
+                    s.rope.apply(q, c.n_head, c.head_dim);
+                    s.rope.apply(k, c.n_head_kv, c.head_dim);
+                    // Only attention is per sequence: its own positions, its own cache.
+                    for (i, &(_, r0, len)) in s.segs.iter().enumerate() {
+                        let rows = r0 * kv_dim..(r0 + len) * kv_dim;
+                        kv.append(i, l, &k[rows.clone()], &v[rows]);
+                    }
+                    attend_segments(
+                        s.attention,
+                        shape,
+                        q,
+                        &*kv,
+                        l,
+                        &s.segs,
+                        att,
+                        &mut s.attn_ws,
+                        &mut s.seg_ws,
+                    );
                 }
-                let mut outs = Vec::with_capacity(s.segs.len());
-                let mut rest = &mut att[..];
-                for &(_, _, len) in &s.segs {
-                    let (head, tail) = rest.split_at_mut(len * q_dim);
-                    outs.push(head);
-                    rest = tail;
+                KvProjection::Latent {
+                    kv_a,
+                    kv_a_norm,
+                    k_b,
+                    v_b,
+                } => {
+                    let m = c.mla.expect("latent weights come with an MLA config");
+                    let (rank, row) = (m.kv_lora_rank, m.row_dim());
+                    // The cached row: [RMSNorm(latent) | RoPE(k_pe)].
+                    let lat = sized(&mut s.k, n * row);
+                    self.linear(kv_a, xb, xq, lat);
+                    crate::ops::rms_norm_prefix(lat, row, kv_a_norm, c.rms_eps);
+                    s.rope.apply_at(q, c.n_head, c.head_dim, m.nope_dim);
+                    s.rope.apply_at(lat, 1, row, rank);
+                    for (i, &(_, r0, len)) in s.segs.iter().enumerate() {
+                        kv.append(i, l, &lat[r0 * row..(r0 + len) * row], &[]);
+                    }
+                    match s.latent {
+                        LatentPath::Absorbed => {
+                            let qa = sized(&mut s.lat_q, n * c.n_head * row);
+                            mla::absorb_queries(&m, c.n_head, k_b, q, qa);
+                            let lo = sized(&mut s.lat_out, n * c.n_head * row);
+                            let mqa = AttnShape {
+                                n_head: c.n_head,
+                                n_head_kv: 1,
+                                head_dim: row,
+                            };
+                            attend_segments(
+                                s.attention,
+                                mqa,
+                                qa,
+                                &*kv,
+                                l,
+                                &s.segs,
+                                lo,
+                                &mut s.attn_ws,
+                                &mut s.seg_ws,
+                            );
+                            mla::expand_values(&m, c.n_head, v_b, lo, att);
+                        }
+                        LatentPath::Decompressed => {
+                            // Per sequence: rebuild every cached row's heads, then plain MHA.
+                            let mha = AttnShape {
+                                n_head: c.n_head,
+                                n_head_kv: c.n_head,
+                                head_dim: c.head_dim,
+                            };
+                            let lo = sized(&mut s.lat_out, n * q_dim);
+                            for (i, &(pos0, r0, len)) in s.segs.iter().enumerate() {
+                                let (kl, _) = kv.layer(i, l);
+                                let total = kl.len();
+                                let rows = sized(&mut s.lat_rows, total * row);
+                                kl.decode_head(0, row, 0, total, rows);
+                                let kf = sized(&mut s.lat_k, total * q_dim);
+                                let vf = sized(&mut s.lat_v, total * q_dim);
+                                mla::decompress(&m, c.n_head, k_b, v_b, rows, kf, vf);
+                                attend(
+                                    s.attention,
+                                    mha,
+                                    &q[r0 * q_dim..(r0 + len) * q_dim],
+                                    KvView::from_f32(kf, q_dim),
+                                    KvView::from_f32(vf, q_dim),
+                                    pos0,
+                                    &mut lo[r0 * q_dim..(r0 + len) * q_dim],
+                                    &mut s.attn_ws,
+                                );
+                            }
+                            for (o, a) in lo
+                                .chunks_exact(c.head_dim)
+                                .zip(att.chunks_exact_mut(m.v_dim))
+                            {
+                                a.copy_from_slice(&o[..m.v_dim]);
+                            }
+                        }
+                    }
                 }
-                let views: Vec<_> = (0..s.segs.len()).map(|i| kv.layer(i, l)).collect();
-                let kind = s.attention;
-                s.segs
-                    .par_iter()
-                    .zip(outs)
-                    .zip(views)
-                    .zip(&mut s.seg_ws[..])
-                    .for_each(|(((&(pos0, r0, len), out), (kl, vl)), ws)| {
-                        let q = &q[r0 * q_dim..(r0 + len) * q_dim];
-                        attend(kind, shape, q, kl, vl, pos0, out, ws);
-                    });
             }
-            observe(&mut obs, l_model, Site::AttnOutput, att, q_dim);
+            observe(&mut obs, l_model, Site::AttnOutput, att, attn_dim);
             let proj = sized(&mut s.proj, n * d);
-            let attq = quantize_input(act, att, q_dim, &mut s.acts);
+            let attq = quantize_input(act, att, attn_dim, &mut s.acts);
             self.linear(&lw.wo, att, attq, proj);
             add_assign(&mut s.x, proj);
 
@@ -465,6 +529,48 @@ impl Model {
             _ => matmul(&w.view(&self.file), x, x.len() / w.cols, y),
         }
     }
+}
+
+/// Attention of every sequence of the pass over its own cache (layer `layer` of segment `i` of
+/// `kv` for `segs[i]`: first position, first row, rows), writing each row's output into `out`.
+#[allow(clippy::too_many_arguments)]
+fn attend_segments(
+    kind: Attention,
+    shape: AttnShape,
+    q: &[f32],
+    kv: &dyn KvBatch,
+    layer: usize,
+    segs: &[(usize, usize, usize)],
+    out: &mut [f32],
+    ws: &mut AttnWorkspace,
+    seg_ws: &mut Vec<AttnWorkspace>,
+) {
+    let q_dim = shape.n_head * shape.head_dim;
+    if segs.len() == 1 {
+        let (kl, vl) = kv.layer(0, layer);
+        return attend(kind, shape, q, kl, vl, segs[0].0, out, ws);
+    }
+    let views: Vec<_> = (0..segs.len()).map(|i| kv.layer(i, layer)).collect();
+    // Sequences in parallel (each call is small in a decode step); a row's result does not
+    // depend on how its call was scheduled.
+    if seg_ws.len() < segs.len() {
+        seg_ws.resize_with(segs.len(), Default::default);
+    }
+    let mut outs = Vec::with_capacity(segs.len());
+    let mut rest = &mut out[..];
+    for &(_, _, len) in segs {
+        let (head, tail) = rest.split_at_mut(len * q_dim);
+        outs.push(head);
+        rest = tail;
+    }
+    segs.par_iter()
+        .zip(outs)
+        .zip(views)
+        .zip(&mut seg_ws[..])
+        .for_each(|(((&(pos0, r0, len), out), (kl, vl)), ws)| {
+            let q = &q[r0 * q_dim..(r0 + len) * q_dim];
+            attend(kind, shape, q, kl, vl, pos0, out, ws);
+        });
 }
 
 /// Quantizes the input of the next products to 8 bits per block when that precision is

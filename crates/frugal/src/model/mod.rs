@@ -2,12 +2,14 @@
 
 mod config;
 mod forward;
+mod mla;
 pub mod synthetic;
 mod weights;
 
-pub use config::{Config, SUPPORTED_ARCHS};
+pub use config::{Config, Mla, SUPPORTED_ARCHS};
 pub use forward::{Input, Logits, Observer, Scratch, Segment, Site};
-pub use weights::{LayerWeights, Linear, Weights};
+pub use mla::LatentPath;
+pub use weights::{KvProjection, LayerWeights, Linear, Weights};
 
 use std::path::Path;
 

@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 
+use super::config::Mla;
 use crate::gguf::{GgufWriter, TensorData, Value, ValueType};
 use crate::quant::GgmlType;
 
@@ -23,6 +24,9 @@ pub struct SyntheticSpec {
     /// Whether to write a separate `output.weight` instead of tying it to the embedding.
     pub untied_output: bool,
     pub seed: u64,
+    /// Latent attention: a `deepseek2` file in llama.cpp's absorbed layout (`n_head_kv` is
+    /// then ignored; the up-projections are stored as F32).
+    pub mla: Option<Mla>,
 }
 
 impl Default for SyntheticSpec {
@@ -37,6 +41,7 @@ impl Default for SyntheticSpec {
             ty: GgmlType::F32,
             untied_output: false,
             seed: 1,
+            mla: None,
         }
     }
 }
@@ -62,17 +67,41 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
     let mut w = GgufWriter::new();
     let s = |v: &str| Value::String(v.into());
     let u = |v: usize| Value::U32(v as u32);
-    w.set("general.architecture", s("llama"));
+    let arch = if spec.mla.is_some() {
+        "deepseek2"
+    } else {
+        "llama"
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    w.set("general.architecture", s(arch));
     w.set("general.name", s("synthetic"));
-    w.set("llama.block_count", u(spec.n_layers));
-    w.set("llama.context_length", u(spec.n_ctx));
-    w.set("llama.embedding_length", u(spec.n_embd));
-    w.set("llama.feed_forward_length", u(spec.n_ff));
-    w.set("llama.attention.head_count", u(spec.n_head));
-    w.set("llama.attention.head_count_kv", u(spec.n_head_kv));
-    w.set("llama.rope.freq_base", Value::F32(10_000.0));
-    w.set("llama.rope.dimension_count", u(hd));
-    w.set("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+    w.set(&key("block_count"), u(spec.n_layers));
+    w.set(&key("context_length"), u(spec.n_ctx));
+    w.set(&key("embedding_length"), u(spec.n_embd));
+    w.set(&key("feed_forward_length"), u(spec.n_ff));
+    w.set(&key("attention.head_count"), u(spec.n_head));
+    w.set(&key("rope.freq_base"), Value::F32(10_000.0));
+    w.set(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+    match spec.mla {
+        None => {
+            w.set(&key("attention.head_count_kv"), u(spec.n_head_kv));
+            w.set(&key("rope.dimension_count"), u(hd));
+        }
+        Some(m) => {
+            // What llama.cpp's converter writes for a dense model without query compression.
+            w.set(&key("attention.head_count_kv"), u(1));
+            w.set(&key("attention.kv_lora_rank"), u(m.kv_lora_rank));
+            w.set(&key("attention.q_lora_rank"), u(0));
+            w.set(&key("attention.key_length"), u(m.row_dim()));
+            w.set(&key("attention.value_length"), u(m.kv_lora_rank));
+            w.set(&key("attention.key_length_mla"), u(m.nope_dim + m.rope_dim));
+            w.set(&key("attention.value_length_mla"), u(m.v_dim));
+            w.set(&key("rope.dimension_count"), u(m.rope_dim));
+            w.set(&key("leading_dense_block_count"), u(spec.n_layers));
+            w.set(&key("expert_feed_forward_length"), u(spec.n_ff));
+            w.set(&key("expert_shared_count"), u(0));
+        }
+    }
     let byte_chars = crate::tokenizer::byte_level_chars();
     let mut tokens: Vec<Value> = byte_chars
         .iter()
@@ -127,10 +156,34 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
     for l in 0..spec.n_layers {
         let name = |t: &str| format!("blk.{l}.{t}.weight");
         push(name("attn_norm"), vec![d], GgmlType::F32, 0.2, 1.0);
-        push(name("attn_q"), vec![d, q], spec.ty, std_in(d), 0.0);
-        push(name("attn_k"), vec![d, kv], spec.ty, std_in(d), 0.0);
-        push(name("attn_v"), vec![d, kv], spec.ty, std_in(d), 0.0);
-        push(name("attn_output"), vec![q, d], spec.ty, std_in(q), 0.0);
+        match spec.mla {
+            None => {
+                push(name("attn_q"), vec![d, q], spec.ty, std_in(d), 0.0);
+                push(name("attn_k"), vec![d, kv], spec.ty, std_in(d), 0.0);
+                push(name("attn_v"), vec![d, kv], spec.ty, std_in(d), 0.0);
+                push(name("attn_output"), vec![q, d], spec.ty, std_in(q), 0.0);
+            }
+            Some(m) => {
+                let (rank, h) = (m.kv_lora_rank as u64, spec.n_head as u64);
+                let qm = h * (m.nope_dim + m.rope_dim) as u64;
+                let row = m.row_dim() as u64;
+                let att = h * m.v_dim as u64;
+                push(name("attn_q"), vec![d, qm], spec.ty, std_in(d), 0.0);
+                push(name("attn_kv_a_mqa"), vec![d, row], spec.ty, std_in(d), 0.0);
+                push(name("attn_kv_a_norm"), vec![rank], GgmlType::F32, 0.2, 1.0);
+                let (nope, vd) = (m.nope_dim as u64, m.v_dim as u64);
+                let f32 = GgmlType::F32;
+                push(
+                    name("attn_k_b"),
+                    vec![nope, rank, h],
+                    f32,
+                    std_in(rank),
+                    0.0,
+                );
+                push(name("attn_v_b"), vec![rank, vd, h], f32, std_in(rank), 0.0);
+                push(name("attn_output"), vec![att, d], spec.ty, std_in(att), 0.0);
+            }
+        }
         push(name("ffn_norm"), vec![d], GgmlType::F32, 0.2, 1.0);
         push(name("ffn_gate"), vec![d, ff], spec.ty, std_in(d), 0.0);
         push(name("ffn_up"), vec![d, ff], spec.ty, std_in(d), 0.0);

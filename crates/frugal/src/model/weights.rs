@@ -41,13 +41,31 @@ impl Linear {
     }
 }
 
+/// How a block turns its input into what the cache stores.
+#[derive(Clone, Debug)]
+pub enum KvProjection {
+    /// Keys and values per KV head (MHA, GQA, MQA).
+    Heads { wk: Linear, wv: Linear },
+    /// Multi-head latent attention (`Config::mla`): `kv_a` projects to the latent and the
+    /// shared RoPE key, `kv_a_norm` normalizes the latent, and the per-head up-projections are
+    /// kept in f32 (they are small) in the form the absorbed computation uses: `k_b[h]`
+    /// (`kv_lora_rank x nope_dim`, row-major) takes a query's position-free part into the
+    /// latent space, `v_b[h]` (`v_dim x kv_lora_rank`) takes the attended latent to the head's
+    /// value. The layout of llama.cpp's `attn_k_b` / `attn_v_b`.
+    Latent {
+        kv_a: Linear,
+        kv_a_norm: Vec<f32>,
+        k_b: Vec<f32>,
+        v_b: Vec<f32>,
+    },
+}
+
 /// One transformer block's weights.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
     pub wq: Linear,
-    pub wk: Linear,
-    pub wv: Linear,
+    pub kv: KvProjection,
     pub wo: Linear,
     pub ffn_norm: Vec<f32>,
     pub w_gate: Linear,
@@ -71,7 +89,15 @@ impl Weights {
     pub fn matrices(&self) -> impl Iterator<Item = &Linear> {
         self.layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .flat_map(|l| {
+                let (a, b) = match &l.kv {
+                    KvProjection::Heads { wk, wv } => (wk, Some(wv)),
+                    KvProjection::Latent { kv_a, .. } => (kv_a, None),
+                };
+                [&l.wq, a, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .into_iter()
+                    .chain(b)
+            })
             .chain(std::iter::once(&self.output))
     }
 
@@ -85,15 +111,20 @@ impl Weights {
 
     fn layer_matrices(layers: &mut [LayerWeights]) -> impl Iterator<Item = &mut Linear> {
         layers.iter_mut().flat_map(|l| {
+            let (a, b) = match &mut l.kv {
+                KvProjection::Heads { wk, wv } => (wk, Some(wv)),
+                KvProjection::Latent { kv_a, .. } => (kv_a, None),
+            };
             [
                 &mut l.wq,
-                &mut l.wk,
-                &mut l.wv,
+                a,
                 &mut l.wo,
                 &mut l.w_gate,
                 &mut l.w_up,
                 &mut l.w_down,
             ]
+            .into_iter()
+            .chain(b)
         })
     }
 
@@ -103,12 +134,31 @@ impl Weights {
         let mut layers = Vec::new();
         for i in 0..c.n_layers {
             let name = |s: &str| format!("blk.{i}.{s}.weight");
+            let kv = match c.mla {
+                None => KvProjection::Heads {
+                    wk: linear(file, &name("attn_k"), c.kv_dim(), c.n_embd)?,
+                    wv: linear(file, &name("attn_v"), c.kv_dim(), c.n_embd)?,
+                },
+                Some(m) => KvProjection::Latent {
+                    kv_a: linear(file, &name("attn_kv_a_mqa"), m.row_dim(), c.n_embd)?,
+                    kv_a_norm: vector(file, &name("attn_kv_a_norm"), m.kv_lora_rank)?,
+                    k_b: tensor_f32(
+                        file,
+                        &name("attn_k_b"),
+                        &[m.nope_dim, m.kv_lora_rank, c.n_head],
+                    )?,
+                    v_b: tensor_f32(
+                        file,
+                        &name("attn_v_b"),
+                        &[m.kv_lora_rank, m.v_dim, c.n_head],
+                    )?,
+                },
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(file, &name("attn_norm"), c.n_embd)?,
                 wq: linear(file, &name("attn_q"), c.q_dim(), c.n_embd)?,
-                wk: linear(file, &name("attn_k"), c.kv_dim(), c.n_embd)?,
-                wv: linear(file, &name("attn_v"), c.kv_dim(), c.n_embd)?,
-                wo: linear(file, &name("attn_output"), c.n_embd, c.q_dim())?,
+                kv,
+                wo: linear(file, &name("attn_output"), c.n_embd, c.attn_dim())?,
                 ffn_norm: vector(file, &name("ffn_norm"), c.n_embd)?,
                 w_gate: linear(file, &name("ffn_gate"), c.n_ff, c.n_embd)?,
                 w_up: linear(file, &name("ffn_up"), c.n_ff, c.n_embd)?,
@@ -171,11 +221,18 @@ fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linea
 }
 
 fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, GgufError> {
+    tensor_f32(file, name, &[n])
+}
+
+/// A tensor of shape `dims` (GGUF order, fastest first) decoded to f32.
+fn tensor_f32(file: &GgufFile, name: &str, dims: &[usize]) -> Result<Vec<f32>, GgufError> {
     let (info, bytes) = file.tensor(name)?;
-    if info.dims != [n as u64] {
-        return Err(shape_error(name, info.info_offset, &[n as u64], &info.dims));
+    let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+    if info.dims != want {
+        return Err(shape_error(name, info.info_offset, &want, &info.dims));
     }
-    let mut out = vec![0f32; n];
+    // The shape matched the file's own tensor info, whose byte size the reader checked.
+    let mut out = vec![0f32; dims.iter().product()];
     quant::dequantize(info.ty, bytes, &mut out).map_err(|_| GgufError::UnsupportedType {
         tensor: name.into(),
         ty: info.ty,

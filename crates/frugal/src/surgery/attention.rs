@@ -122,6 +122,13 @@ pub fn convert_attention(
     layout: AttentionLayout,
 ) -> Result<(GgufWriter<'_>, LayoutReport), SurgeryError> {
     let c = Config::from_gguf(file)?;
+    if c.mla.is_some() {
+        return Err(SurgeryError::Invalid(format!(
+            "{layout}: the model has latent attention ({}); regrouping needs per-head keys and \
+             values (an MHA or GQA model)",
+            c.arch
+        )));
+    }
     let n_kv_new = layout.kv_heads(c.n_head);
     if n_kv_new == 0 || !c.n_head.is_multiple_of(n_kv_new) {
         return Err(SurgeryError::Invalid(format!(

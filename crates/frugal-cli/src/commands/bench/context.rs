@@ -62,7 +62,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let per_token: Vec<usize> = types
         .iter()
-        .map(|&t| KvFormat::both(t).bytes_per_token(c.n_layers, c.kv_dim()))
+        .map(|&t| c.cache_shape().bytes_per_token(c.n_layers, KvFormat::both(t)))
         .collect();
     let crossing: Vec<f64> = per_token
         .iter()

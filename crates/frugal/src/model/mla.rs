@@ -1,0 +1,187 @@
+//! Multi-head latent attention's own operations (DeepSeek-V2, arXiv 2405.04434, section 2.1).
+//!
+//! A token caches `[c | k_pe]`: the RMS-normed latent `c` (`kv_lora_rank` values) and the
+//! rotated key `k_pe` (`rope_dim`) that every head shares. Head `h` attends with the key
+//! `[W_uk_h c | k_pe]` and the value `W_uv_h c`. Two ways compute the same scores:
+//!
+//! - **absorbed** (decode): `q_nope . (W_uk_h c) = (W_uk_h^T q_nope) . c`, so each query head is
+//!   taken into latent space once (`k_b[h] = W_uk_h^T`) and attention runs as MQA over the
+//!   cached rows themselves (one KV "head" of `kv_lora_rank + rope_dim`), values included: the
+//!   attended row's latent part, times `v_b[h] = W_uv_h`, is the head's output. Nothing per
+//!   head is ever built for past tokens, which is why the cache can stay compressed.
+//! - **decompressed** (prefill may prefer it): every cached row's per-head keys and values are
+//!   rebuilt and ordinary MHA runs over them; cheaper per score when many queries share the
+//!   rebuilt keys, and the check that absorption is only a reordering of the same sums.
+//!
+//! The attention kernels scale scores by `1/sqrt(head_dim)` of the rows they see; MLA's scale is
+//! `1/sqrt(nope_dim + rope_dim)` (llama.cpp's `key_length_mla`), so absorbed queries are
+//! pre-multiplied by the ratio of the two.
+
+use super::config::Mla;
+
+/// Which of the two equivalent computations a pass uses for latent attention.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LatentPath {
+    /// Queries taken into the latent space; attention over the cached rows (what decode needs).
+    #[default]
+    Absorbed,
+    /// Per-head keys and values rebuilt from the cached rows; plain MHA over them.
+    Decompressed,
+}
+
+impl std::str::FromStr for LatentPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "absorbed" => Ok(LatentPath::Absorbed),
+            "decompressed" => Ok(LatentPath::Decompressed),
+            _ => Err(format!(
+                "unknown latent attention path {s:?} (expected absorbed or decompressed)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for LatentPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LatentPath::Absorbed => "absorbed",
+            LatentPath::Decompressed => "decompressed",
+        })
+    }
+}
+
+/// `y = M x` for a row-major `M` of `x.len()` columns.
+fn matvec(m: &[f32], x: &[f32], y: &mut [f32]) {
+    for (yv, row) in y.iter_mut().zip(m.chunks_exact(x.len())) {
+        *yv = row.iter().zip(x).map(|(a, b)| a * b).sum();
+    }
+}
+
+/// `y = M^T x` for a row-major `M` of `y.len()` columns (`x.len()` rows).
+fn matvec_t(m: &[f32], x: &[f32], y: &mut [f32]) {
+    y.fill(0.0);
+    for (&xv, row) in x.iter().zip(m.chunks_exact(y.len())) {
+        for (yv, &a) in y.iter_mut().zip(row) {
+            *yv += xv * a;
+        }
+    }
+}
+
+/// Absorbed queries: for each of the `q.len() / (n_head * head_dim)` tokens and each head,
+/// `qa = [k_b[h] q_nope | q_pe] * sqrt(row / head_dim)` (`row = kv_lora_rank + rope_dim`).
+pub(super) fn absorb_queries(m: &Mla, n_head: usize, k_b: &[f32], q: &[f32], qa: &mut [f32]) {
+    let (rank, nope) = (m.kv_lora_rank, m.nope_dim);
+    let (hd, row) = (nope + m.rope_dim, m.row_dim());
+    let scale = (row as f32 / hd as f32).sqrt();
+    for (qt, at) in q
+        .chunks_exact(n_head * hd)
+        .zip(qa.chunks_exact_mut(n_head * row))
+    {
+        for h in 0..n_head {
+            let (qh, ah) = (&qt[h * hd..(h + 1) * hd], &mut at[h * row..(h + 1) * row]);
+            matvec(
+                &k_b[h * rank * nope..(h + 1) * rank * nope],
+                &qh[..nope],
+                &mut ah[..rank],
+            );
+            ah[rank..].copy_from_slice(&qh[nope..]);
+            ah.iter_mut().for_each(|x| *x *= scale);
+        }
+    }
+}
+
+/// Head outputs from attended rows: `att[t][h] = v_b[h] lo[t][h][..kv_lora_rank]`.
+pub(super) fn expand_values(m: &Mla, n_head: usize, v_b: &[f32], lo: &[f32], att: &mut [f32]) {
+    let (rank, vd, row) = (m.kv_lora_rank, m.v_dim, m.row_dim());
+    for (lt, at) in lo
+        .chunks_exact(n_head * row)
+        .zip(att.chunks_exact_mut(n_head * vd))
+    {
+        for h in 0..n_head {
+            matvec(
+                &v_b[h * vd * rank..(h + 1) * vd * rank],
+                &lt[h * row..h * row + rank],
+                &mut at[h * vd..(h + 1) * vd],
+            );
+        }
+    }
+}
+
+/// Rebuilds per-head keys `[W_uk_h c | k_pe]` and values `W_uv_h c` (zero-padded to the key
+/// width, so one head width serves both) for every cached row `[c | k_pe]` of `rows`.
+pub(super) fn decompress(
+    m: &Mla,
+    n_head: usize,
+    k_b: &[f32],
+    v_b: &[f32],
+    rows: &[f32],
+    k: &mut [f32],
+    v: &mut [f32],
+) {
+    let (rank, nope, vd, row) = (m.kv_lora_rank, m.nope_dim, m.v_dim, m.row_dim());
+    let hd = nope + m.rope_dim;
+    for ((r, kt), vt) in rows
+        .chunks_exact(row)
+        .zip(k.chunks_exact_mut(n_head * hd))
+        .zip(v.chunks_exact_mut(n_head * hd))
+    {
+        let (c, pe) = r.split_at(rank);
+        for h in 0..n_head {
+            let kh = &mut kt[h * hd..(h + 1) * hd];
+            matvec_t(
+                &k_b[h * rank * nope..(h + 1) * rank * nope],
+                c,
+                &mut kh[..nope],
+            );
+            kh[nope..].copy_from_slice(pe);
+            let vh = &mut vt[h * hd..(h + 1) * hd];
+            matvec(&v_b[h * vd * rank..(h + 1) * vd * rank], c, &mut vh[..vd]);
+            vh[vd..].fill(0.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Absorption is a reordering of the same sums: the absorbed score of a query against a
+    /// row equals the decompressed one.
+    #[test]
+    fn absorbed_scores_equal_decompressed_scores() {
+        let m = Mla {
+            kv_lora_rank: 6,
+            nope_dim: 4,
+            rope_dim: 2,
+            v_dim: 3,
+        };
+        let n_head = 2;
+        let f = |i: usize, s: f32| (i as f32 * 0.37 + s).sin() * 0.9;
+        let k_b: Vec<f32> = (0..n_head * 6 * 4).map(|i| f(i, 0.1)).collect();
+        let v_b: Vec<f32> = (0..n_head * 3 * 6).map(|i| f(i, 0.7)).collect();
+        let q: Vec<f32> = (0..n_head * 6).map(|i| f(i, 1.3)).collect();
+        let row: Vec<f32> = (0..8).map(|i| f(i, 2.1)).collect();
+        let mut qa = vec![0f32; n_head * 8];
+        absorb_queries(&m, n_head, &k_b, &q, &mut qa);
+        let (mut k, mut v) = (vec![0f32; n_head * 6], vec![0f32; n_head * 6]);
+        decompress(&m, n_head, &k_b, &v_b, &row, &mut k, &mut v);
+        let scale = (8.0f32 / 6.0).sqrt();
+        for h in 0..n_head {
+            let absorbed: f32 = (0..8).map(|i| qa[h * 8 + i] * row[i]).sum::<f32>() / scale;
+            let plain: f32 = (0..6).map(|i| q[h * 6 + i] * k[h * 6 + i]).sum();
+            assert!((absorbed - plain).abs() < 1e-5, "{absorbed} vs {plain}");
+        }
+        // Values: expanding an attended row gives the decompressed value.
+        let lo: Vec<f32> = (0..n_head).flat_map(|_| row.clone()).collect();
+        let mut att = vec![0f32; n_head * 3];
+        expand_values(&m, n_head, &v_b, &lo, &mut att);
+        for h in 0..n_head {
+            for j in 0..3 {
+                assert!((att[h * 3 + j] - v[h * 6 + j]).abs() < 1e-5);
+            }
+            assert_eq!(&v[h * 6 + 3..h * 6 + 6], &[0.0; 3]);
+        }
+    }
+}
