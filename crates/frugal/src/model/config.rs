@@ -254,7 +254,8 @@ fn read_mla(
             format!("{n_head_kv}: an absorbed MLA file has one KV head"),
         ));
     }
-    if rank == 0 || v_dim == 0 || k_mla <= rope_dim || rope_dim == 0 || !rope_dim.is_multiple_of(2) {
+    if rank == 0 || v_dim == 0 || k_mla <= rope_dim || rope_dim == 0 || !rope_dim.is_multiple_of(2)
+    {
         return Err(bad(
             "attention.key_length_mla",
             format!(

@@ -3,10 +3,14 @@
 //! distillation (`frugal distill --student OUT`) heals what it costs.
 //!
 //! - [`attention`]: regroup KV heads (MHA, GQA with G groups, MQA).
+//! - [`mla`]: GQA to multi-head latent attention (partial RoPE, a shared RoPE key, a joint
+//!   low-rank latent), calibrated.
 
 pub mod attention;
+pub mod mla;
 
 pub use attention::{AttentionLayout, LayoutReport, convert_attention};
+pub use mla::{Calibration, Factorization, MlaReport, MlaTarget, calibrate, convert_to_mla};
 
 use crate::gguf::GgufError;
 use crate::quant::QuantError;

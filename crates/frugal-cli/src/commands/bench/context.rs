@@ -62,7 +62,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     let per_token: Vec<usize> = types
         .iter()
-        .map(|&t| c.cache_shape().bytes_per_token(c.n_layers, KvFormat::both(t)))
+        .map(|&t| {
+            c.cache_shape()
+                .bytes_per_token(c.n_layers, KvFormat::both(t))
+        })
         .collect();
     let crossing: Vec<f64> = per_token
         .iter()
