@@ -235,3 +235,31 @@ fn llama_cpp_runs_converted_attention_layouts() {
         );
     }
 }
+
+/// What `frugal convert --attention mla:...` writes (llama.cpp's deepseek2 layout, latent
+/// cache) loads and runs in llama.cpp with the perplexity frugal measures.
+#[test]
+fn llama_cpp_runs_converted_latent_attention() {
+    let (Some(bin), Some(model)) = (llama_bin(), frugal::fetch::reference_model_for_tests()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let text = text(dir.path());
+    let out = dir.path().join("mla.gguf");
+    run(Command::new(env!("CARGO_BIN_EXE_frugal")).args([
+        "convert",
+        model.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--attention",
+        "mla:96:32",
+        "--calibration",
+        text.to_str().unwrap(),
+        "--calibration-tokens",
+        "512",
+    ]));
+    assert_close(
+        "converted to mla:96:32",
+        frugal_ppl(&out, &text),
+        llama_ppl(&bin, &out, &text),
+    );
+}

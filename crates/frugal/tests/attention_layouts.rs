@@ -8,7 +8,9 @@ use frugal::eval;
 use frugal::gguf::GgufFile;
 use frugal::kv::KvOptions;
 use frugal::model::{Logits, Model, Scratch};
-use frugal::surgery::{AttentionLayout, convert_attention};
+use frugal::surgery::{
+    AttentionLayout, Factorization, MlaTarget, calibrate, convert_attention, convert_to_mla,
+};
 use frugal::tokenizer::Tokenizer;
 
 fn converted(src: &GgufFile, layout: AttentionLayout) -> Model {
@@ -76,4 +78,64 @@ fn converted_layouts_on_the_reference_model() {
     }
     // A grouping that does not divide nine heads is refused.
     assert!(convert_attention(&src, AttentionLayout::Gqa(2)).is_err());
+}
+
+/// GQA to MLA on the reference model: the converted file loads, caches one latent row of
+/// `rank + rope` values per token and layer, and runs as a worse but working model; the
+/// activation-aware factorization keeps more than the weights' SVD at the same rank.
+#[test]
+fn mla_conversion_on_the_reference_model() {
+    let Some(path) = frugal::fetch::reference_model_for_tests() else {
+        return;
+    };
+    let src = GgufFile::open(&path).unwrap();
+    let original = Model::load(&path).unwrap();
+    let tok = Tokenizer::from_gguf(&original.file).unwrap();
+    let text = "Multi-head latent attention stores one compressed vector per token. The keys and \
+                values of every head are rebuilt from it, so the cache shrinks while the heads \
+                stay. Rotary position embeddings do not commute with that compression, so a \
+                few dimensions keep their rotation in a key shared by all heads. "
+        .repeat(6);
+    let tokens = tok.encode(&text, false).unwrap();
+    let calib = calibrate(&original, &tokens[..256], 128).unwrap();
+    let mut kls = Vec::new();
+    for factorization in [Factorization::Svd, Factorization::Activations] {
+        let target = MlaTarget {
+            rank: 96,
+            rope_dims: 32,
+            factorization,
+        };
+        let (w, report) = convert_to_mla(&src, &calib, target).unwrap();
+        assert_eq!(
+            (report.cache_values_before, report.cache_values_after),
+            (384, 128)
+        );
+        let mla = Model::from_file(GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()).unwrap();
+        assert_eq!(mla.config.mla.map(|m| m.row_dim()), Some(128));
+        let mut kv = mla.new_seq_cache(128, &KvOptions::default()).unwrap();
+        mla.forward(
+            &tokens[..64],
+            &mut kv,
+            &mut Scratch::default(),
+            Logits::Last,
+        )
+        .unwrap();
+        assert_eq!(kv.bytes_in_use(), 64 * 30 * 128 * 4);
+        let cmp = eval::compare(&mla, &original, &tokens, 128, |_, _| {}).unwrap();
+        eprintln!(
+            "mla:96:32 {factorization}: PPL {:.2} (original {:.2}), KL {:.3}; latent energy {:.3}",
+            cmp.model.ppl,
+            cmp.reference.ppl,
+            cmp.kl_mean,
+            report.latent_energy.iter().sum::<f64>() / 30.0
+        );
+        assert!(cmp.model.ppl.is_finite() && cmp.model.ppl > cmp.reference.ppl);
+        kls.push(cmp.kl_mean);
+    }
+    assert!(
+        kls[1] < kls[0],
+        "activation-aware KL {} vs SVD {}",
+        kls[1],
+        kls[0]
+    );
 }
