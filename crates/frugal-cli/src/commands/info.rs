@@ -141,10 +141,16 @@ pub fn run(a: Args) -> Result<()> {
     }
     match (&config, kv) {
         (Ok(c), Some((elems, b32, b16, full16, ctx))) => {
-            println!(
-                "\nKV cache: 2 x {} layers x {} KV heads x {} head dim = {elems} elements per token",
-                c.n_layers, c.n_head_kv, c.head_dim
-            );
+            match c.mla {
+                Some(m) => println!(
+                    "\nKV cache (latent attention, one row per layer): {} layers x ({} latent + {} RoPE key) = {elems} elements per token",
+                    c.n_layers, m.kv_lora_rank, m.rope_dim
+                ),
+                None => println!(
+                    "\nKV cache: 2 x {} layers x {} KV heads x {} head dim = {elems} elements per token",
+                    c.n_layers, c.n_head_kv, c.head_dim
+                ),
+            }
             println!("  per token: {b32} B in f32, {b16} B in f16");
             println!(
                 "  at the full context of {ctx}: {} in f16, {} in f32",
