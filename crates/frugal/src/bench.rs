@@ -67,23 +67,33 @@ pub fn decode(model: &Model, n: usize, reps: usize, opts: &EvalOptions) -> Resul
     decode_at(model, n, 0, reps, opts)
 }
 
-/// A cache already holding `depth` positions (computed once, untimed), and a way back to it.
-fn cache_at(
+/// Times `step` (which processes `toks` into the cache) `reps` times after one warm-up, each
+/// from a cache holding the same `depth` positions (computed once, untimed).
+fn timed_at(
     model: &Model,
+    toks: &[u32],
     depth: usize,
-    extra: usize,
+    reps: usize,
     opts: &EvalOptions,
-    s: &mut Scratch,
-) -> Result<SeqCache> {
-    let mut kv = model.new_seq_cache(depth + extra, &opts.kv)?;
-    if depth > 0 {
-        let prefix = tokens(depth, model.config.n_vocab, 3);
-        // In chunks, as a server would prefill it: the score matrix of one call stays bounded.
-        for chunk in prefix.chunks(512) {
-            model.forward(chunk, &mut kv as &mut dyn KvSequence, s, Logits::Last)?;
+    step: impl Fn(&[u32], &mut SeqCache, &mut Scratch) -> Result<()>,
+) -> Result<Throughput> {
+    let n = toks.len();
+    let mut s = Scratch::new(opts.attention);
+    let mut kv = model.new_seq_cache(depth + n, &opts.kv)?;
+    // The prefix in chunks, as a server would prefill it: one call's score matrix stays bounded.
+    for chunk in tokens(depth, model.config.n_vocab, 3).chunks(512) {
+        model.forward(chunk, &mut kv as &mut dyn KvSequence, &mut s, Logits::Last)?;
+    }
+    let mut runs = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        kv.truncate(depth);
+        let t = Instant::now();
+        step(toks, &mut kv, &mut s)?;
+        if rep > 0 {
+            runs.push(n as f64 / t.elapsed().as_secs_f64());
         }
     }
-    Ok(kv)
+    Ok(Throughput::from_runs(n, runs))
 }
 
 /// [`prefill`] after a prefix of `depth` tokens in the cache (llama-bench's `pp N @ dD`).
@@ -95,18 +105,10 @@ pub fn prefill_at(
     opts: &EvalOptions,
 ) -> Result<Throughput> {
     let toks = tokens(n, model.config.n_vocab, 1);
-    let mut s = Scratch::new(opts.attention);
-    let mut kv = cache_at(model, depth, n, opts, &mut s)?;
-    let mut runs = Vec::with_capacity(reps);
-    for rep in 0..=reps {
-        kv.truncate(depth);
-        let t = Instant::now();
-        model.forward(&toks, &mut kv as &mut dyn KvSequence, &mut s, Logits::Last)?;
-        if rep > 0 {
-            runs.push(n as f64 / t.elapsed().as_secs_f64());
-        }
-    }
-    Ok(Throughput::from_runs(n, runs))
+    timed_at(model, &toks, depth, reps, opts, |toks, kv, s| {
+        model.forward(toks, kv as &mut dyn KvSequence, s, Logits::Last)?;
+        Ok(())
+    })
 }
 
 /// [`decode`] after a prefix of `depth` tokens in the cache (llama-bench's `tg N @ dD`): where
@@ -119,20 +121,12 @@ pub fn decode_at(
     opts: &EvalOptions,
 ) -> Result<Throughput> {
     let toks = tokens(n, model.config.n_vocab, 2);
-    let mut s = Scratch::new(opts.attention);
-    let mut kv = cache_at(model, depth, n, opts, &mut s)?;
-    let mut runs = Vec::with_capacity(reps);
-    for rep in 0..=reps {
-        kv.truncate(depth);
-        let t = Instant::now();
-        for &tok in &toks {
-            model.forward(&[tok], &mut kv as &mut dyn KvSequence, &mut s, Logits::Last)?;
+    timed_at(model, &toks, depth, reps, opts, |toks, kv, s| {
+        for &tok in toks {
+            model.forward(&[tok], kv as &mut dyn KvSequence, s, Logits::Last)?;
         }
-        if rep > 0 {
-            runs.push(n as f64 / t.elapsed().as_secs_f64());
-        }
-    }
-    Ok(Throughput::from_runs(n, runs))
+        Ok(())
+    })
 }
 
 /// Read bandwidth in bytes per second: a parallel sum over a buffer far larger than the caches
