@@ -724,3 +724,70 @@ fn report_quant_measures_every_requested_format() {
         rows[2]["bits_per_weight"].as_f64().unwrap() < rows[4]["bits_per_weight"].as_f64().unwrap()
     );
 }
+
+/// `frugal convert` on a synthetic GQA model: every layout writes a file the other commands
+/// run (MLA after calibration), and bad layouts, missing calibration and overwrites fail with
+/// one clean error.
+#[test]
+fn convert_writes_attention_layouts_and_refuses_bad_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = write_model(dir.path(), "src.gguf", &tiny());
+    let text = dir.path().join("calib.txt");
+    std::fs::write(
+        &text,
+        "Latent attention keeps one vector per token. ".repeat(20),
+    )
+    .unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    for (layout, heads) in [("mha", "4"), ("mqa", "1"), ("gqa:2", "2"), ("mla:16:8", "")] {
+        let out = dir
+            .path()
+            .join(format!("{}.gguf", layout.replace(':', "-")));
+        let mut args = vec![
+            "convert".to_string(),
+            s(&src),
+            s(&out),
+            "--attention".into(),
+        ];
+        args.push(layout.into());
+        if layout.starts_with("mla") {
+            args.extend(["--calibration".into(), s(&text), "--json".into()]);
+        }
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let r = frugal(&argv, None);
+        assert!(
+            r.status.success(),
+            "{layout}: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        let info = frugal(&["info", &s(&out)], None);
+        let shown = String::from_utf8_lossy(&info.stdout);
+        if layout.starts_with("mla") {
+            let report: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+            assert_eq!(report["cache_values_after"], 24);
+            assert!(shown.contains("16 latent + 8 RoPE key"), "{shown}");
+        } else {
+            assert!(shown.contains(&format!("x {heads} KV heads")), "{shown}");
+        }
+        let run = frugal(
+            &["generate", "-m", &s(&out), "Hi", "-n", "3", "--temp", "0"],
+            None,
+        );
+        assert!(
+            run.status.success(),
+            "{layout}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+    let out = s(&dir.path().join("x.gguf"));
+    let bad = |layout: &str, needle: &str| {
+        let r = frugal(&["convert", &s(&src), &out, "--attention", layout], None);
+        assert_clean_error(&r, needle);
+    };
+    bad("gqa:3", "do not divide");
+    bad("mqa2", "unknown attention layout");
+    bad("mla:16", "--calibration");
+    bad("mla:x", "whole number");
+    let r = frugal(&["convert", &s(&src), &s(&src), "--attention", "mha"], None);
+    assert_clean_error(&r, "overwrite");
+}

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use frugal::gguf::GgufFile;
+use frugal::gguf::{GgufFile, GgufWriter};
 use frugal::model::Model;
 use frugal::surgery::{self, AttentionLayout, Factorization, MlaTarget};
 use frugal::tokenizer::Tokenizer;
@@ -37,6 +37,17 @@ pub struct Args {
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
+}
+
+/// Writes the converted file, and the report as JSON when asked (then returns true: nothing more
+/// to print).
+fn write(a: &Args, w: &GgufWriter, report: &impl serde::Serialize) -> Result<bool> {
+    w.write_file(&a.output)
+        .with_context(|| format!("writing {}", a.output.display()))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    }
+    Ok(a.json)
 }
 
 /// `mla:RANK[:ROPE_DIMS]`, or `None` for a regrouping layout.
@@ -80,10 +91,7 @@ pub fn run(a: Args) -> Result<()> {
     let file = GgufFile::open(&a.input)?;
     let (w, report) = surgery::convert_attention(&file, layout)
         .with_context(|| format!("converting {}", a.input.display()))?;
-    w.write_file(&a.output)
-        .with_context(|| format!("writing {}", a.output.display()))?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    if write(&a, &w, &report)? {
         return Ok(());
     }
     println!(
@@ -131,13 +139,10 @@ fn run_mla(a: &Args, target: MlaTarget) -> Result<()> {
     tokens.truncate(a.calibration_tokens.max(2));
     let t0 = std::time::Instant::now();
     let calib = surgery::calibrate(&model, &tokens, 512)?;
-    let file = GgufFile::open(&a.input)?;
-    let (w, report) = surgery::convert_to_mla(&file, &calib, target)
+    // The model's own map of the file (f32 activations: nothing was repacked or released).
+    let (w, report) = surgery::convert_to_mla(&model.file, &calib, target)
         .with_context(|| format!("converting {}", a.input.display()))?;
-    w.write_file(&a.output)
-        .with_context(|| format!("writing {}", a.output.display()))?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    if write(a, &w, &report)? {
         return Ok(());
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;

@@ -167,11 +167,6 @@ impl KvFormat {
     pub fn both(t: KvType) -> Self {
         KvFormat { k: t, v: t }
     }
-
-    /// Bytes one cached position takes across all layers (keys and values).
-    pub fn bytes_per_token(&self, n_layers: usize, kv_dim: usize) -> usize {
-        n_layers * (self.k.bytes(kv_dim) + self.v.bytes(kv_dim))
-    }
 }
 
 impl std::fmt::Display for KvFormat {
@@ -232,11 +227,16 @@ mod tests {
     #[test]
     fn bytes_per_token_of_the_reference_model() {
         // 30 layers, 3 KV heads x 64.
-        assert_eq!(KvFormat::both(KvType::F32).bytes_per_token(30, 192), 46_080);
-        assert_eq!(KvFormat::both(KvType::F16).bytes_per_token(30, 192), 23_040);
+        let shape = crate::kv::CacheShape::new(3, 64);
+        let per_token = |t| shape.bytes_per_token(30, KvFormat::both(t));
+        assert_eq!(per_token(KvType::F32), 46_080);
+        assert_eq!(per_token(KvType::F16), 23_040);
+        assert_eq!(per_token(KvType::Q8_0), 12_240);
+        // A keys-only latent row of 96 + 32 stores no values.
+        let latent = crate::kv::CacheShape::keys_only(128);
         assert_eq!(
-            KvFormat::both(KvType::Q8_0).bytes_per_token(30, 192),
-            12_240
+            latent.bytes_per_token(30, KvFormat::both(KvType::F32)),
+            15_360
         );
     }
 }

@@ -13,7 +13,7 @@ use super::weights::KvProjection;
 use super::{Linear, Model};
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
-use crate::kv::{KvBatch, KvPool, KvSequence, KvView, OneSeq, PoolBatch, SeqId};
+use crate::kv::{KvBatch, KvPool, KvSequence, OneSeq, PoolBatch, SeqId};
 use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};
 use crate::quant::GgmlType;
 use crate::quant::act::{Activations, Q8Acts, WideActs};
@@ -74,12 +74,10 @@ pub struct Scratch {
     acts: Q8Acts,
     wide: WideActs,
     /// Latent attention: absorbed queries and attended rows (`n x n_head x row`), and the
-    /// decompressed path's cached rows, keys and values.
+    /// decompressed path's buffers.
     lat_q: Vec<f32>,
     lat_out: Vec<f32>,
-    lat_rows: Vec<f32>,
-    lat_k: Vec<f32>,
-    lat_v: Vec<f32>,
+    lat_dec: mla::DecompressBufs,
 }
 
 impl Scratch {
@@ -433,40 +431,17 @@ impl Model {
                             );
                             mla::expand_values(&m, c.n_head, v_b, lo, att);
                         }
-                        LatentPath::Decompressed => {
-                            // Per sequence: rebuild every cached row's heads, then plain MHA.
-                            let mha = AttnShape {
-                                n_head: c.n_head,
-                                n_head_kv: c.n_head,
-                                head_dim: c.head_dim,
-                            };
-                            let lo = sized(&mut s.lat_out, n * q_dim);
-                            for (i, &(pos0, r0, len)) in s.segs.iter().enumerate() {
-                                let (kl, _) = kv.layer(i, l);
-                                let total = kl.len();
-                                let rows = sized(&mut s.lat_rows, total * row);
-                                kl.decode_head(0, row, 0, total, rows);
-                                let kf = sized(&mut s.lat_k, total * q_dim);
-                                let vf = sized(&mut s.lat_v, total * q_dim);
-                                mla::decompress(&m, c.n_head, k_b, v_b, rows, kf, vf);
-                                attend(
-                                    s.attention,
-                                    mha,
-                                    &q[r0 * q_dim..(r0 + len) * q_dim],
-                                    KvView::from_f32(kf, q_dim),
-                                    KvView::from_f32(vf, q_dim),
-                                    pos0,
-                                    &mut lo[r0 * q_dim..(r0 + len) * q_dim],
-                                    &mut s.attn_ws,
-                                );
-                            }
-                            for (o, a) in lo
-                                .chunks_exact(c.head_dim)
-                                .zip(att.chunks_exact_mut(m.v_dim))
-                            {
-                                a.copy_from_slice(&o[..m.v_dim]);
-                            }
-                        }
+                        LatentPath::Decompressed => mla::attend_decompressed(
+                            &m,
+                            c.n_head,
+                            s.attention,
+                            (k_b, v_b),
+                            q,
+                            (&*kv, l, &s.segs),
+                            &mut s.lat_dec,
+                            &mut s.attn_ws,
+                            att,
+                        ),
                     }
                 }
             }

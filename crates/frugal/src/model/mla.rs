@@ -18,6 +18,8 @@
 //! pre-multiplied by the ratio of the two.
 
 use super::config::Mla;
+use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
+use crate::kv::{KvBatch, KvView};
 
 /// Which of the two equivalent computations a pass uses for latent attention.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -159,6 +161,69 @@ pub(super) fn decompress(
             matvec(&v_b[h * vd * rank..(h + 1) * vd * rank], c, &mut vh[..vd]);
             vh[vd..].fill(0.0);
         }
+    }
+}
+
+/// Buffers of the decompressed path, reused across passes: one sequence's cached rows, their
+/// per-head keys and values, and every row's attention output.
+#[derive(Default, Debug)]
+pub(super) struct DecompressBufs {
+    rows: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    out: Vec<f32>,
+}
+
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}
+
+/// The decompressed path for every segment of a pass (`(kv, layer, segs)`: the batch's caches,
+/// the layer, and each segment's first position, first row and rows): its cached rows' per-head
+/// keys and values rebuilt, plain MHA over them (`q` is `n x n_head x head_dim`), each head's
+/// value dims kept in `att` (`n x n_head x v_dim`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend_decompressed(
+    m: &Mla,
+    n_head: usize,
+    kind: Attention,
+    (k_b, v_b): (&[f32], &[f32]),
+    q: &[f32],
+    (kv, layer, segs): (&dyn KvBatch, usize, &[(usize, usize, usize)]),
+    bufs: &mut DecompressBufs,
+    ws: &mut AttnWorkspace,
+    att: &mut [f32],
+) {
+    let (hd, row) = (m.nope_dim + m.rope_dim, m.row_dim());
+    let q_dim = n_head * hd;
+    let mha = AttnShape {
+        n_head,
+        n_head_kv: n_head,
+        head_dim: hd,
+    };
+    let out = sized(&mut bufs.out, q.len());
+    for (i, &(pos0, r0, len)) in segs.iter().enumerate() {
+        let (kl, _) = kv.layer(i, layer);
+        let total = kl.len();
+        let rows = sized(&mut bufs.rows, total * row);
+        kl.decode_head(0, row, 0, total, rows);
+        let kf = sized(&mut bufs.k, total * q_dim);
+        let vf = sized(&mut bufs.v, total * q_dim);
+        decompress(m, n_head, k_b, v_b, rows, kf, vf);
+        attend(
+            kind,
+            mha,
+            &q[r0 * q_dim..(r0 + len) * q_dim],
+            KvView::from_f32(kf, q_dim),
+            KvView::from_f32(vf, q_dim),
+            pos0,
+            &mut out[r0 * q_dim..(r0 + len) * q_dim],
+            ws,
+        );
+    }
+    for (o, a) in out.chunks_exact(hd).zip(att.chunks_exact_mut(m.v_dim)) {
+        a.copy_from_slice(&o[..m.v_dim]);
     }
 }
 

@@ -157,7 +157,8 @@ pub fn lossless_rank(c: &Config, rope_dims: usize) -> usize {
     c.n_head_kv * (c.head_dim - rope_dims) + c.n_head_kv * c.head_dim
 }
 
-/// Converts `file` (whose model is `model`, calibrated on `calib`) to MLA.
+/// Converts `file` to MLA, guided by `calib` (its model's attention inputs on calibration text,
+/// from [`calibrate`]).
 pub fn convert_to_mla<'a>(
     file: &'a GgufFile,
     calib: &Calibration,
