@@ -121,19 +121,22 @@ fn rmsnorm_backward_matches_finite_differences() {
 #[test]
 fn rope_backward_matches_finite_differences() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    // Two sequences of 5 positions, 3 heads of 6 dims of which 4 are rotated.
+    // Two sequences of 5 positions, 3 heads of 6 dims of which 4 are rotated: the leading 4
+    // (Llama) or the trailing 4 (an MLA query head).
     let (seq, heads, hd) = (5, 3, 6);
     let table = Rope::new(seq, 4, 100.0);
     let n = 2 * seq * heads * hd;
     let (x, r) = (randn(&mut rng, n, 1.0), randn(&mut rng, n, 1.0));
-    let f = |x: &[f32]| {
-        let mut y = x.to_vec();
-        ops::rope(&mut y, heads, hd, seq, &table, false);
-        dot(&y, &r)
-    };
-    let mut dx = r.clone();
-    ops::rope(&mut dx, heads, hd, seq, &table, true);
-    check("dx", &x, &dx, None, f);
+    for offset in [0, 2] {
+        let f = |x: &[f32]| {
+            let mut y = x.to_vec();
+            ops::rope(&mut y, (heads, hd, offset), seq, &table, false);
+            dot(&y, &r)
+        };
+        let mut dx = r.clone();
+        ops::rope(&mut dx, (heads, hd, offset), seq, &table, true);
+        check("dx", &x, &dx, None, f);
+    }
 }
 
 #[test]
@@ -307,9 +310,36 @@ pub(crate) fn tiny_config() -> frugal::model::Config {
     }
 }
 
-fn whole_model_case(tied: bool, recompute: bool) {
-    let c = tiny_config();
+/// [`tiny_config`] with multi-head latent attention: a latent of 5, keys of 4 + 2 (RoPE) dims,
+/// values of 3 (narrower than the keys, so the padding of values is exercised too).
+pub(crate) fn tiny_latent_config() -> frugal::model::Config {
+    frugal::model::Config {
+        arch: "deepseek2".into(),
+        n_head_kv: 1,
+        rope_dim: 2,
+        mla: Some(frugal::model::Mla {
+            kv_lora_rank: 5,
+            nope_dim: 4,
+            rope_dim: 2,
+            v_dim: 3,
+        }),
+        ..tiny_config()
+    }
+}
+
+fn whole_model_case(c: frugal::model::Config, tied: bool, recompute: bool) {
     let mut p = Params::random(&c, tied, 3);
+    // Under latent attention, train the latent rows at a scale of their own in one case.
+    if tied {
+        for l in &mut p.layers {
+            if let crate::KvParams::Latent { kv_a, .. } = &mut l.kv {
+                kv_a.stored = crate::Stored::ScaledRows {
+                    rows: 5,
+                    scale: 0.25,
+                };
+            }
+        }
+    }
     // Larger weights than pre-training init so every path carries a visible gradient.
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     for t in p.tensors_mut() {
@@ -347,6 +377,12 @@ fn whole_model_case(tied: bool, recompute: bool) {
 
 #[test]
 fn whole_model_gradient_matches_finite_differences() {
-    whole_model_case(true, true);
-    whole_model_case(false, false);
+    whole_model_case(tiny_config(), true, true);
+    whole_model_case(tiny_config(), false, false);
+}
+
+#[test]
+fn latent_attention_gradient_matches_finite_differences() {
+    whole_model_case(tiny_latent_config(), true, false);
+    whole_model_case(tiny_latent_config(), false, true);
 }

@@ -17,6 +17,7 @@ pub mod error;
 pub mod gemm;
 pub mod heads;
 pub mod hidden;
+pub mod latent;
 pub mod loss;
 pub mod math;
 pub mod model;
@@ -43,7 +44,7 @@ pub fn keep_freed_memory() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
     }
 }
-pub use params::{LayerParams, Params, Tensor};
+pub use params::{KvParams, LayerParams, Params, Stored, Tensor};
 
 #[cfg(test)]
 mod gradcheck;

@@ -11,9 +11,10 @@ use rayon::prelude::*;
 
 use crate::attention::{self, AttnDims};
 use crate::gemm::Precision;
+use crate::latent::{self, LatentActs, LatentDims, LatentGrads, LatentWeights};
 use crate::loss::{LossSums, Objective};
 use crate::ops::{self, Rope};
-use crate::params::{LayerParams, Params};
+use crate::params::{KvParams, LayerParams, Params};
 
 /// Rows of logits computed at once by the head: large enough that the head's products run near
 /// the GEMM's speed (m = 1024), small enough that the logits stay 200 MB, not `rows x vocabulary`.
@@ -44,6 +45,10 @@ pub struct LayerActs {
     v: Vec<f32>,
     probs: Vec<f32>,
     att: Vec<f32>,
+    /// Latent attention: the latent's activations, and the attention output without each
+    /// head's value padding (the output projection's input).
+    latent: LatentActs,
+    att_v: Vec<f32>,
     x_mid: Vec<f32>,
     xn2: Vec<f32>,
     rstd2: Vec<f32>,
@@ -68,10 +73,21 @@ impl LayerActs {
             &self.g,
             &self.u,
             &self.h,
+            &self.att_v,
         ]
         .iter()
         .map(|v| v.capacity())
         .sum::<usize>()
+            + self.latent.bytes()
+    }
+
+    /// The output projection's input: the heads' values.
+    fn attn_out(&self) -> &[f32] {
+        if self.att_v.is_empty() {
+            &self.att
+        } else {
+            &self.att_v
+        }
     }
 }
 
@@ -111,9 +127,20 @@ impl Params {
             batch: b.batch,
             seq: b.seq,
             n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
+            // Latent attention runs decompressed: every head has its own key and value.
+            n_head_kv: if c.mla.is_some() {
+                c.n_head
+            } else {
+                c.n_head_kv
+            },
             head_dim: c.head_dim,
         }
+    }
+
+    fn latent_dims(&self) -> Option<LatentDims> {
+        self.config
+            .mla
+            .map(|m| LatentDims::new(&m, self.config.n_head))
     }
 
     /// One transformer block: `x_out = x + attn(norm(x))`, then `+= ffn(norm(.))`.
@@ -130,7 +157,7 @@ impl Params {
     ) {
         let c = &self.config;
         let (d, n) = (c.n_embd, x.len() / c.n_embd);
-        let (qd, kd, ff) = (c.q_dim(), c.kv_dim(), c.n_ff);
+        let (qd, ad, ff) = (c.q_dim(), c.attn_dim(), c.n_ff);
         // Attention: norm -> Q, K, V -> RoPE -> causal attention -> output projection.
         ops::rmsnorm_forward(
             x,
@@ -140,10 +167,44 @@ impl Params {
             sized(&mut a.rstd1, n),
         );
         ops::linear_forward(&a.xn1, &lp.wq.data, d, sized(&mut a.q, n * qd), prec);
-        ops::linear_forward(&a.xn1, &lp.wk.data, d, sized(&mut a.k, n * kd), prec);
-        ops::linear_forward(&a.xn1, &lp.wv.data, d, sized(&mut a.v, n * kd), prec);
-        ops::rope(&mut a.q, c.n_head, c.head_dim, dims.seq, rope, false);
-        ops::rope(&mut a.k, c.n_head_kv, c.head_dim, dims.seq, rope, false);
+        // RoPE rotates a query head's leading dims, or under MLA its trailing ones.
+        let q_rope = c.mla.map_or(0, |m| m.nope_dim);
+        ops::rope(
+            &mut a.q,
+            (c.n_head, c.head_dim, q_rope),
+            dims.seq,
+            rope,
+            false,
+        );
+        let kd = dims.n_head_kv * c.head_dim;
+        match (&lp.kv, self.latent_dims()) {
+            (KvParams::Heads { wk, wv }, _) => {
+                ops::linear_forward(&a.xn1, &wk.data, d, sized(&mut a.k, n * kd), prec);
+                ops::linear_forward(&a.xn1, &wv.data, d, sized(&mut a.v, n * kd), prec);
+                ops::rope(
+                    &mut a.k,
+                    (c.n_head_kv, c.head_dim, 0),
+                    dims.seq,
+                    rope,
+                    false,
+                );
+                a.att_v.clear();
+            }
+            (kv @ KvParams::Latent { .. }, Some(ld)) => {
+                latent::kv_forward(
+                    ld,
+                    &latent_weights(kv),
+                    &a.xn1,
+                    d,
+                    (rope, dims.seq, c.rms_eps),
+                    &mut a.latent,
+                    sized(&mut a.k, n * kd),
+                    sized(&mut a.v, n * kd),
+                    prec,
+                );
+            }
+            (KvParams::Latent { .. }, None) => unreachable!("latent tensors without Config::mla"),
+        }
         attention::attention_forward(
             &a.q,
             &a.k,
@@ -153,8 +214,19 @@ impl Params {
             sized(&mut a.att, n * qd),
             prec,
         );
-        let x_mid = sized(&mut a.x_mid, n * d);
-        ops::linear_forward(&a.att, &lp.wo.data, qd, x_mid, prec);
+        if let Some(ld) = self.latent_dims() {
+            latent::compact_heads(ld, &a.att, sized(&mut a.att_v, n * ad));
+        }
+        let mut x_mid = std::mem::take(&mut a.x_mid);
+        ops::linear_forward(
+            a.attn_out(),
+            &lp.wo.data,
+            ad,
+            sized(&mut x_mid, n * d),
+            prec,
+        );
+        a.x_mid = x_mid;
+        let x_mid = &mut a.x_mid[..];
         x_mid.par_iter_mut().zip(x).for_each(|(m, &r)| *m += r);
         // Feed-forward: norm -> SwiGLU(gate, up) -> down projection.
         ops::rmsnorm_forward(
@@ -190,7 +262,8 @@ impl Params {
     ) {
         let c = &self.config;
         let (d, n) = (c.n_embd, x.len() / c.n_embd);
-        let (qd, kd, ff) = (c.q_dim(), c.kv_dim(), c.n_ff);
+        let (qd, ad, ff) = (c.q_dim(), c.attn_dim(), c.n_ff);
+        let kd = dims.n_head_kv * c.head_dim;
         // Feed-forward block; the residual passes dx through unchanged.
         let mut dh = vec![0f32; n * ff];
         ops::linear_backward(
@@ -235,23 +308,34 @@ impl Params {
             &mut gl.ffn_norm.data,
         );
         // Attention block.
-        let mut datt = vec![0f32; n * qd];
+        let mut datt = vec![0f32; n * ad];
         ops::linear_backward(
-            &a.att,
+            a.attn_out(),
             &lp.wo.data,
             dx,
             Some((&mut datt, false)),
             Some(&mut gl.wo.data),
-            qd,
+            ad,
             prec,
         );
+        if let Some(ld) = self.latent_dims() {
+            let mut padded = vec![0f32; n * qd];
+            latent::pad_heads(ld, &datt, &mut padded);
+            datt = padded;
+        }
         let (mut dq, mut dk, mut dv) = (vec![0f32; n * qd], vec![0f32; n * kd], vec![0f32; n * kd]);
         attention::attention_backward(
             &a.q, &a.k, &a.v, &a.probs, &a.att, &datt, dims, &mut dq, &mut dk, &mut dv, prec,
         );
         drop(datt);
-        ops::rope(&mut dq, c.n_head, c.head_dim, dims.seq, rope, true);
-        ops::rope(&mut dk, c.n_head_kv, c.head_dim, dims.seq, rope, true);
+        let q_rope = c.mla.map_or(0, |m| m.nope_dim);
+        ops::rope(
+            &mut dq,
+            (c.n_head, c.head_dim, q_rope),
+            dims.seq,
+            rope,
+            true,
+        );
         ops::linear_backward(
             &a.xn1,
             &lp.wq.data,
@@ -261,24 +345,57 @@ impl Params {
             d,
             prec,
         );
-        ops::linear_backward(
-            &a.xn1,
-            &lp.wk.data,
-            &dk,
-            Some((&mut dxn, true)),
-            Some(&mut gl.wk.data),
-            d,
-            prec,
-        );
-        ops::linear_backward(
-            &a.xn1,
-            &lp.wv.data,
-            &dv,
-            Some((&mut dxn, true)),
-            Some(&mut gl.wv.data),
-            d,
-            prec,
-        );
+        match (&lp.kv, &mut gl.kv, self.latent_dims()) {
+            (KvParams::Heads { wk, wv }, KvParams::Heads { wk: gk, wv: gv }, _) => {
+                ops::rope(&mut dk, (c.n_head_kv, c.head_dim, 0), dims.seq, rope, true);
+                ops::linear_backward(
+                    &a.xn1,
+                    &wk.data,
+                    &dk,
+                    Some((&mut dxn, true)),
+                    Some(&mut gk.data),
+                    d,
+                    prec,
+                );
+                ops::linear_backward(
+                    &a.xn1,
+                    &wv.data,
+                    &dv,
+                    Some((&mut dxn, true)),
+                    Some(&mut gv.data),
+                    d,
+                    prec,
+                );
+            }
+            (
+                kv @ KvParams::Latent { .. },
+                KvParams::Latent {
+                    kv_a,
+                    kv_a_norm,
+                    k_b,
+                    v_b,
+                },
+                Some(ld),
+            ) => latent::kv_backward(
+                ld,
+                &latent_weights(kv),
+                &a.xn1,
+                d,
+                (rope, dims.seq),
+                &a.latent,
+                &dk,
+                &dv,
+                &mut dxn,
+                LatentGrads {
+                    kv_a: &mut kv_a.data,
+                    norm: &mut kv_a_norm.data,
+                    k_b: &mut k_b.data,
+                    v_b: &mut v_b.data,
+                },
+                prec,
+            ),
+            _ => unreachable!("gradients laid out as the parameters"),
+        }
         ops::rmsnorm_backward(
             x,
             &lp.attn_norm.data,
@@ -449,5 +566,24 @@ impl Params {
         }
         ops::embedding_backward(&mut grads.token_embd.data, b.tokens, c.n_embd, &dx);
         sums
+    }
+}
+
+/// The latent block's weights as slices (the caller has matched `KvParams::Latent`).
+fn latent_weights(kv: &KvParams) -> LatentWeights<'_> {
+    match kv {
+        KvParams::Latent {
+            kv_a,
+            kv_a_norm,
+            k_b,
+            v_b,
+        } => LatentWeights {
+            kv_a: &kv_a.data,
+            latent_scale: kv_a.row_scale(),
+            norm: &kv_a_norm.data,
+            k_b: &k_b.data,
+            v_b: &v_b.data,
+        },
+        KvParams::Heads { .. } => unreachable!("per-head keys have no latent weights"),
     }
 }

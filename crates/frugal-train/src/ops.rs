@@ -174,13 +174,13 @@ impl Rope {
     }
 }
 
-/// Rotates adjacent pairs `(2i, 2i+1)` of the first `rope_dim` dims of every head by the angle
-/// of the row's position (`row % seq`), or by minus that angle (`inverse`: the backward, since
-/// a rotation's transpose is its inverse).
+/// Rotates adjacent pairs `(2i, 2i+1)` of the `rope_dim` dims from `offset` of every head (the
+/// leading dims in Llama, the trailing ones of an MLA query head) by the angle of the row's
+/// position (`row % seq`), or by minus that angle (`inverse`: the backward, since a rotation's
+/// transpose is its inverse).
 pub fn rope(
     x: &mut [f32],
-    n_heads: usize,
-    head_dim: usize,
+    (n_heads, head_dim, offset): (usize, usize, usize),
     seq: usize,
     table: &Rope,
     inverse: bool,
@@ -196,6 +196,7 @@ pub fn rope(
                 let cos = &table.cos[pos * h..(pos + 1) * h];
                 let sin = &table.sin[pos * h..(pos + 1) * h];
                 for head in row.chunks_exact_mut(head_dim) {
+                    let head = &mut head[offset..];
                     for j in 0..h {
                         let (a, b) = (head[2 * j], head[2 * j + 1]);
                         let s = sign * sin[j];

@@ -21,6 +21,8 @@ pub struct Tensor {
     pub cols: usize,
     /// A 1-D tensor (a norm's weights), written to GGUF with one dimension.
     pub vector: bool,
+    /// Its layout in GGUF, when that differs from the training layout.
+    pub stored: Stored,
     pub data: Vec<f32>,
 }
 
@@ -31,6 +33,7 @@ impl Tensor {
             rows,
             cols,
             vector: false,
+            stored: Stored::Plain,
             data: vec![0.0; rows * cols],
         }
     }
@@ -41,6 +44,7 @@ impl Tensor {
             rows: 1,
             cols: n,
             vector: true,
+            stored: Stored::Plain,
             data: vec![0.0; n],
         }
     }
@@ -55,10 +59,69 @@ impl Tensor {
 
     /// GGUF dimensions: innermost first.
     pub fn dims(&self) -> Vec<u64> {
-        if self.vector {
-            vec![self.cols as u64]
-        } else {
-            vec![self.cols as u64, self.rows as u64]
+        let (r, c) = (self.rows as u64, self.cols as u64);
+        match self.stored {
+            _ if self.vector => vec![c],
+            Stored::Plain | Stored::ScaledRows { .. } => vec![c, r],
+            Stored::Heads { heads } => vec![c, r / heads as u64, heads as u64],
+            Stored::HeadsTransposed { heads } => vec![r / heads as u64, c, heads as u64],
+        }
+    }
+
+    /// The values in the file's order (a copy only where the layouts differ).
+    pub fn stored_data(&self) -> Cow<'_, [f32]> {
+        match self.stored {
+            Stored::ScaledRows { rows, scale } => {
+                let mut out = self.data.clone();
+                out[..rows * self.cols].iter_mut().for_each(|v| *v *= scale);
+                Cow::Owned(out)
+            }
+            Stored::HeadsTransposed { heads } => {
+                let per = self.rows / heads;
+                let mut out = vec![0f32; self.data.len()];
+                for h in 0..heads {
+                    let (src, dst) = (h * per * self.cols, h * per * self.cols);
+                    for i in 0..per {
+                        for c in 0..self.cols {
+                            out[dst + c * per + i] = self.data[src + i * self.cols + c];
+                        }
+                    }
+                }
+                Cow::Owned(out)
+            }
+            _ => Cow::Borrowed(&self.data),
+        }
+    }
+
+    /// Sets the values from the file's order (the inverse of [`stored_data`](Self::stored_data)).
+    pub fn set_from_stored(&mut self, stored: &[f32]) {
+        match self.stored {
+            Stored::HeadsTransposed { heads } => {
+                let per = self.rows / heads;
+                for h in 0..heads {
+                    let base = h * per * self.cols;
+                    for i in 0..per {
+                        for c in 0..self.cols {
+                            self.data[base + i * self.cols + c] = stored[base + c * per + i];
+                        }
+                    }
+                }
+            }
+            Stored::ScaledRows { rows, scale } => {
+                self.data.copy_from_slice(stored);
+                self.data[..rows * self.cols]
+                    .iter_mut()
+                    .for_each(|v| *v /= scale);
+            }
+            _ => self.data.copy_from_slice(stored),
+        }
+    }
+
+    /// The multiplier the forward applies to rows `0..n` (1 unless [`Stored::ScaledRows`]).
+    pub fn row_scale(&self) -> f32 {
+        match self.stored {
+            Stored::ScaledRows { scale, .. } => scale,
+            _ => 1.0,
         }
     }
 
@@ -71,13 +134,49 @@ impl Tensor {
     }
 }
 
+/// How a block's tensor is laid out in GGUF when that is not the training layout.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Stored {
+    /// As trained: `[cols, rows]` (or `[cols]` for a vector).
+    Plain,
+    /// `rows = heads x per_head` stacked per head, stored 3-D as `[cols, per_head, heads]`
+    /// (llama.cpp's `attn_v_b`: the same bytes, one more dimension).
+    Heads { heads: usize },
+    /// Each head's `per_head x cols` block stored transposed, 3-D as `[per_head, cols, heads]`
+    /// (llama.cpp's `attn_k_b`, which the absorbed path multiplies the other way round).
+    HeadsTransposed { heads: usize },
+    /// The first `rows` rows are trained divided by `scale` (a power of two, so the division is
+    /// exact) and the forward multiplies them back. An optimizer's step and the gradient clip
+    /// act on values of the tensor's own scale: a converted MLA file's latent rows are 1e-5 of
+    /// the rest (see `frugal::surgery::mla`), and without this AdamW's steps of `lr` would be a
+    /// thousand times those weights, and their huge gradients would dominate the clipped norm.
+    ScaledRows { rows: usize, scale: f32 },
+}
+
+/// How a block makes its keys and values: per KV head, or through multi-head latent attention.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvParams {
+    /// `attn_k`, `attn_v`: keys and values per KV head (MHA, GQA, MQA).
+    Heads { wk: Tensor, wv: Tensor },
+    /// deepseek2's MLA: `attn_kv_a_mqa` projects to the latent and the shared RoPE key,
+    /// `attn_kv_a_norm` RMS-normalizes the latent, and `attn_k_b` / `attn_v_b` take it up to each
+    /// head's position-free key and value. Kept here as ordinary `out x in` matrices
+    /// (`n_head*nope_dim x rank`, `n_head*v_dim x rank`), so the up-projections are plain
+    /// linear layers of the latent.
+    Latent {
+        kv_a: Tensor,
+        kv_a_norm: Tensor,
+        k_b: Tensor,
+        v_b: Tensor,
+    },
+}
+
 /// One transformer block.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerParams {
     pub attn_norm: Tensor,
     pub wq: Tensor,
-    pub wk: Tensor,
-    pub wv: Tensor,
+    pub kv: KvParams,
     pub wo: Tensor,
     pub ffn_norm: Tensor,
     pub w_gate: Tensor,
@@ -89,13 +188,31 @@ impl LayerParams {
     /// A zero block of `c`'s shapes, its tensors named for block `l`.
     pub fn zeros(c: &Config, l: usize) -> Self {
         let n = |s: &str| format!("blk.{l}.{s}.weight");
-        let (d, q, kv, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
+        let (d, q, ff) = (c.n_embd, c.q_dim(), c.n_ff);
+        let kv = match c.mla {
+            None => KvParams::Heads {
+                wk: Tensor::matrix(n("attn_k"), c.kv_dim(), d),
+                wv: Tensor::matrix(n("attn_v"), c.kv_dim(), d),
+            },
+            Some(m) => {
+                let h = c.n_head;
+                let mut k_b = Tensor::matrix(n("attn_k_b"), h * m.nope_dim, m.kv_lora_rank);
+                k_b.stored = Stored::HeadsTransposed { heads: h };
+                let mut v_b = Tensor::matrix(n("attn_v_b"), h * m.v_dim, m.kv_lora_rank);
+                v_b.stored = Stored::Heads { heads: h };
+                KvParams::Latent {
+                    kv_a: Tensor::matrix(n("attn_kv_a_mqa"), m.row_dim(), d),
+                    kv_a_norm: Tensor::vector(n("attn_kv_a_norm"), m.kv_lora_rank),
+                    k_b,
+                    v_b,
+                }
+            }
+        };
         LayerParams {
             attn_norm: Tensor::vector(n("attn_norm"), d),
             wq: Tensor::matrix(n("attn_q"), q, d),
-            wk: Tensor::matrix(n("attn_k"), kv, d),
-            wv: Tensor::matrix(n("attn_v"), kv, d),
-            wo: Tensor::matrix(n("attn_output"), d, q),
+            kv,
+            wo: Tensor::matrix(n("attn_output"), d, c.attn_dim()),
             ffn_norm: Tensor::vector(n("ffn_norm"), d),
             w_gate: Tensor::matrix(n("ffn_gate"), ff, d),
             w_up: Tensor::matrix(n("ffn_up"), ff, d),
@@ -103,32 +220,48 @@ impl LayerParams {
         }
     }
 
-    pub fn tensors(&self) -> [&Tensor; 9] {
-        [
-            &self.attn_norm,
-            &self.wq,
-            &self.wk,
-            &self.wv,
+    /// The block's tensors in one fixed order (the file's: norm, query, keys and values,
+    /// output, then the FFN).
+    pub fn tensors(&self) -> Vec<&Tensor> {
+        let mut v = vec![&self.attn_norm, &self.wq];
+        match &self.kv {
+            KvParams::Heads { wk, wv } => v.extend([wk, wv]),
+            KvParams::Latent {
+                kv_a,
+                kv_a_norm,
+                k_b,
+                v_b,
+            } => v.extend([kv_a, kv_a_norm, k_b, v_b]),
+        }
+        v.extend([
             &self.wo,
             &self.ffn_norm,
             &self.w_gate,
             &self.w_up,
             &self.w_down,
-        ]
+        ]);
+        v
     }
 
-    pub fn tensors_mut(&mut self) -> [&mut Tensor; 9] {
-        [
-            &mut self.attn_norm,
-            &mut self.wq,
-            &mut self.wk,
-            &mut self.wv,
+    pub fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut v = vec![&mut self.attn_norm, &mut self.wq];
+        match &mut self.kv {
+            KvParams::Heads { wk, wv } => v.extend([wk, wv]),
+            KvParams::Latent {
+                kv_a,
+                kv_a_norm,
+                k_b,
+                v_b,
+            } => v.extend([kv_a, kv_a_norm, k_b, v_b]),
+        }
+        v.extend([
             &mut self.wo,
             &mut self.ffn_norm,
             &mut self.w_gate,
             &mut self.w_up,
             &mut self.w_down,
-        ]
+        ]);
+        v
     }
 
     /// Renames the block's tensors for position `l` (after layers are dropped or moved).
@@ -201,27 +334,37 @@ impl Params {
     /// Decodes every tensor of a loaded model to f32 (whatever its stored format).
     pub fn from_model(model: &Model) -> Result<Self> {
         let c = &model.config;
-        if c.mla.is_some() {
-            return Err(TrainError::Invalid(
-                "the training engine does not train latent attention (deepseek2) yet".into(),
-            ));
+        if let Some(m) = c.mla
+            && m.v_dim > m.nope_dim + m.rope_dim
+        {
+            return Err(TrainError::Invalid(format!(
+                "latent attention with values wider than keys ({} > {}) is not trainable yet",
+                m.v_dim,
+                m.nope_dim + m.rope_dim
+            )));
         }
         let mut p = Params::zeros(c, model.weights.tied_output);
         let file = &model.file;
         for t in p.tensors_mut() {
             let (info, bytes) = file.tensor(&t.name)?;
-            if info.n_elements() as usize != t.data.len() {
+            if info.dims != t.dims() {
                 return Err(TrainError::Shape(format!(
-                    "{} has {} elements in the file, {} expected for {}",
+                    "{} has shape {:?} in the file, {:?} expected",
                     t.name,
-                    info.n_elements(),
-                    t.data.len(),
-                    t.shape_str()
+                    info.dims,
+                    t.dims()
                 )));
             }
-            quant::dequantize(info.ty, bytes, &mut t.data).map_err(|e| {
+            let mut stored = vec![0f32; t.data.len()];
+            quant::dequantize(info.ty, bytes, &mut stored).map_err(|e| {
                 TrainError::Invalid(format!("{}: cannot decode {}: {e}", t.name, info.ty))
             })?;
+            if let Some(m) = c.mla
+                && t.name.ends_with("attn_kv_a_mqa.weight")
+            {
+                t.stored = latent_rows_scale(&stored, m.kv_lora_rank, t.cols);
+            }
+            t.set_from_stored(&stored);
         }
         Ok(p)
     }
@@ -264,8 +407,20 @@ impl Params {
         w.set(&key("feed_forward_length"), u(c.n_ff));
         w.set(&key("attention.head_count"), u(c.n_head));
         w.set(&key("attention.head_count_kv"), u(c.n_head_kv));
-        w.set(&key("attention.key_length"), u(c.head_dim));
-        w.set(&key("attention.value_length"), u(c.head_dim));
+        match c.mla {
+            None => {
+                w.set(&key("attention.key_length"), u(c.head_dim));
+                w.set(&key("attention.value_length"), u(c.head_dim));
+            }
+            // llama.cpp's absorbed layout: one KV "head" of the cached row.
+            Some(m) => {
+                w.set(&key("attention.key_length"), u(m.row_dim()));
+                w.set(&key("attention.value_length"), u(m.kv_lora_rank));
+                w.set(&key("attention.key_length_mla"), u(m.nope_dim + m.rope_dim));
+                w.set(&key("attention.value_length_mla"), u(m.v_dim));
+                w.set(&key("attention.kv_lora_rank"), u(m.kv_lora_rank));
+            }
+        }
         w.set(&key("rope.dimension_count"), u(c.rope_dim));
         w.set("general.file_type", Value::U32(0));
         w.metadata
@@ -275,10 +430,33 @@ impl Params {
                 name: t.name.clone(),
                 dims: t.dims(),
                 ty: GgmlType::F32,
-                data: Cow::Borrowed(f32_bytes(&t.data)),
+                data: match t.stored_data() {
+                    Cow::Borrowed(v) => Cow::Borrowed(f32_bytes(v)),
+                    Cow::Owned(v) => Cow::Owned(f32_bytes(&v).to_vec()),
+                },
             });
         }
         w
+    }
+}
+
+/// How an MLA down-projection's latent rows (the first `rank` rows of `kv_a`, `cols` wide) are
+/// trained: divided by the power of two nearest the ratio of their RMS to that of the RoPE-key
+/// rows below them, so that both parts have one scale.
+fn latent_rows_scale(kv_a: &[f32], rank: usize, cols: usize) -> Stored {
+    let rms = |v: &[f32]| {
+        (v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>() / v.len().max(1) as f64).sqrt()
+    };
+    let (latent, pe) = kv_a.split_at(rank * cols);
+    let ratio = rms(latent) / rms(pe);
+    if !ratio.is_finite() || ratio == 0.0 {
+        return Stored::Plain;
+    }
+    let scale = 2f64.powi(ratio.log2().round() as i32) as f32;
+    if scale == 1.0 || !scale.is_normal() {
+        Stored::Plain
+    } else {
+        Stored::ScaledRows { rows: rank, scale }
     }
 }
 
@@ -302,13 +480,35 @@ mod tests {
 
     #[test]
     fn round_trips_through_gguf() {
-        let file = GgufFile::from_bytes(build(&SyntheticSpec::default())).unwrap();
-        let model = Model::from_file(file).unwrap();
-        let p = Params::from_model(&model).unwrap();
-        let bytes = p.to_gguf(&model.file).to_bytes().unwrap();
-        let back = Model::from_file(GgufFile::from_bytes(bytes).unwrap()).unwrap();
-        assert_eq!(Params::from_model(&back).unwrap(), p);
-        assert_eq!(back.config, model.config);
+        let latent = SyntheticSpec {
+            mla: Some(frugal::model::Mla {
+                kv_lora_rank: 24,
+                nope_dim: 8,
+                rope_dim: 8,
+                v_dim: 12,
+            }),
+            ..Default::default()
+        };
+        for spec in [SyntheticSpec::default(), latent] {
+            let file = GgufFile::from_bytes(build(&spec)).unwrap();
+            let model = Model::from_file(file).unwrap();
+            let p = Params::from_model(&model).unwrap();
+            let bytes = p.to_gguf(&model.file).to_bytes().unwrap();
+            let back = Model::from_file(GgufFile::from_bytes(bytes).unwrap()).unwrap();
+            assert_eq!(Params::from_model(&back).unwrap(), p);
+            assert_eq!(back.config, model.config);
+            // The per-head up-projections went back in the file's own layout, byte for byte.
+            for name in ["blk.1.attn_k_b.weight", "blk.1.attn_v_b.weight"] {
+                if let Some(info) = model.file.tensor_info(name) {
+                    let (a, b) = (
+                        model.file.tensor(name).unwrap(),
+                        back.file.tensor(name).unwrap(),
+                    );
+                    assert_eq!(b.0.dims, info.dims, "{name}");
+                    assert_eq!(a.1, b.1, "{name}");
+                }
+            }
+        }
     }
 
     #[test]

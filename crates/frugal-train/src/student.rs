@@ -176,6 +176,18 @@ impl StudentConfig {
 
     /// The student's full configuration, checked for consistency; errors name the shapes.
     pub fn resolve(&self, teacher: &Config) -> Result<Config> {
+        if teacher.mla.is_some()
+            && (self.n_embd.is_some()
+                || self.n_head.is_some()
+                || self.n_head_kv.is_some()
+                || self.head_dim.is_some())
+        {
+            return Err(TrainError::Shape(
+                "a latent-attention teacher's students keep its width and heads (only n_layers \
+                 and n_ff may change); convert the student's attention with frugal convert"
+                    .into(),
+            ));
+        }
         let mut c = teacher.clone();
         c.n_layers = self.n_layers.unwrap_or(c.n_layers);
         c.n_embd = self.n_embd.unwrap_or(c.n_embd);
@@ -234,6 +246,10 @@ impl StudentConfig {
                 // rows and columns (its first heads, channels and FFN units: truncation, the
                 // importance-free form of width pruning); a larger one stays random.
                 let copy = |dst: &mut crate::Tensor, src: &crate::Tensor| {
+                    if (dst.rows, dst.cols) == (src.rows, src.cols) {
+                        // The values are in the teacher's training scale: keep its meaning.
+                        dst.stored = src.stored;
+                    }
                     if dst.rows <= src.rows && dst.cols <= src.cols {
                         for (r, row) in dst.data.chunks_exact_mut(dst.cols).enumerate() {
                             row.copy_from_slice(&src.data[r * src.cols..r * src.cols + row.len()]);

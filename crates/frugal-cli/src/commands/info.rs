@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use frugal::gguf::GgufFile;
+use frugal::kv::{KvCache, KvFormat, KvType};
 use frugal::model::Config;
 
 use super::common::human_bytes;
@@ -37,16 +38,24 @@ pub fn run(a: Args) -> Result<()> {
     }
     // The KV-cache figures need a configuration frugal understands; other files still list.
     let config = Config::from_gguf(&f);
-    let kv = config.as_ref().ok().map(|c| {
-        let per_tok = c.kv_elements_per_token() as u64;
-        (
-            per_tok,
-            per_tok * 4,
-            per_tok * 2,
-            per_tok * 2 * c.n_ctx_train as u64,
-            c.n_ctx_train,
-        )
-    });
+    // Bytes per token as a real (one-token) cache of the file's shape stores them.
+    let measure = |c: &Config, ty: KvType| {
+        KvCache::measured_bytes_per_token(c.n_layers, c.cache_shape(), KvFormat::both(ty))
+            .map(|b| b as u64)
+    };
+    let kv = match &config {
+        Ok(c) => {
+            let (b32, b16) = (measure(c, KvType::F32)?, measure(c, KvType::F16)?);
+            Some((
+                c.kv_elements_per_token() as u64,
+                b32,
+                b16,
+                b16 * c.n_ctx_train as u64,
+                c.n_ctx_train,
+            ))
+        }
+        Err(_) => None,
+    };
     if a.json {
         let meta: serde_json::Map<String, serde_json::Value> = f
             .metadata()
@@ -151,7 +160,9 @@ pub fn run(a: Args) -> Result<()> {
                     c.n_layers, c.n_head_kv, c.head_dim
                 ),
             }
-            println!("  per token: {b32} B in f32, {b16} B in f16");
+            println!(
+                "  per token, as a cache of this shape stores it: {b32} B in f32, {b16} B in f16"
+            );
             println!(
                 "  at the full context of {ctx}: {} in f16, {} in f32",
                 human_bytes(full16),

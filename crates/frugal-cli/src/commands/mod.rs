@@ -13,6 +13,7 @@ pub mod generate;
 pub mod info;
 pub mod quantize;
 pub mod report;
+pub mod report_attention;
 pub mod report_distill;
 pub mod serve;
 pub mod train;

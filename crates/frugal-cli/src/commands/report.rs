@@ -25,6 +25,9 @@ pub enum ReportCommand {
     /// hard-label training and after distillation at several temperatures, cached top-k, an
     /// ensemble, another architecture; curves and speeds.
     Distill(super::report_distill::Args),
+    /// Attention layouts (docs/attention-layouts.md): MHA, the original GQA, MQA and MLA at
+    /// several ranks: KV bytes per token, quality before and after distillation, decode speed.
+    Attention(super::report_attention::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -63,6 +66,7 @@ pub fn run(c: ReportCommand) -> Result<()> {
     match c {
         ReportCommand::Quant(a) => quant(a),
         ReportCommand::Distill(a) => super::report_distill::run(a),
+        ReportCommand::Attention(a) => super::report_attention::run(a),
     }
 }
 

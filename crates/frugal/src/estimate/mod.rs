@@ -21,7 +21,7 @@
 
 pub mod catalog;
 pub mod desc;
-mod gguf_desc;
+pub mod gguf_desc;
 mod hf_config;
 pub mod kv;
 pub mod memory;

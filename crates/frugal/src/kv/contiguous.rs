@@ -156,6 +156,30 @@ impl KvCache {
         self.len * self.shape().bytes_per_token(self.n_layers, self.format)
     }
 
+    /// Bytes actually written into the cache's buffers: the allocation's measure of what
+    /// [`bytes_in_use`](Self::bytes_in_use) computes from the shape.
+    pub fn bytes_stored(&self) -> usize {
+        self.k.iter().chain(&self.v).map(Vec::len).sum()
+    }
+
+    /// Bytes one token takes in a real cache of this shape and format: a one-token cache is
+    /// allocated, a row is stored in every layer, and its buffers are measured (what `frugal
+    /// info` and the attention report quote, next to the arithmetic of `frugal estimate`).
+    pub fn measured_bytes_per_token(
+        n_layers: usize,
+        shape: CacheShape,
+        format: KvFormat,
+    ) -> Result<usize, KvError> {
+        let mut kv = KvCache::with_format(n_layers, shape, 1, format)?;
+        kv.reserve(1)?;
+        let (k, v) = (vec![0f32; shape.k_dim()], vec![0f32; shape.v_dim()]);
+        for layer in 0..n_layers {
+            kv.append(layer, &k, &v);
+        }
+        kv.commit(1);
+        Ok(kv.bytes_stored())
+    }
+
     /// Bytes the cache would hold at full context.
     pub fn bytes_at_capacity(&self) -> usize {
         self.capacity * self.shape().bytes_per_token(self.n_layers, self.format)
