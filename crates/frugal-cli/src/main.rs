@@ -39,8 +39,12 @@ enum Command {
     Bench(commands::bench::Args),
     /// Write a model in another storage format (mixed precision: norms F32, embedding Q8_0).
     Quantize(commands::quantize::Args),
-    /// Model surgery on the attention layout: regroup the KV heads (mha, gqa:G, mqa).
+    /// Model surgery on the attention layout: regroup the KV heads (mha, gqa:G, mqa) or convert
+    /// to latent attention (mla:RANK).
     Convert(commands::convert::Args),
+    /// Fewer weights: unstructured or N:M sparsity (magnitude, Wanda, SparseGPT), or structured
+    /// removal of FFN neurons, KV groups and layers.
+    Prune(commands::prune::Args),
     /// Analyze a model's numbers: outliers and what they cost each quantization scheme.
     #[command(subcommand)]
     Analyze(commands::analyze::AnalyzeCommand),
@@ -113,6 +117,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench(a) => commands::bench::run(a),
         Command::Quantize(a) => commands::quantize::run(a),
         Command::Convert(a) => commands::convert::run(a),
+        Command::Prune(a) => commands::prune::run(a),
         Command::Analyze(c) => commands::analyze::run(c),
         Command::Report(c) => commands::report::run(c),
         Command::Estimate(a) => commands::estimate::run(a),

@@ -791,3 +791,152 @@ fn convert_writes_attention_layouts_and_refuses_bad_ones() {
     let r = frugal(&["convert", &s(&src), &s(&src), "--attention", "mha"], None);
     assert_clean_error(&r, "overwrite");
 }
+
+#[test]
+fn prune_writes_sparse_and_structured_models_and_refuses_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = write_model(dir.path(), "src.gguf", &tiny());
+    let text = dir.path().join("calib.txt");
+    std::fs::write(&text, "Pruning keeps what matters most. ".repeat(40)).unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (src_s, calib) = (s(&src), s(&text));
+    let cases: [&[&str]; 5] = [
+        &["--method", "magnitude", "--sparsity", "0.5"],
+        &["--method", "wanda", "--pattern", "2:4"],
+        &[
+            "--method",
+            "sparsegpt",
+            "--pattern",
+            "4:8",
+            "--format",
+            "q4_0",
+        ],
+        &["--structured", "ffn:0.25,heads:1"],
+        &["--structured", "layers:1", "--layer-importance", "loss"],
+    ];
+    for (i, flags) in cases.iter().enumerate() {
+        let out = s(&dir.path().join(format!("p{i}.gguf")));
+        let mut args = vec!["prune", &src_s, &out, "--calibration", &calib];
+        args.extend(["--calibration-ctx", "64", "--json"]);
+        args.extend(flags.iter().copied());
+        let r = frugal(&args, None);
+        assert!(
+            r.status.success(),
+            "{flags:?}: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+        if flags[0] == "--structured" {
+            assert!(
+                report["params"][1].as_u64() < report["params"][0].as_u64(),
+                "{report}"
+            );
+        } else {
+            assert!(
+                (report["zeros"].as_f64().unwrap() / report["weights"].as_f64().unwrap() - 0.5)
+                    .abs()
+                    < 0.02
+            );
+        }
+        let run = frugal(
+            &["generate", "-m", &out, "Hi", "-n", "3", "--temp", "0"],
+            None,
+        );
+        assert!(
+            run.status.success(),
+            "{flags:?}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+    let narrow = frugal(&["info", &s(&dir.path().join("p3.gguf"))], None);
+    let shown = String::from_utf8_lossy(&narrow.stdout);
+    assert!(shown.contains("x 1 KV heads"), "{shown}");
+
+    let out = s(&dir.path().join("x.gguf"));
+    let bad = |flags: &[&str], needle: &str| {
+        let mut args = vec![
+            "prune",
+            &src_s,
+            &out,
+            "--calibration",
+            &calib,
+            "--calibration-ctx",
+            "64",
+        ];
+        args.extend(flags.iter().copied());
+        assert_clean_error(&frugal(&args, None), needle);
+    };
+    bad(&["--sparsity", "1.2"], "outside [0, 1)");
+    bad(&["--pattern", "3:3"], "0 < 3 < 3");
+    bad(&["--pattern", "2:5"], "do not divide");
+    bad(&["--structured", "heads:2"], "no attention");
+    bad(&["--structured", "ffn:1"], "[0, 1)");
+    bad(&["--sparsity", "0.5", "--format", "q4_1"], "exact zero");
+    bad(
+        &["--sparsity", "0.5", "--calibration-tokens", "8"],
+        "shorter than one window",
+    );
+    bad(&[], "--sparsity");
+}
+
+/// `report attention` end to end on a tiny model: every layout row, the estimate agreeing with
+/// the measured cache, recovery curves and charts.
+#[test]
+fn report_attention_writes_the_layout_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = write_model(dir.path(), "src.gguf", &tiny());
+    let text = dir.path().join("text.txt");
+    std::fs::write(
+        &text,
+        "Every layout has a price in bytes and in quality. ".repeat(60),
+    )
+    .unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let out = dir.path().join("docs");
+    let r = frugal(
+        &[
+            "report",
+            "attention",
+            "-m",
+            &s(&src),
+            "--calibration",
+            &s(&text),
+            "--data",
+            &s(&text),
+            "--ranks",
+            "8,16",
+            "--rope-dims",
+            "8",
+            "--tokens",
+            "256",
+            "--seq",
+            "32",
+            "--batch",
+            "2",
+            "--eval-windows",
+            "2",
+            "--depths",
+            "8,16",
+            "--gen",
+            "4",
+            "--reps",
+            "1",
+            "--out",
+            &s(&out),
+        ],
+        None,
+    );
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let md = std::fs::read_to_string(out.join("attention-layouts.md")).unwrap();
+    for row in [
+        "MHA (4 KV heads)",
+        "GQA-2 (original)",
+        "MQA (1 KV head)",
+        "MLA rank 8 + 8 RoPE",
+        "MLA rank 16 + 8 RoPE",
+    ] {
+        assert!(md.contains(row), "{row} missing:\n{md}");
+    }
+    assert!(!md.contains('✗'), "estimate and cache disagree:\n{md}");
+    assert!(out.join("attention-layouts/recovery.svg").exists());
+}

@@ -263,3 +263,35 @@ fn llama_cpp_runs_converted_latent_attention() {
         llama_ppl(&bin, &out, &text),
     );
 }
+
+/// What `frugal prune` writes loads and runs in llama.cpp with the perplexity frugal measures:
+/// structured pruning (narrower FFN, fewer KV groups and heads, fewer layers: standard dense
+/// tensors of new shapes) and 2:4 sparsity stored densely as Q8_0.
+#[test]
+fn llama_cpp_runs_pruned_models() {
+    let (Some(bin), Some(model)) = (llama_bin(), frugal::fetch::reference_model_for_tests()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let text = text(dir.path());
+    let m = model.to_str().unwrap();
+    let calib = text.to_str().unwrap();
+    let cases: [(&str, Vec<&str>); 2] = [
+        (
+            "structured ffn:0.25,heads:1,layers:6",
+            vec!["--structured", "ffn:0.25,heads:1,layers:6"],
+        ),
+        (
+            "wanda 2:4 as q8_0",
+            vec!["--method", "wanda", "--pattern", "2:4", "--format", "q8_0"],
+        ),
+    ];
+    for (i, (what, flags)) in cases.iter().enumerate() {
+        let out = dir.path().join(format!("pruned-{i}.gguf"));
+        let mut args = vec!["prune", m, out.to_str().unwrap(), "--calibration", calib];
+        args.extend(["--calibration-tokens", "512", "--calibration-ctx", "128"]);
+        args.extend(flags.iter().copied());
+        run(Command::new(env!("CARGO_BIN_EXE_frugal")).args(&args));
+        assert_close(what, frugal_ppl(&out, &text), llama_ppl(&bin, &out, &text));
+    }
+}

@@ -139,6 +139,9 @@ pub struct Trainer<'a> {
     eval_teachers: Option<&'a OnlineTeachers>,
     order: Order,
     trainable: Vec<bool>,
+    /// Per parameter tensor, the positions held at zero ([`keep_sparsity`](Self::keep_sparsity)):
+    /// a bitset, one bit per weight.
+    masks: Vec<Option<Vec<u64>>>,
     grads: Params,
     proj_grads: Vec<Option<Tensor>>,
 }
@@ -254,9 +257,37 @@ impl<'a> Trainer<'a> {
             signal,
             eval_teachers,
             trainable,
+            masks: Vec::new(),
             grads,
             proj_grads,
         })
+    }
+
+    /// Keeps the student's sparsity pattern: every matrix weight that is exactly zero now stays
+    /// zero through training (a pruned model's pattern, unstructured or N:M). Returns how many
+    /// weights are held. The block matrices are what pruning touches; the embedding, the head,
+    /// norms and matrices without zeros train freely.
+    pub fn keep_sparsity(&mut self) -> u64 {
+        let mut held = 0u64;
+        self.masks = self
+            .params
+            .tensors()
+            .iter()
+            .map(|t| {
+                if t.vector || !t.name.starts_with("blk.") || !t.data.contains(&0.0) {
+                    return None;
+                }
+                let mut bits = vec![0u64; t.data.len().div_ceil(64)];
+                for (i, &v) in t.data.iter().enumerate() {
+                    if v == 0.0 {
+                        bits[i / 64] |= 1 << (i % 64);
+                        held += 1;
+                    }
+                }
+                Some(bits)
+            })
+            .collect();
+        held
     }
 
     /// The inputs and labels of the windows at run positions `first..first + n`.
@@ -392,6 +423,17 @@ impl<'a> Trainer<'a> {
                     "the logits (every parameter is finite: the activations overflowed)".into()
                 });
             return Err(self.non_finite("the loss", &culprit));
+        }
+        // Masked updates: a zero of the pattern gets no gradient, so AdamW (whose moments start
+        // at zero) never moves it and weight decay has nothing to shrink: it stays exactly 0.
+        for (g, mask) in self.grads.tensors_mut().into_iter().zip(&self.masks) {
+            if let Some(bits) = mask {
+                for (i, v) in g.data.iter_mut().enumerate() {
+                    if bits[i / 64] >> (i % 64) & 1 == 1 {
+                        *v = 0.0;
+                    }
+                }
+            }
         }
         // Clip over the trained tensors only.
         let mut trained: Vec<&mut Tensor> = self

@@ -392,3 +392,61 @@ fn latent_attention_training_forward_equals_inference() {
         "training forward differs from inference by {max_diff}"
     );
 }
+
+/// A pruned student keeps its pattern through distillation (masked updates): every zero of the
+/// 2:4 pattern is still exactly zero after training, the kept weights moved, and the KL fell.
+#[test]
+fn a_pruned_student_keeps_its_sparsity_pattern() {
+    use frugal::quant::GgmlType;
+    use frugal::surgery::prune::{Method, Pattern, PruneTarget, prune_weights};
+    let tspec = tiny();
+    let teacher_model = model(tspec.clone());
+    let data = corpus(&teacher_model, 16);
+    let target = PruneTarget {
+        method: Method::Magnitude,
+        pattern: Pattern::NofM { n: 2, m: 4 },
+        format: GgmlType::F32,
+    };
+    let (w, _) = prune_weights(&teacher_model.file, None, target).unwrap();
+    let pruned = Model::from_file(GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()).unwrap();
+    let student = Params::from_model(&pruned).unwrap();
+    let teachers = OnlineTeachers {
+        models: vec![(model(tspec), 1.0)],
+    };
+    let mut cfg = config(20, 16);
+    cfg.loss = LossConfig {
+        alpha: 1.0,
+        temperature: 2.0,
+        divergence: Divergence::Forward,
+        hidden: None,
+    };
+    let mut t = Trainer::new(student.clone(), cfg, &data, Signal::Online(&teachers), None).unwrap();
+    let held = t.keep_sparsity();
+    // Half of the seven block matrices of both layers.
+    let block: u64 = student
+        .tensors()
+        .iter()
+        .filter(|t| t.name.starts_with("blk.") && !t.vector)
+        .map(|t| t.data.len() as u64)
+        .sum();
+    assert_eq!(held, block / 2);
+    t.run(|_| {}).unwrap();
+    let (mut zeros_kept, mut moved) = (0u64, 0u64);
+    for (a, b) in student.tensors().iter().zip(t.params.tensors()) {
+        if !a.name.starts_with("blk.") || a.vector {
+            continue;
+        }
+        for (&x, &y) in a.data.iter().zip(&b.data) {
+            if x == 0.0 {
+                assert_eq!(y, 0.0, "{}: a pruned weight came back", a.name);
+                zeros_kept += 1;
+            } else if x != y {
+                moved += 1;
+            }
+        }
+    }
+    assert_eq!(zeros_kept, held);
+    assert!(moved > held / 2, "only {moved} kept weights trained");
+    let kl: Vec<f64> = t.history.iter().map(|e| e.kl.unwrap()).collect();
+    assert!(kl[1] < kl[0], "KL {kl:?}");
+}

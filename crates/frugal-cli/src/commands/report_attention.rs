@@ -147,7 +147,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut calib_tokens = tok.encode(&text, false)?;
     calib_tokens.truncate(a.calibration_tokens.max(2));
     eprintln!("calibrating on {} tokens...", calib_tokens.len());
-    let calib = surgery::calibrate(&original, &calib_tokens, 512)?;
+    let calib = surgery::calibrate(&original, &calib_tokens, 512.min(c.n_ctx_train))?;
     drop(original);
 
     let mut teacher = Model::load(&path)?;
@@ -184,6 +184,7 @@ pub fn run(a: Args) -> Result<()> {
     }
 
     let mut rows = Vec::new();
+    let mut models = Vec::new();
     for (name, make) in layouts {
         eprintln!("layout: {name}");
         let (file, exact) = match &make {
@@ -231,13 +232,7 @@ pub fn run(a: Args) -> Result<()> {
         };
 
         model.set_activations(Activations::Q8);
-        let opts = EvalOptions::default();
-        let mut decode = Vec::new();
-        for &depth in &a.depths {
-            let t = frugal::bench::decode_at(&model, a.gen_tokens, depth, a.reps, &opts)?;
-            eprintln!("  decode at depth {depth}: {:.1} tok/s", t.median);
-            decode.push(t.median);
-        }
+        models.push(model);
         rows.push(Row {
             name,
             values_per_layer,
@@ -247,8 +242,32 @@ pub fn run(a: Args) -> Result<()> {
             exact,
             before,
             history,
-            decode,
+            decode: Vec::new(),
         });
+    }
+
+    // Decode speed last, every layout back to back and round-robin within each repetition, so
+    // that the machine's drift over the run falls on all of them alike.
+    let opts = EvalOptions::default();
+    for (di, &depth) in a.depths.iter().enumerate() {
+        let mut runs = vec![Vec::new(); models.len()];
+        for rep in 0..a.reps.max(1) {
+            for (i, m) in models.iter().enumerate() {
+                let t = frugal::bench::decode_at(m, a.gen_tokens, depth, 1, &opts)?;
+                runs[i].push(t.median);
+                eprintln!(
+                    "decode at depth {depth}, run {}: {}: {:.1} tok/s",
+                    rep + 1,
+                    rows[i].name,
+                    t.median
+                );
+            }
+        }
+        for (r, mut v) in rows.iter_mut().zip(runs) {
+            v.sort_by(f64::total_cmp);
+            debug_assert_eq!(r.decode.len(), di);
+            r.decode.push(v[v.len() / 2]);
+        }
     }
 
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
@@ -437,7 +456,7 @@ fn report(a: &Args, rows: &[Row], model: &str, budget: usize, charts: &str) -> S
     );
     let _ = writeln!(
         s,
-        "Each layout is converted from the original in memory (`frugal convert --attention ...`; MLA calibrated on the first {} tokens of `{}`, activation-aware factorization). Perplexity and KL(original ‖ layout) are measured on the held-out windows of the data ({} windows of {} tokens, never trained on; the training engine's forward in its own precision, so the original's KL is the floor of the measurement, not zero). \"After\" is after {budget} tokens of distillation from the original (KL at τ = 2, AdamW lr {}, cosine schedule); exact layouts need none. KV bytes are for an f16 cache: *measured* is what a real cache of the converted model's shape stores for one token (`KvCache::measured_bytes_per_token`); *estimate* is `frugal estimate`'s arithmetic on the converted file. Decode is the median of {} runs of {} tokens after a prompt of the given depth, 8-bit activations.\n",
+        "Each layout is converted from the original in memory (`frugal convert --attention ...`; MLA calibrated on the first {} tokens of `{}`, activation-aware factorization). Perplexity and KL(original ‖ layout) are measured on the held-out windows of the data ({} windows of {} tokens, never trained on; the training engine's forward in its own precision, so the original's KL is the floor of the measurement, not zero). \"After\" is after {budget} tokens of distillation from the original (KL at τ = 2, AdamW lr {}, cosine schedule); exact layouts need none. KV bytes are for an f16 cache: *measured* is what a real cache of the converted model's shape stores for one token (`KvCache::measured_bytes_per_token`); *estimate* is `frugal estimate`'s arithmetic on the converted file. Decode is the median of {} runs of {} tokens after a prompt of the given depth, 8-bit activations, measured after all the training with the layouts taking turns within each run.\n",
         a.calibration_tokens,
         a.calibration.display(),
         a.eval_windows,

@@ -135,6 +135,10 @@ pub struct DistillCmd {
     /// skipped) or bi (block influence, 1 - cos(input, output))
     #[arg(long = "importance", default_value = "loss")]
     pub importance: String,
+    /// Keep the student's zeros at zero (masked updates), so a pruned model keeps its sparsity
+    /// pattern; on by default for a student written by `frugal prune`
+    #[arg(long = "keep-sparsity")]
+    pub keep_sparsity: bool,
     /// Weight of the soft (teacher) loss; the hard-label loss gets 1 - alpha
     #[arg(long = "alpha", default_value_t = 1.0)]
     pub alpha: f32,
@@ -414,7 +418,19 @@ pub fn run_distill(c: DistillCmd) -> Result<()> {
         kept_layers: kept,
         ..Default::default()
     };
-    let trainer = Trainer::new(student, cfg, &data, signal, Some(&teachers))?;
+    let mut trainer = Trainer::new(student, cfg, &data, signal, Some(&teachers))?;
+    let pruned = template
+        .metadata()
+        .iter()
+        .any(|(k, _)| k == "frugal.prune.pattern");
+    if c.keep_sparsity || pruned {
+        let held = trainer.keep_sparsity();
+        if !c.train.json {
+            eprintln!(
+                "keeping the sparsity pattern: {held} zero weights stay zero (masked updates)"
+            );
+        }
+    }
     drive(trainer, &c.train, &template, prov)
 }
 

@@ -5,9 +5,12 @@
 //! - [`attention`]: regroup KV heads (MHA, GQA with G groups, MQA).
 //! - [`mla`]: GQA to multi-head latent attention (partial RoPE, a shared RoPE key, a joint
 //!   low-rank latent), calibrated.
+//! - [`prune`]: fewer weights: magnitude, Wanda and SparseGPT, unstructured and N:M, and
+//!   structured removal of FFN neurons, KV groups and layers.
 
 pub mod attention;
 pub mod mla;
+pub mod prune;
 
 pub use attention::{AttentionLayout, LayoutReport, convert_attention};
 pub use mla::{Calibration, Factorization, MlaReport, MlaTarget, calibrate, convert_to_mla};
