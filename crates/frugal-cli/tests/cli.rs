@@ -940,3 +940,78 @@ fn report_attention_writes_the_layout_table() {
     assert!(!md.contains('✗'), "estimate and cache disagree:\n{md}");
     assert!(out.join("attention-layouts/recovery.svg").exists());
 }
+
+/// `report prune` end to end on a tiny model: every method and pattern row, the structured rows,
+/// a recovered row, the speed columns.
+#[test]
+fn report_prune_writes_the_pruning_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = write_model(dir.path(), "src.gguf", &tiny());
+    let text = dir.path().join("text.txt");
+    std::fs::write(
+        &text,
+        "Fewer weights cost quality; some patterns buy speed. ".repeat(60),
+    )
+    .unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let out = dir.path().join("docs");
+    let r = frugal(
+        &[
+            "report",
+            "prune",
+            "-m",
+            &s(&src),
+            "--calibration",
+            &s(&text),
+            "--text",
+            &s(&text),
+            "--ctx",
+            "32",
+            "--eval-tokens",
+            "256",
+            "--sparsities",
+            "0.5",
+            "--patterns",
+            "2:4",
+            "--structured",
+            "ffn:0.25;heads:1",
+            "--data",
+            &s(&text),
+            "--recover",
+            "wanda@0.5,structured",
+            "--tokens",
+            "128",
+            "--seq",
+            "32",
+            "--batch",
+            "2",
+            "-p",
+            "16",
+            "-n",
+            "4",
+            "--reps",
+            "1",
+            "--out",
+            &s(&out),
+        ],
+        None,
+    );
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let md = std::fs::read_to_string(out.join("pruning.md")).unwrap();
+    for row in [
+        "dense (as stored)",
+        "dense, Q8_0",
+        "magnitude, 50% unstructured",
+        "wanda, 2:4",
+        "sparsegpt, 50% unstructured",
+        "structured ffn:0.25",
+        "structured heads:1",
+    ] {
+        assert!(md.contains(row), "{row} missing:\n{md}");
+    }
+    let wanda = md.lines().find(|l| l.starts_with("| wanda, 50%")).unwrap();
+    assert!(
+        !wanda.contains("| - |"),
+        "the recovered row has no after figures: {wanda}"
+    );
+}

@@ -28,6 +28,9 @@ pub enum ReportCommand {
     /// Attention layouts (docs/attention-layouts.md): MHA, the original GQA, MQA and MLA at
     /// several ranks: KV bytes per token, quality before and after distillation, decode speed.
     Attention(super::report_attention::Args),
+    /// Pruning (docs/pruning.md): magnitude, Wanda and SparseGPT at several sparsities and N:M
+    /// patterns, structured removal; quality before and after recovery, bytes, speed.
+    Prune(super::report_prune::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -67,6 +70,7 @@ pub fn run(c: ReportCommand) -> Result<()> {
         ReportCommand::Quant(a) => quant(a),
         ReportCommand::Distill(a) => super::report_distill::run(a),
         ReportCommand::Attention(a) => super::report_attention::run(a),
+        ReportCommand::Prune(a) => super::report_prune::run(a),
     }
 }
 

@@ -26,14 +26,13 @@ use frugal::surgery::{self, AttentionLayout, Factorization, MlaTarget};
 use frugal::tokenizer::Tokenizer;
 use frugal_train::Params;
 use frugal_train::data::corpus_from_files;
-use frugal_train::loss::Divergence;
 use frugal_train::model::RunOptions;
-use frugal_train::optim::{AdamWConfig, Schedule};
 use frugal_train::teacher::OnlineTeachers;
-use frugal_train::trainer::{EvalPoint, Event, LossConfig, Signal, TrainConfig, Trainer, evaluate};
+use frugal_train::trainer::{EvalPoint, evaluate};
 
 use super::bench::plot::{self, Chart, Series};
 use super::common::{self, ModelArgs, human_bytes};
+use super::recovery::Recovery;
 use super::train::parse_count;
 
 #[derive(clap::Args, Debug)]
@@ -155,14 +154,21 @@ pub fn run(a: Args) -> Result<()> {
     let teachers = OnlineTeachers {
         models: vec![(teacher, 1.0)],
     };
-    let tokens = parse_count(&a.tokens)?;
     let per_step = a.seq * a.batch;
-    let steps = tokens.div_ceil(per_step);
-    let prec = super::train::precision("auto")?;
     let run_opts = RunOptions {
-        precision: prec,
+        precision: super::train::precision("auto")?,
         recompute: false,
     };
+    let recovery = Recovery {
+        seq: a.seq,
+        batch: a.batch,
+        lr: a.lr,
+        points: a.points,
+        eval_windows: a.eval_windows,
+        seed: a.seed,
+        run: run_opts,
+    };
+    let steps = recovery.steps(parse_count(&a.tokens)?);
 
     let mut layouts: Vec<(String, Make)> = vec![
         (
@@ -228,7 +234,7 @@ pub fn run(a: Args) -> Result<()> {
         let history = if exact || steps == 0 {
             Vec::new()
         } else {
-            recover(&a, params, steps, run_opts, &data, &teachers)?
+            recovery.distil(params, steps, &data, &teachers, false)?.0
         };
 
         model.set_activations(Activations::Q8);
@@ -284,59 +290,6 @@ pub fn run(a: Args) -> Result<()> {
     std::fs::write(&out, md).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("wrote {}", out.display());
     Ok(())
-}
-
-/// Distils `student` from the original for `steps` steps; the held-out curve.
-fn recover(
-    a: &Args,
-    student: Params,
-    steps: usize,
-    run: RunOptions,
-    data: &frugal_train::data::Corpus,
-    teachers: &OnlineTeachers,
-) -> Result<Vec<EvalPoint>> {
-    let cfg = TrainConfig {
-        seq: a.seq,
-        batch: a.batch,
-        accum: 1,
-        steps,
-        schedule: Schedule {
-            lr: a.lr,
-            warmup: (steps / 20).max(1),
-            total: steps,
-            min_ratio: 0.1,
-        },
-        adamw: AdamWConfig::default(),
-        clip: 1.0,
-        freeze: Vec::new(),
-        seed: a.seed,
-        run,
-        loss: LossConfig {
-            alpha: 1.0,
-            temperature: 2.0,
-            divergence: Divergence::Forward,
-            hidden: None,
-        },
-        eval_every: (steps / a.points.max(1)).max(1),
-        eval_windows: a.eval_windows,
-        checkpoint: None,
-        save_every: 0,
-    };
-    let mut t = Trainer::new(student, cfg, data, Signal::Online(teachers), Some(teachers))?;
-    t.run(|e| match e {
-        Event::Step(s) => eprint!(
-            "\r  step {}/{steps} loss {:.3} {:.0} tok/s   ",
-            s.step, s.objective, s.tokens_per_s
-        ),
-        Event::Eval(p) => eprintln!(
-            "\r  {} tokens: held-out PPL {:.2}, KL {:.4}            ",
-            p.tokens,
-            p.ppl,
-            p.kl.unwrap_or(f64::NAN)
-        ),
-        Event::Saved(_) => {}
-    })?;
-    Ok(t.history.clone())
 }
 
 /// The charts' Markdown (or why there are none).
