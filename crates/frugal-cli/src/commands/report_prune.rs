@@ -299,7 +299,7 @@ pub fn run(a: Args) -> Result<()> {
             let tmp = work.join("healed.gguf");
             quantize_file(
                 &GgufFile::from_bytes(f32_bytes)?,
-                &Policy::new(target_fmt.clone()),
+                &Policy::new(target_fmt),
                 &tmp,
                 |_, _| {},
             )?;
