@@ -162,9 +162,10 @@ pub fn weight_bytes_per_token(model: &Model) -> u64 {
     let w = &model.weights;
     let matrices: u64 = w
         .matrices()
-        .map(|m| match &m.packed {
-            Some(p) => p.bytes() as u64,
-            None => m.view(&model.file).data.len() as u64,
+        .map(|m| match (&m.sparse, &m.packed) {
+            (Some(s), _) => s.bytes() as u64,
+            (None, Some(p)) => p.bytes() as u64,
+            (None, None) => m.view(&model.file).data.len() as u64,
         })
         .sum();
     let norms: usize = w

@@ -320,6 +320,10 @@ pub fn plan(file: &GgufFile, policy: &Policy) -> Vec<TensorPlan> {
 
 /// Rows per parallel encoding task: whole rows keep every block inside one task.
 fn encode(plan: &TensorPlan, bytes: &[u8]) -> Result<Vec<u8>, QuantError> {
+    // A compressed 2:4 tensor into its dense twin: the exact bytes, not a second rounding.
+    if quant::sparse::dense_type(plan.from) == Some(plan.to) && plan.sim.is_none() {
+        return quant::sparse::expand_to_dense(plan.from, bytes).map(|(_, b)| b);
+    }
     let n: u64 = plan.dims.iter().product();
     let cols = plan.dims.first().copied().unwrap_or(1).max(1) as usize;
     let mut x = quant::dequantize_to_vec(plan.from, bytes, n as usize)?;

@@ -36,6 +36,13 @@ pub fn run(a: Args) -> Result<()> {
         e.1 += t.n_elements();
         e.2 += t.n_bytes();
     }
+    // Types only frugal reads (the compressed 2:4 storage), each once.
+    let mut frugal_only: Vec<frugal::quant::GgmlType> = Vec::new();
+    for t in f.tensors() {
+        if t.ty.frugal_only() && !frugal_only.contains(&t.ty) {
+            frugal_only.push(t.ty);
+        }
+    }
     // The KV-cache figures need a configuration frugal understands; other files still list.
     let config = Config::from_gguf(&f);
     // Bytes per token as a real (one-token) cache of the file's shape stores them.
@@ -93,6 +100,7 @@ pub fn run(a: Args) -> Result<()> {
             "tensors": tensors,
             "types": types,
             "n_params": n_params,
+            "llama_cpp_readable": frugal_only.is_empty(),
         });
         match (&config, kv) {
             (Ok(c), Some((elems, b32, b16, full16, ctx))) => {
@@ -146,6 +154,24 @@ pub fn run(a: Args) -> Result<()> {
             "  {ty:<7} {n:>4} tensors {e:>12} elements {:>12} ({:.2} bits/weight)",
             human_bytes(*b),
             *b as f64 * 8.0 / *e as f64
+        );
+    }
+    if !frugal_only.is_empty() {
+        let dense: Vec<String> = frugal_only
+            .iter()
+            .filter_map(|&t| frugal::quant::sparse::dense_type(t))
+            .map(|t| t.name().to_lowercase())
+            .collect();
+        println!(
+            "\nfrugal-only tensor types ({}): llama.cpp and other GGUF readers cannot load this file. \
+             `frugal quantize {} DENSE.gguf --type {}` writes the same weights in a standard type.",
+            frugal_only
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+            path.display(),
+            dense.first().map_or("q8_0", String::as_str)
         );
     }
     match (&config, kv) {

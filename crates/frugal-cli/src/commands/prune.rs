@@ -32,7 +32,8 @@ pub struct Args {
     #[arg(long = "pattern", value_name = "N:M")]
     pub pattern: Option<String>,
     /// Storage of the pruned matrices: a format that stores exact zeros (q8_0, q4_0, q5_0, q6_k,
-    /// f16, bf16, f32)
+    /// f16, bf16, f32), or with --pattern 2:4 the compressed 2:4 storage q8_0_24 (5.5 bits per
+    /// weight) or q4_0_24 (3.5), which only frugal reads
     #[arg(long = "format", default_value = "q8_0")]
     pub format: String,
     /// Structured removal instead: `ffn:FRACTION` (neurons of every layer), `heads:N` (KV groups
@@ -134,11 +135,24 @@ pub fn run(a: Args) -> Result<()> {
         human_bytes(r.bytes_after),
         t0.elapsed().as_secs_f64()
     );
-    println!(
-        "stored densely: the zeros take the bytes and the multiply-adds they did; distill to recover (frugal distill --teacher {} --student {})",
-        a.input.display(),
-        a.output.display()
-    );
+    if frugal::quant::sparse::is_sparse(format) {
+        println!(
+            "stored compressed: the kept half and 2-bit positions, {:.1} bits per weight. Only frugal reads {} (llama.cpp refuses type {}); `frugal quantize {} DENSE.gguf --type {}` writes the same weights densely",
+            format.bits_per_weight(),
+            a.output.display(),
+            format,
+            a.output.display(),
+            frugal::quant::sparse::dense_type(format)
+                .map_or("q8_0", |t| t.name())
+                .to_lowercase()
+        );
+    } else {
+        println!(
+            "stored densely: the zeros take the bytes and the multiply-adds they did; distill to recover (frugal distill --teacher {} --student {})",
+            a.input.display(),
+            a.output.display()
+        );
+    }
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use crate::quant::GgmlType;
 use crate::quant::act::{Activations, Q8Acts, WideActs};
 use crate::quant::matmul;
 use crate::quant::packed::matmul_packed;
+use crate::quant::sparse_matrix::matmul_sparse;
 use rayon::prelude::*;
 
 /// Which positions of the batch need logits (the output projection is the costliest matrix).
@@ -499,8 +500,9 @@ impl Model {
     /// `y = W x` for every row of `x`: on the 8-bit activations when they were prepared and the
     /// matrix was repacked for them, else on the f32 activations.
     fn linear(&self, w: &Linear, x: &[f32], xq: Option<&Q8Acts>, y: &mut [f32]) {
-        match (xq, &w.packed) {
-            (Some(q), Some(p)) => matmul_packed(p, q, y),
+        match (xq, &w.sparse, &w.packed) {
+            (Some(q), Some(sp), _) => matmul_sparse(sp, q, y),
+            (Some(q), None, Some(p)) => matmul_packed(p, q, y),
             _ => matmul(&w.view(&self.file), x, x.len() / w.cols, y),
         }
     }

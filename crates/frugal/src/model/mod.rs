@@ -17,6 +17,14 @@ use crate::gguf::{GgufError, GgufFile};
 use crate::kv::{KvCache, KvError, KvFormat, KvOptions, KvPool, SeqCache};
 use crate::quant::act::Activations;
 use crate::quant::packed::PackedMatrix;
+use crate::quant::sparse_matrix::{self, SparseMatrix};
+use crate::quant::{QuantError, WeightMatrix, kernels, sparse};
+
+/// The dense grouped layout of a compressed 2:4 matrix's dense twin (Q8_0 or Q4_0).
+fn pack_dense_twin(w: &WeightMatrix) -> Result<PackedMatrix, QuantError> {
+    let (ty, bytes) = sparse::expand_to_dense(w.ty, w.data)?;
+    PackedMatrix::pack(&WeightMatrix::new(ty, w.rows, w.cols, &bytes)?)
+}
 
 /// A loaded model: the open file, its configuration and validated views of its weights.
 pub struct Model {
@@ -69,29 +77,74 @@ impl Model {
         let (layers, head) = self.weights.layer_matrices_and_head_mut();
         let head =
             (a == Activations::Q8Full || head.ty == crate::quant::GgmlType::Q8_0).then_some(head);
+        let sparse_kernels = kernels::sparse_available(kernels::detect());
         for m in layers.chain(head) {
-            if m.packed.is_none()
-                && let Ok(p) = PackedMatrix::pack(&m.view(file))
-            {
-                m.packed = Some(std::sync::Arc::new(p));
-                // Release each matrix's pages as soon as its copy exists, so the peak stays
-                // near one copy of the weights rather than two.
-                file.release(m.file_range());
+            if m.packed.is_some() || m.sparse.is_some() {
+                continue;
             }
+            let view = m.view(file);
+            if sparse::is_sparse(m.ty) {
+                // Compressed 2:4: the sparse layout where its kernel runs, else the dense twin
+                // (the same values at the dense speed).
+                if sparse_kernels {
+                    m.sparse = SparseMatrix::pack(&view).ok().map(std::sync::Arc::new);
+                } else {
+                    m.packed = pack_dense_twin(&view).ok().map(std::sync::Arc::new);
+                }
+            } else if let Ok(p) = PackedMatrix::pack(&view) {
+                m.packed = Some(std::sync::Arc::new(p));
+            } else {
+                continue;
+            }
+            // Release each matrix's pages as soon as its copy exists, so the peak stays
+            // near one copy of the weights rather than two.
+            file.release(m.file_range());
         }
         // Float weights (F32, F16, BF16) have nothing to run on integers: say so rather than
         // quantize activations no product reads.
-        if self.weights.matrices().all(|m| m.packed.is_none()) {
+        if self
+            .weights
+            .matrices()
+            .all(|m| m.packed.is_none() && m.sparse.is_none())
+        {
             self.activations = Activations::F32;
         }
+    }
+
+    /// Stores every layer matrix that is Q8_0 with at least `min_sparsity` of its codes zero
+    /// as an unstructured bitmap (`quant::sparse_matrix`): only the nonzero bytes plus one bit
+    /// per weight. Takes effect with 8-bit activations (call after [`Self::set_activations`])
+    /// and where the sparse kernels run; returns how many matrices it converted. Whether it is
+    /// faster depends on the sparsity: `frugal report prune` measures where it starts to pay.
+    pub fn use_bitmap_storage(&mut self, min_sparsity: f64) -> usize {
+        if !self.activations.quantized() || !kernels::sparse_available(kernels::detect()) {
+            return 0;
+        }
+        let file = &self.file;
+        let (layers, _) = self.weights.layer_matrices_and_head_mut();
+        let mut converted = 0;
+        for m in layers {
+            let view = m.view(file);
+            if sparse_matrix::zero_fraction(&view).is_some_and(|z| z >= min_sparsity)
+                && let Ok(s) = SparseMatrix::pack(&view)
+            {
+                m.sparse = Some(std::sync::Arc::new(s));
+                m.packed = None;
+                file.release(m.file_range());
+                converted += 1;
+            }
+        }
+        converted
     }
 
     /// Bytes of repacked weights held on the heap.
     pub fn packed_bytes(&self) -> usize {
         self.weights
             .matrices()
-            .filter_map(|m| m.packed.as_ref())
-            .map(|p| p.bytes())
+            .map(|m| {
+                m.sparse.as_ref().map_or(0, |s| s.bytes())
+                    + m.packed.as_ref().map_or(0, |p| p.bytes())
+            })
             .sum()
     }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::Config;
 use crate::gguf::{GgufError, GgufFile};
 use crate::quant::packed::PackedMatrix;
+use crate::quant::sparse_matrix::SparseMatrix;
 use crate::quant::{self, GgmlType, WeightMatrix};
 
 /// A weight matrix: its stored type, shape, and where its bytes are in the file.
@@ -22,6 +23,9 @@ pub struct Linear {
     /// The grouped layout for 8-bit-activation kernels, built on demand (shared by the tied
     /// embedding and output).
     pub packed: Option<Arc<PackedMatrix>>,
+    /// The sparse grouped layout (compressed 2:4 types, or a bitmap of a pruned Q8_0 matrix),
+    /// used instead of `packed` when present.
+    pub sparse: Option<Arc<SparseMatrix>>,
 }
 
 impl Linear {
@@ -217,6 +221,7 @@ fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linea
         cols,
         range: start..start + info.n_bytes() as usize,
         packed: None,
+        sparse: None,
     })
 }
 

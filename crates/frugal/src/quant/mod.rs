@@ -16,6 +16,8 @@ mod q4;
 pub mod q5;
 mod q8;
 pub mod research;
+pub mod sparse;
+pub mod sparse_matrix;
 mod types;
 pub mod unit;
 
@@ -43,13 +45,15 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::Q4_1,
     GgmlType::Q4_0,
     GgmlType::MXFP4,
+    GgmlType::Q8_0_24,
+    GgmlType::Q4_0_24,
 ];
 
 /// Errors from encoding or decoding stored tensors.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum QuantError {
     #[error(
-        "tensor type {0} is not supported for computation (supported: F32, F16, BF16, Q8_0, Q6_K, Q5_1, Q5_0, Q4_K, Q4_1, Q4_0, MXFP4)"
+        "tensor type {0} is not supported for computation (supported: F32, F16, BF16, Q8_0, Q6_K, Q5_1, Q5_0, Q4_K, Q4_1, Q4_0, MXFP4, Q8_0_24, Q4_0_24)"
     )]
     Unsupported(GgmlType),
     #[error("{ty} row of {n} elements needs {expected} bytes, got {got}")]
@@ -65,6 +69,10 @@ pub enum QuantError {
     OutOfRange { ty: GgmlType, value: f32 },
     #[error("the input holds a non-finite value ({value}) at element {index}")]
     NonFinite { value: f32, index: usize },
+    #[error(
+        "{ty} keeps 2 of every 4 weights, but the group at element {element} has more than 2 nonzero values (prune with --pattern 2:4 first)"
+    )]
+    NotSparse { ty: GgmlType, element: usize },
     #[error("{ty} block {block} (byte {offset}): {reason}")]
     CorruptBlock {
         ty: GgmlType,
@@ -108,6 +116,7 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, QuantError> {
         GgmlType::Q4_1 => quantize_q4_1(x),
         GgmlType::Q4_0 => quantize_q4_0(x),
         GgmlType::MXFP4 => quantize_mxfp4(x),
+        GgmlType::Q8_0_24 | GgmlType::Q4_0_24 => sparse::quantize(ty, x)?,
         _ => unreachable!("checked by is_supported"),
     })
 }
@@ -116,6 +125,7 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, QuantError> {
 fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::Q8_0_24 | GgmlType::Q4_0_24 => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         _ => &[],
@@ -193,6 +203,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
         GgmlType::Q4_K => k_quants::decode_q4_k(bytes, out),
         GgmlType::Q6_K => k_quants::decode_q6_k(bytes, out),
         GgmlType::MXFP4 => mxfp4::decode_mxfp4(bytes, out),
+        GgmlType::Q8_0_24 | GgmlType::Q4_0_24 => sparse::decode(ty, bytes, out),
         _ => unreachable!("checked by is_supported"),
     }
     Ok(())
@@ -214,8 +225,15 @@ mod tests {
         let x: Vec<f32> = (0..512)
             .map(|i| ((i * 7 % 19) as f32 - 9.0) * 0.05)
             .collect();
+        // The compressed 2:4 types take 2:4-sparse input: keep the first two of every four.
+        let x24: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if i % 4 < 2 { v } else { 0.0 })
+            .collect();
         for &ty in SUPPORTED {
-            let b = quantize(ty, &x).unwrap();
+            let x = if sparse::is_sparse(ty) { &x24 } else { &x };
+            let b = quantize(ty, x).unwrap();
             assert_eq!(b.len() as u64, ty.bytes_for(512).unwrap(), "{ty}");
             let y = dequantize_to_vec(ty, &b, 512).unwrap();
             // The coarsest format here (4 bits) keeps the error within a quarter of the range.
@@ -247,7 +265,8 @@ mod tests {
 
     #[test]
     fn corrupt_scales_are_found() {
-        let x = vec![0.5f32; 512];
+        // 2:4-sparse, so the compressed types take it too.
+        let x: Vec<f32> = (0..512).map(|i| if i % 4 < 2 { 0.5 } else { 0.0 }).collect();
         for &ty in SUPPORTED.iter().filter(|t| t.block_size() > 1) {
             let mut b = quantize(ty, &x).unwrap();
             let bb = ty.block_bytes();

@@ -41,6 +41,10 @@ pub enum GgmlType {
     TQ1_0,
     TQ2_0,
     MXFP4,
+    /// frugal-only: 2:4 sparse, kept values as Q8_0 (`quant::sparse`).
+    Q8_0_24,
+    /// frugal-only: 2:4 sparse, kept values as Q4_0 (`quant::sparse`).
+    Q4_0_24,
 }
 
 /// (type, GGUF id, name, elements per block, bytes per block)
@@ -77,6 +81,9 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
     (GgmlType::TQ1_0, 34, "TQ1_0", 256, 54),
     (GgmlType::TQ2_0, 35, "TQ2_0", 256, 66),
     (GgmlType::MXFP4, 39, "MXFP4", 32, 17),
+    // frugal-only ids, far above ggml's: llama.cpp refuses them.
+    (GgmlType::Q8_0_24, 1024, "Q8_0_24", 32, 22),
+    (GgmlType::Q4_0_24, 1025, "Q4_0_24", 32, 14),
 ];
 
 impl GgmlType {
@@ -121,6 +128,11 @@ impl GgmlType {
     /// Storage cost in bits per element, including block scales.
     pub fn bits_per_weight(self) -> f64 {
         self.block_bytes() as f64 * 8.0 / self.block_size() as f64
+    }
+
+    /// Whether only frugal reads this type (llama.cpp and other GGUF readers refuse it).
+    pub fn frugal_only(self) -> bool {
+        self.id() >= 1024
     }
 
     /// Bytes taken by `n` elements, or `None` when `n` is not a whole number of blocks or overflows.

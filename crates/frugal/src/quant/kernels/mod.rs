@@ -14,10 +14,13 @@ mod avx2;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86_int8;
+#[cfg(target_arch = "x86_64")]
+mod x86_sparse;
 
 use super::GgmlType;
 use super::act::{PairRow, Q8Row, WidePairRow, WideRow};
 use super::packed::{self, GROUP};
+use super::sparse_matrix::{self, SparseMatrix};
 
 /// The instruction set the kernels run with.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -117,6 +120,54 @@ pub fn dot_packed<const T: usize>(
                 packed::dot_group_scalar(ty, group, *x, o);
             }
         }
+    }
+}
+
+/// Whether [`dot_sparse`] has a SIMD kernel on `isa` (AVX-512 VBMI2's `vpexpandb` on top of the
+/// VNNI level). Without one, compressed 2:4 matrices are expanded to their dense twin at load,
+/// which computes the same values at the dense speed.
+pub fn sparse_available(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa == Isa::Avx512Vnni
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vbmi2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
+/// Dot products of group `g` of a sparse matrix (see `quant::sparse_matrix`) with `T` rows of
+/// 8-bit activations: `out[t][r] = dot(row 8g + r, xs[t])`, the same bits at every level.
+#[inline]
+pub fn dot_sparse<const T: usize>(
+    isa: Isa,
+    w: &SparseMatrix,
+    g: usize,
+    xs: &[Q8Row; T],
+    out: &mut [[f32; GROUP]; T],
+) {
+    let cols = w.cols;
+    assert!(
+        xs.iter()
+            .all(|x| x.qs.len() == cols && x.d.len() == cols / 32),
+        "dot_sparse: the activations do not match the matrix"
+    );
+    if sparse_available(isa) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the VBMI2 level was detected; a SparseMatrix's groups are whole groups of its
+        // columns (built by `SparseMatrix::pack`, never modified), and `group_padded` adds the
+        // readable bytes after the group that the kernel's whole-vector loads need.
+        unsafe {
+            return x86_sparse::dot_sparse_vbmi2::<T>(w.values, w.group_padded(g), xs, out);
+        }
+    }
+    let group = w.group(g);
+    for (x, o) in xs.iter().zip(out.iter_mut()) {
+        sparse_matrix::dot_group_scalar(w.values, group, *x, o);
     }
 }
 

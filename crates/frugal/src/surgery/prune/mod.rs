@@ -149,6 +149,15 @@ pub fn prune_weights<'a>(
             "sparsegpt needs Gram matrices: collect the statistics with gram = true".into(),
         ));
     }
+    if quant::sparse::is_sparse(target.format)
+        && !matches!(target.pattern, Pattern::NofM { n, m: 4 } if n <= 2)
+    {
+        return Err(SurgeryError::Invalid(format!(
+            "{} is the compressed 2:4 storage: it keeps at most 2 of every 4 weights, so it \
+             needs --pattern 2:4 (got {}); store other patterns densely (q8_0, q4_0)",
+            target.format, target.pattern
+        )));
+    }
     let mut w = GgufWriter::from_file(file);
     let mut report = PruneReport {
         method: target.method,
