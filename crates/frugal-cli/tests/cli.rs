@@ -11,8 +11,14 @@ use frugal::model::synthetic::{SyntheticSpec, build};
 use frugal::quant::GgmlType;
 
 fn frugal(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    frugal_env(args, stdin, &[])
+}
+
+/// [`frugal`] with extra environment variables.
+fn frugal_env(args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
         .args(args)
+        .envs(env.iter().copied())
         .env("FRUGAL_HOME", "/nonexistent-frugal-home")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -873,10 +879,98 @@ fn prune_writes_sparse_and_structured_models_and_refuses_bad_input() {
     bad(&["--structured", "ffn:1"], "[0, 1)");
     bad(&["--sparsity", "0.5", "--format", "q4_1"], "exact zero");
     bad(
+        &["--sparsity", "0.5", "--format", "q8_0_24"],
+        "--pattern 2:4",
+    );
+    bad(
         &["--sparsity", "0.5", "--calibration-tokens", "8"],
         "shorter than one window",
     );
     bad(&[], "--sparsity");
+}
+
+/// The compressed 2:4 storage end to end: written by `prune`, flagged by `info` as frugal-only,
+/// generating the same text as the densely stored model with the sparse kernels, with the dense
+/// fallback (no AVX-512: `FRUGAL_ISA=avx2`) and from a bitmap of the dense model, and exported
+/// back to a standard file by `quantize`.
+#[test]
+fn compressed_two_four_files_run_like_their_dense_twin() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = write_model(dir.path(), "src.gguf", &tiny());
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let src_s = s(&src);
+    let [dense, comp, back] =
+        ["dense", "comp", "back"].map(|n| s(&dir.path().join(format!("{n}.gguf"))));
+    for (out, format) in [(&dense, "q8_0"), (&comp, "q8_0_24")] {
+        let r = frugal(
+            &[
+                "prune",
+                &src_s,
+                out,
+                "--method",
+                "magnitude",
+                "--pattern",
+                "2:4",
+                "--format",
+                format,
+            ],
+            None,
+        );
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    }
+    let info = frugal(&["info", &comp], None);
+    let shown = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        shown.contains("Q8_0_24") && shown.contains("llama.cpp"),
+        "{shown}"
+    );
+    let json = frugal(&["info", &comp, "--json"], None);
+    let j: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(j["llama_cpp_readable"], false);
+    let gen_with = |m: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["generate", "-m", m, "Once upon", "-n", "12", "--temp", "0"];
+        args.extend_from_slice(extra);
+        let r = frugal_env(&args, None, env);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        String::from_utf8_lossy(&r.stdout).into_owned()
+    };
+    let want = gen_with(&dense, &[], &[]);
+    assert_eq!(gen_with(&comp, &[], &[]), want, "sparse kernels");
+    assert_eq!(
+        gen_with(&comp, &[], &[("FRUGAL_ISA", "avx2")]),
+        want,
+        "dense fallback"
+    );
+    assert_eq!(
+        gen_with(&dense, &["--sparse-bitmap", "0.4"], &[]),
+        want,
+        "bitmap"
+    );
+    let r = frugal(&["quantize", &comp, &back, "--type", "q8_0"], None);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let (a, b) = (
+        GgufFile::open(&back).unwrap(),
+        GgufFile::open(&dense).unwrap(),
+    );
+    for t in b
+        .tensors()
+        .iter()
+        .filter(|t| t.name.starts_with("blk.") && t.dims.len() == 2)
+    {
+        assert_eq!(
+            a.tensor(&t.name).unwrap().1,
+            b.tensor(&t.name).unwrap().1,
+            "{}",
+            t.name
+        );
+    }
+    assert_clean_error(
+        &frugal(
+            &["generate", "-m", &dense, "Hi", "--sparse-bitmap", "2"],
+            None,
+        ),
+        "[0, 1]",
+    );
 }
 
 /// `report attention` end to end on a tiny model: every layout row, the estimate agreeing with

@@ -31,6 +31,11 @@ pub struct ModelArgs {
     /// and the embedding/output at 8 bits, as `frugal quantize` does.
     #[arg(long = "quantize-on-load", value_name = "TYPE")]
     pub quantize_on_load: Option<String>,
+    /// Store each Q8_0 layer matrix with at least this fraction of zero weights (a pruned model)
+    /// as a bitmap of its nonzero bytes, multiplied by the sparse kernels (AVX-512 VBMI2, 8-bit
+    /// activations). `frugal report prune` measures the sparsity from which it pays.
+    #[arg(long = "sparse-bitmap", value_name = "MIN_SPARSITY")]
+    pub sparse_bitmap: Option<f64>,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -212,6 +217,14 @@ pub fn load(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
     let path = model_path(args)?;
     let mut model = load_model(&path, args.quantize_on_load.as_deref())?;
     model.set_activations(args.activations);
+    if let Some(min) = args.sparse_bitmap {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&min),
+            "--sparse-bitmap {min}: give a fraction of zero weights in [0, 1]"
+        );
+        let n = model.use_bitmap_storage(min);
+        eprintln!("sparse bitmap: {n} matrices with at least {min} of their weights zero");
+    }
     let tok = Tokenizer::from_gguf(&model.file)
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
     Ok((model, tok))

@@ -258,6 +258,7 @@ pub fn run_train(c: TrainCmd) -> Result<()> {
         model: c.model.clone(),
         activations: Activations::F32,
         quantize_on_load: None,
+        sparse_bitmap: None,
     })?;
     let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
     let tok = Tokenizer::from_gguf(&model.file)?;

@@ -266,7 +266,9 @@ mod tests {
     #[test]
     fn corrupt_scales_are_found() {
         // 2:4-sparse, so the compressed types take it too.
-        let x: Vec<f32> = (0..512).map(|i| if i % 4 < 2 { 0.5 } else { 0.0 }).collect();
+        let x: Vec<f32> = (0..512)
+            .map(|i| if i % 4 < 2 { 0.5 } else { 0.0 })
+            .collect();
         for &ty in SUPPORTED.iter().filter(|t| t.block_size() > 1) {
             let mut b = quantize(ty, &x).unwrap();
             let bb = ty.block_bytes();

@@ -88,7 +88,10 @@ pub(crate) fn read_block(ty: GgmlType, b: &[u8]) -> Block {
 
 /// Scalar reference decoder.
 pub(super) fn decode(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
-    for (o, b) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(ty.block_bytes())) {
+    for (o, b) in out
+        .chunks_exact_mut(QK)
+        .zip(bytes.chunks_exact(ty.block_bytes()))
+    {
         o.fill(0.0);
         let blk = read_block(ty, b);
         for k in 0..KEPT {
@@ -109,10 +112,7 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, QuantError> {
         .chunks_exact(4)
         .position(|g| g.iter().filter(|v| **v != 0.0).count() > 2)
     {
-        return Err(QuantError::NotSparse {
-            ty,
-            element: 4 * g,
-        });
+        return Err(QuantError::NotSparse { ty, element: 4 * g });
     }
     // The dense format's codes: the same scale and rounding (see the module doc).
     let dense_bytes = super::quantize(dense, x)?;

@@ -141,33 +141,45 @@ pub fn sparse_available(isa: Isa) -> bool {
 }
 
 /// Dot products of group `g` of a sparse matrix (see `quant::sparse_matrix`) with `T` rows of
-/// 8-bit activations: `out[t][r] = dot(row 8g + r, xs[t])`, the same bits at every level.
+/// 8-bit activations: `out[t][r] = dot(row 16g + r, xs[t])`, the same bits at every level.
+/// `biased[t]` holds `xs[t]`'s codes plus 128 (`sparse_matrix::BiasedActs`), which the SIMD
+/// kernel multiplies.
 #[inline]
 pub fn dot_sparse<const T: usize>(
     isa: Isa,
     w: &SparseMatrix,
     g: usize,
     xs: &[Q8Row; T],
-    out: &mut [[f32; GROUP]; T],
+    biased: &[&[u8]; T],
+    out: &mut [[f32; sparse_matrix::ROWS]; T],
 ) {
     let cols = w.cols;
     assert!(
         xs.iter()
-            .all(|x| x.qs.len() == cols && x.d.len() == cols / 32),
+            .zip(biased)
+            .all(|(x, b)| x.qs.len() == cols && b.len() == cols && x.d.len() == cols / 32),
         "dot_sparse: the activations do not match the matrix"
     );
     if sparse_available(isa) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the VBMI2 level was detected; a SparseMatrix's groups are whole groups of its
-        // columns (built by `SparseMatrix::pack`, never modified), and `group_padded` adds the
-        // readable bytes after the group that the kernel's whole-vector loads need.
+        // columns with their column table (built by `SparseMatrix::pack`, never modified), and
+        // `group_padded` adds the readable bytes after the group that whole-vector loads need;
+        // the activations' lengths were checked above.
         unsafe {
-            return x86_sparse::dot_sparse_vbmi2::<T>(w.values, w.group_padded(g), xs, out);
+            let d: [&[f32]; T] = std::array::from_fn(|t| xs[t].d);
+            return x86_sparse::dot_sparse_vbmi2::<T>(
+                w.values,
+                w.group_padded(g),
+                w.column_starts(g),
+                biased,
+                &d,
+                out,
+            );
         }
     }
-    let group = w.group(g);
     for (x, o) in xs.iter().zip(out.iter_mut()) {
-        sparse_matrix::dot_group_scalar(w.values, group, *x, o);
+        sparse_matrix::dot_group_scalar(w.values, w.group(g), *x, o);
     }
 }
 

@@ -14,7 +14,9 @@ fn weights(rows: usize, cols: usize, seed: u64, two_four: bool, drop: f64) -> Ve
         s ^= s << 17;
         (s >> 11) as f64 / (1u64 << 53) as f64
     };
-    let mut w: Vec<f32> = (0..rows * cols).map(|_| (rnd() as f32 - 0.5) * 3.0).collect();
+    let mut w: Vec<f32> = (0..rows * cols)
+        .map(|_| (rnd() as f32 - 0.5) * 3.0)
+        .collect();
     if two_four {
         for g in w.chunks_exact_mut(4) {
             let mut idx = [0, 1, 2, 3];
@@ -90,7 +92,7 @@ proptest! {
     /// sparsity (including rows not a whole group, all-zero vectors and all-kept ones).
     #[test]
     fn sparse_products_equal_the_dense_kernels_bit_for_bit(
-        rows in 1usize..20,
+        rows in 1usize..40,
         blocks in 1usize..6,
         n in 1usize..7,
         seed in any::<u64>(),
@@ -115,10 +117,12 @@ proptest! {
         }
         // Each level on its own, against the scalar twin.
         for isa in levels() {
-            for g in 0..rows.div_ceil(GROUP) {
-                let mut o = [[0f32; GROUP]; 1];
-                kernels::dot_sparse(isa, &s, g, &[a.row(0)], &mut o);
-                let mut r = [0f32; GROUP];
+            let mut biased = BiasedActs::default();
+            biased.fill(&a);
+            for g in 0..rows.div_ceil(ROWS) {
+                let mut o = [[0f32; ROWS]; 1];
+                kernels::dot_sparse(isa, &s, g, &[a.row(0)], &[biased.row(0)], &mut o);
+                let mut r = [0f32; ROWS];
                 dot_group_scalar(s.values, s.group(g), a.row(0), &mut r);
                 prop_assert_eq!(o[0].map(f32::to_bits), r.map(f32::to_bits), "{:?} group {}", isa, g);
             }
@@ -137,12 +141,20 @@ fn compressed_layouts_take_the_bytes_the_format_promises() {
         let data = quantize(ty, &w).unwrap();
         let s = SparseMatrix::pack(&WeightMatrix::new(ty, rows, cols, &data).unwrap()).unwrap();
         let dense = quantize(dense_ty, &w).unwrap();
-        let p = PackedMatrix::pack(&WeightMatrix::new(dense_ty, rows, cols, &dense).unwrap())
-            .unwrap();
+        let p =
+            PackedMatrix::pack(&WeightMatrix::new(dense_ty, rows, cols, &dense).unwrap()).unwrap();
         // 176 vs 272 bytes per 8 rows x 32 (Q8), 112 vs 144 (Q4), plus the group offsets.
         let per = |b: usize| b as f64 / (rows * cols / 256) as f64;
-        let want = if ty == GgmlType::Q8_0_24 { (176.0, 272.0) } else { (112.0, 144.0) };
-        assert!((per(s.bytes()) - want.0).abs() < 1.0, "{ty}: {}", per(s.bytes()));
+        let want = if ty == GgmlType::Q8_0_24 {
+            (176.0, 272.0)
+        } else {
+            (112.0, 144.0)
+        };
+        assert!(
+            (per(s.bytes()) - want.0).abs() < 1.0,
+            "{ty}: {}",
+            per(s.bytes())
+        );
         assert_eq!(per(p.bytes()), want.1, "{dense_ty}");
         assert_eq!(s.kept, rows * cols / 2);
         assert!((s.sparsity() - 0.5).abs() < 1e-12);
@@ -153,10 +165,13 @@ fn compressed_layouts_take_the_bytes_the_format_promises() {
     let wm = WeightMatrix::new(GgmlType::Q8_0, 13, 64, &data).unwrap();
     let s = SparseMatrix::pack(&wm).unwrap();
     let zeros = zero_fraction(&wm).unwrap();
-    assert!((s.sparsity() - zeros).abs() < 1e-12, "{} vs {zeros}", s.sparsity());
+    assert!(
+        (s.sparsity() - zeros).abs() < 1e-12,
+        "{} vs {zeros}",
+        s.sparsity()
+    );
     assert!(zeros > 0.6, "{zeros}");
-    assert!(SparseMatrix::pack(
-        &WeightMatrix::new(GgmlType::Q4_1, 1, 32, &[0; 20]).unwrap()
-    )
-    .is_err());
+    assert!(
+        SparseMatrix::pack(&WeightMatrix::new(GgmlType::Q4_1, 1, 32, &[0; 20]).unwrap()).is_err()
+    );
 }

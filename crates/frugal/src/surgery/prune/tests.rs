@@ -244,3 +244,92 @@ fn structured_bad_input_is_refused() {
         .to_string();
     assert!(e.contains("shorter than one window"), "{e}");
 }
+
+/// The compressed 2:4 storage holds exactly the weights of the dense file: with 8-bit
+/// activations the sparse kernels give the same logits, bit for bit, as the dense Q8_0 kernels
+/// on the densely stored model (and so does a bitmap of that dense model); 4-bit values agree
+/// with Q4_0 to its kernels' rounding; `convert` expands the file back to the dense bytes; and
+/// a pattern the format cannot hold is refused before any work.
+#[test]
+fn compressed_two_four_runs_the_same_model_as_dense_storage() {
+    use crate::quant::act::Activations;
+    let f = GgufFile::from_bytes(build(&spec(GgmlType::F32))).unwrap();
+    let prune = |format| {
+        let t = PruneTarget {
+            method: Method::Magnitude,
+            pattern: Pattern::NofM { n: 2, m: 4 },
+            format,
+        };
+        let (w, r) = prune_weights(&f, None, t).unwrap();
+        (w.to_bytes().unwrap(), r)
+    };
+    let run = |bytes: &[u8], bitmap: bool| {
+        let mut m = load(bytes.to_vec());
+        m.set_activations(Activations::Q8);
+        if bitmap {
+            assert!(m.use_bitmap_storage(0.4) > 0 || !sparse_kernels());
+        }
+        logits(&m, &tokens()[..40])
+    };
+    let (dense, rd) = prune(GgmlType::Q8_0);
+    let (compressed, rc) = prune(GgmlType::Q8_0_24);
+    assert_eq!(rd.zeros, rc.zeros);
+    assert!(
+        rc.bytes_after * 100 < rd.bytes_after * 66,
+        "{rc:?} vs {rd:?}"
+    );
+    let want = run(&dense, false);
+    for (what, got) in [
+        ("compressed", run(&compressed, false)),
+        ("bitmap", run(&dense, true)),
+    ] {
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: logits differ from the dense model's"
+        );
+    }
+    let (q4, _) = prune(GgmlType::Q4_0);
+    let (q4c, _) = prune(GgmlType::Q4_0_24);
+    let (a, b) = (run(&q4c, false), run(&q4, false));
+    let err = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let scale = b.iter().map(|v| v.abs()).fold(0f32, f32::max);
+    // Same integer sums; the dense Q4_0 kernel applies its -8 offset through the activation
+    // sums in f32, a few ulps per block.
+    assert!(
+        err <= 1e-4 * scale,
+        "Q4_0_24 vs Q4_0: {err} (logits up to {scale})"
+    );
+    // Export: the compressed file converted to Q8_0 is the dense file's matrices, byte for byte.
+    let cf = GgufFile::from_bytes(compressed).unwrap();
+    let policy = crate::convert::Policy::new(crate::convert::Target::Stored(GgmlType::Q8_0));
+    let (back, _) = crate::convert::quantize_in_memory(&cf, &policy, |_, _| {}).unwrap();
+    let df = GgufFile::from_bytes(dense).unwrap();
+    for t in df.tensors().iter().filter(|t| t.name.starts_with("blk.")) {
+        if t.dims.len() == 2 {
+            assert_eq!(
+                back.tensor(&t.name).unwrap().1,
+                df.tensor(&t.name).unwrap().1,
+                "{}",
+                t.name
+            );
+        }
+    }
+    // 4:8 keeps up to 4 of a group of four: the compressed storage cannot hold it.
+    let t = PruneTarget {
+        method: Method::Magnitude,
+        pattern: Pattern::NofM { n: 4, m: 8 },
+        format: GgmlType::Q8_0_24,
+    };
+    let e = prune_weights(&f, None, t).err().unwrap().to_string();
+    assert!(e.contains("2:4"), "{e}");
+}
+
+fn sparse_kernels() -> bool {
+    crate::quant::kernels::sparse_available(crate::quant::kernels::detect())
+}
