@@ -1100,10 +1100,34 @@ fn report_prune_writes_the_pruning_table() {
         "sparsegpt, 50% unstructured",
         "structured ffn:0.25",
         "structured heads:1",
+        "wanda, 2:4, compressed Q8_0_24",
+        "magnitude, 2:4, compressed Q4_0_24",
+        "dense, Q4_0",
     ] {
         assert!(md.contains(row), "{row} missing:\n{md}");
     }
-    let wanda = md.lines().find(|l| l.starts_with("| wanda, 50%")).unwrap();
+    if frugal::quant::kernels::sparse_available(frugal::quant::kernels::detect()) {
+        assert!(md.contains("wanda, 50% unstructured, bitmap"), "{md}");
+        assert!(md.contains("- Bitmap storage against dense"), "{md}");
+    }
+    // A compressed row computes its dense twin's logits: the same PPL and KL.
+    let quality = |prefix: &str| {
+        let line = md.lines().find(|l| l.starts_with(prefix)).unwrap();
+        line.split('|')
+            .skip(6)
+            .take(2)
+            .collect::<Vec<_>>()
+            .join("|")
+    };
+    assert_eq!(
+        quality("| wanda, 2:4, compressed"),
+        quality("| wanda, 2:4 |"),
+        "{md}"
+    );
+    let wanda = md
+        .lines()
+        .find(|l| l.starts_with("| wanda, 50% unstructured |"))
+        .unwrap();
     assert!(
         !wanda.contains("| - |"),
         "the recovered row has no after figures: {wanda}"
