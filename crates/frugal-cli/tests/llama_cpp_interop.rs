@@ -294,4 +294,27 @@ fn llama_cpp_runs_pruned_models() {
         run(Command::new(env!("CARGO_BIN_EXE_frugal")).args(&args));
         assert_close(what, frugal_ppl(&out, &text), llama_ppl(&bin, &out, &text));
     }
+    // The compressed 2:4 storage is frugal-only, as `info` says: llama.cpp refuses the file.
+    let out = dir.path().join("compressed.gguf");
+    let o = out.to_str().unwrap();
+    run(Command::new(env!("CARGO_BIN_EXE_frugal")).args([
+        "prune",
+        m,
+        o,
+        "--method",
+        "magnitude",
+        "--pattern",
+        "2:4",
+        "--format",
+        "q8_0_24",
+    ]));
+    let refused = Command::new(bin.join("llama-perplexity"))
+        .args(["-m", o, "-f", calib, "-c", "128", "-t", "2", "--no-repack"])
+        .output()
+        .unwrap();
+    assert!(
+        !refused.status.success(),
+        "llama.cpp loaded a Q8_0_24 file: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
 }

@@ -136,6 +136,9 @@ struct Row {
     bitmap: bool,
     pp: f64,
     tg: f64,
+    /// Prefill and decode over the baseline, the median of ratios measured back to back.
+    vs_pp: f64,
+    vs_tg: f64,
 }
 
 /// A model the report measures: its name, key, kind, baseline key, bitmap storage, file bytes.
@@ -431,39 +434,69 @@ pub fn run(a: Args) -> Result<()> {
             bitmap,
             pp: 0.0,
             tg: 0.0,
+            vs_pp: 1.0,
+            vs_tg: 1.0,
         });
         models.push(m);
     }
     let _ = std::fs::remove_dir_all(&work);
 
     // Speed last, rows taking turns within each repetition.
+    // Each row is timed right after its baseline, and its speed-up is the median of those
+    // back-to-back ratios: on a shared machine the load drifts within a run, and a ratio of two
+    // neighbouring measurements cancels most of it.
     let opts = EvalOptions::default();
-    let (mut pps, mut tgs) = (vec![Vec::new(); rows.len()], vec![Vec::new(); rows.len()]);
     let n = models.len();
+    let base_index: Vec<usize> = rows
+        .iter()
+        .map(|r| rows.iter().position(|b| b.key == r.base).unwrap_or(0))
+        .collect();
+    let (mut pps, mut tgs) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    let (mut rpp, mut rtg) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    let time = |i: usize| -> Result<(f64, f64)> {
+        let m = &models[i];
+        Ok((
+            frugal::bench::prefill(m, a.prompt, 1, &opts)?.median,
+            frugal::bench::decode(m, a.gen_tokens, 1, &opts)?.median,
+        ))
+    };
     for rep in 0..a.reps.max(1) {
-        // Each repetition starts at another row, so no row always runs first (or right after
-        // the same neighbour).
+        // Each repetition starts at another row, so no row always runs first.
         let start = rep * n / a.reps.max(1);
         for i in (0..n).map(|k| (k + start) % n) {
-            let m = &models[i];
-            pps[i].push(frugal::bench::prefill(m, a.prompt, 1, &opts)?.median);
-            tgs[i].push(frugal::bench::decode(m, a.gen_tokens, 1, &opts)?.median);
+            let b = base_index[i];
+            let (pb, tb) = if b == i { (0.0, 0.0) } else { time(b)? };
+            let (p, t) = time(i)?;
+            pps[i].push(p);
+            tgs[i].push(t);
+            if b != i {
+                rpp[i].push(p / pb);
+                rtg[i].push(t / tb);
+            }
             eprintln!(
-                "speed, run {}: {}: pp {:.1} tg {:.1}",
+                "speed, run {}: {}: pp {p:.1} tg {t:.1}{}",
                 rep + 1,
                 rows[i].name,
-                pps[i][rep],
-                tgs[i][rep]
+                if b == i {
+                    String::new()
+                } else {
+                    format!(" ({:.2}x, {:.2}x its baseline)", p / pb, t / tb)
+                }
             );
         }
     }
     let median = |mut v: Vec<f64>| {
+        if v.is_empty() {
+            return 1.0;
+        }
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    for ((r, p), t) in rows.iter_mut().zip(pps).zip(tgs) {
-        r.pp = median(p);
-        r.tg = median(t);
+    for (i, r) in rows.iter_mut().enumerate() {
+        r.pp = median(std::mem::take(&mut pps[i]));
+        r.tg = median(std::mem::take(&mut tgs[i]));
+        r.vs_pp = median(std::mem::take(&mut rpp[i]));
+        r.vs_tg = median(std::mem::take(&mut rtg[i]));
     }
 
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
@@ -505,7 +538,7 @@ fn write_charts(rows: &[Row], methods: &[Method], dir: &Path) -> String {
             .collect(),
         y_fmt: |v| format!("{v:.0}"),
     };
-    let vs_base = |r: &Row| r.tg / base_of(rows, r).map_or(r.tg, |b| b.tg);
+    let vs_base = |r: &Row| r.vs_tg;
     type Pick = fn(&Row) -> bool;
     let kinds: [(&str, Pick); 5] = [
         ("unstructured, stored densely", |r| {
@@ -654,7 +687,6 @@ fn report(
             (format!("{p:.2}"), format!("{k:.4}"))
         });
         let b = base_of(rows, r);
-        let (bpp, btg) = b.map_or((r.pp, r.tg), |b| (b.pp, b.tg));
         let _ = writeln!(
             s,
             "| {} | {:.1}% | {:.1}M | {} | {:.2} | {:.2} | {:.4} | {pa} | {ka} | {:.1} | {:.2}x | {:.1} | {:.2}x | {} |",
@@ -666,9 +698,9 @@ fn report(
             r.ppl,
             r.kl,
             r.pp,
-            r.pp / bpp,
+            r.vs_pp,
             r.tg,
-            r.tg / btg,
+            r.vs_tg,
             b.map_or("-", |b| b.name.as_str()),
         );
     }
@@ -685,7 +717,7 @@ fn report(
             if w.ppl < m.ppl { "met" } else { "not met" }
         );
     }
-    let speedup = |r: &Row| r.tg / base_of(rows, r).map_or(r.tg, |b| b.tg);
+    let speedup = |r: &Row| r.vs_tg;
     if let Some(f) = rows
         .iter()
         .find(|r| r.key == "structured" && r.name.contains("ffn:"))
@@ -718,32 +750,49 @@ fn report(
             if speedup(r) >= 1.3 { "met" } else { "not met" }
         );
     }
-    // Where a bitmap starts to pay: the lowest measured sparsity at which it beats dense.
-    let mut bm: Vec<&Row> = rows.iter().filter(|r| r.bitmap).collect();
-    bm.sort_by(|x, y| x.zeros.total_cmp(&y.zeros));
-    if !bm.is_empty() {
-        let list: Vec<String> = bm
-            .iter()
-            .map(|r| format!("{:.0}% {:.2}x", 100.0 * r.zeros, speedup(r)))
+    // Where a bitmap starts to pay: per sparsity measured, the median over the methods.
+    let mut levels: Vec<(f64, Vec<f64>)> = Vec::new();
+    for r in rows.iter().filter(|r| r.bitmap) {
+        let z = (r.zeros * 100.0).round() / 100.0;
+        match levels.iter_mut().find(|(l, _)| *l == z) {
+            Some((_, v)) => v.push(speedup(r)),
+            None => levels.push((z, vec![speedup(r)])),
+        }
+    }
+    levels.sort_by(|x, y| x.0.total_cmp(&y.0));
+    if !levels.is_empty() {
+        let med: Vec<(f64, f64)> = levels
+            .into_iter()
+            .map(|(z, mut v)| {
+                v.sort_by(f64::total_cmp);
+                (z, v[v.len() / 2])
+            })
             .collect();
-        let first = bm.iter().find(|r| speedup(r) > 1.0);
-        let below = bm.iter().rev().find(|r| speedup(r) <= 1.0);
+        let list: Vec<String> = med
+            .iter()
+            .map(|(z, v)| format!("{:.0}% {v:.2}x", 100.0 * z))
+            .collect();
+        let pays = med.iter().position(|(_, v)| *v > 1.0);
+        let base = rows
+            .iter()
+            .find(|r| r.bitmap)
+            .and_then(|r| base_of(rows, r))
+            .map_or("-", |b| b.name.as_str());
         let _ = writeln!(
             s,
-            "- Bitmap storage against dense {}: {}. {}",
-            bm[0].base,
+            "- Bitmap storage against {base} (decode, median over the methods at each sparsity): {}. {}",
             list.join(", "),
-            match (below, first) {
-                (Some(lo), Some(hi)) if lo.zeros < hi.zeros => format!(
-                    "It starts to pay between {:.0}% and {:.0}% zeros on this CPU.",
-                    100.0 * lo.zeros,
-                    100.0 * hi.zeros
-                ),
-                (None, Some(hi)) => format!(
+            match pays {
+                Some(0) => format!(
                     "It pays already at {:.0}%, the lowest sparsity measured.",
-                    100.0 * hi.zeros
+                    100.0 * med[0].0
                 ),
-                _ => "It did not pay at any sparsity measured.".into(),
+                Some(k) => format!(
+                    "It starts to pay between {:.0}% and {:.0}% zeros on this CPU.",
+                    100.0 * med[k - 1].0,
+                    100.0 * med[k].0
+                ),
+                None => "It did not pay at any sparsity measured.".into(),
             }
         );
     }
