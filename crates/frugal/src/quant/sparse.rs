@@ -125,14 +125,19 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, QuantError> {
         let mut kept = [0usize; KEPT];
         for g in 0..QK / 4 {
             let group = &xb[4 * g..4 * g + 4];
-            // The nonzeros first, then the lowest zero positions, both ascending.
-            let mut slots: Vec<usize> = (0..4).filter(|&i| group[i] != 0.0).collect();
-            slots.extend((0..4).filter(|&i| group[i] == 0.0).take(2 - slots.len()));
-            slots.sort_unstable();
-            for (s, &p) in slots.iter().enumerate() {
-                let k = 2 * g + s;
+            // The nonzeros, and the lowest zero positions to fill two slots, ascending.
+            let mut fill = 2 - group.iter().filter(|v| **v != 0.0).count();
+            let mut k = 2 * g;
+            for (p, &v) in group.iter().enumerate() {
+                if v == 0.0 {
+                    if fill == 0 {
+                        continue;
+                    }
+                    fill -= 1;
+                }
                 pos[k / 4] |= (p as u8) << (2 * (k % 4));
                 kept[k] = 4 * g + p;
+                k += 1;
             }
         }
         out.extend_from_slice(&db[0..2]);

@@ -63,8 +63,6 @@ pub const PAD: usize = 64;
 /// A weight matrix in the sparse grouped layout; its products take 8-bit activations.
 #[derive(Clone, Debug)]
 pub struct SparseMatrix {
-    /// The stored type it was built from (Q8_0 for a bitmap, or a compressed 2:4 type).
-    pub source: GgmlType,
     pub values: Values,
     pub rows: usize,
     pub cols: usize,
@@ -196,7 +194,6 @@ impl SparseMatrix {
             kept -= padding * w.cols / 2;
         }
         Ok(SparseMatrix {
-            source: w.ty,
             values,
             rows: w.rows,
             cols: w.cols,

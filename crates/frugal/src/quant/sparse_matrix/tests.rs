@@ -49,20 +49,19 @@ fn dense_product(ty: GgmlType, data: &[u8], rows: usize, cols: usize, a: &Q8Acts
         GgmlType::Q8_0 => (ty, data.to_vec()),
         _ => sparse::expand_to_dense(ty, data).unwrap(),
     };
-    // Q4_0's nibbles re-encoded as Q8_0 codes (same values, signed): the sparse kernels run the
-    // signed Q8_0 arithmetic for both value storages.
+    // Q4_0's nibbles as Q8_0 codes (`nibble - 8`, same scale, same values): the sparse kernels
+    // run the signed Q8_0 arithmetic for both value storages.
     let q8 = if dt == GgmlType::Q4_0 {
-        let f = crate::quant::dequantize_to_vec(dt, &dense, rows * cols).unwrap();
         let mut out = Vec::new();
-        for (blk, fb) in dense.chunks_exact(18).zip(f.chunks_exact(32)) {
+        for blk in dense.chunks_exact(18) {
             out.extend_from_slice(&blk[0..2]);
-            let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-            out.extend(fb.iter().map(|&v| {
-                if d == 0.0 {
-                    0u8
+            out.extend((0..32).map(|j| {
+                let nib = if j < 16 {
+                    blk[2 + j] & 0x0f
                 } else {
-                    (v / d).round() as i8 as u8
-                }
+                    blk[2 + j - 16] >> 4
+                };
+                (nib as i8 - 8) as u8
             }));
         }
         out
