@@ -45,6 +45,9 @@ enum Command {
     /// Fewer weights: unstructured or N:M sparsity (magnitude, Wanda, SparseGPT), or structured
     /// removal of FFN neurons, KV groups and layers.
     Prune(commands::prune::Args),
+    /// Dense to mixture of experts: split each FFN into routed experts (fewer active
+    /// parameters) or upcycle it into copies (more total parameters).
+    Moefy(commands::moefy::Args),
     /// Analyze a model's numbers: outliers and what they cost each quantization scheme.
     #[command(subcommand)]
     Analyze(commands::analyze::AnalyzeCommand),
@@ -118,6 +121,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Quantize(a) => commands::quantize::run(a),
         Command::Convert(a) => commands::convert::run(a),
         Command::Prune(a) => commands::prune::run(a),
+        Command::Moefy(a) => commands::moefy::run(a),
         Command::Analyze(c) => commands::analyze::run(c),
         Command::Report(c) => commands::report::run(c),
         Command::Estimate(a) => commands::estimate::run(a),

@@ -294,6 +294,7 @@ fn losses_backward_match_finite_differences() {
 /// untied head.
 pub(crate) fn tiny_config() -> frugal::model::Config {
     frugal::model::Config {
+        moe: None,
         arch: "llama".into(),
         n_layers: 2,
         n_embd: 12,
@@ -314,6 +315,7 @@ pub(crate) fn tiny_config() -> frugal::model::Config {
 /// values of 3 (narrower than the keys, so the padding of values is exercised too).
 pub(crate) fn tiny_latent_config() -> frugal::model::Config {
     frugal::model::Config {
+        moe: None,
         arch: "deepseek2".into(),
         n_head_kv: 1,
         rope_dim: 2,

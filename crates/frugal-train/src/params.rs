@@ -514,6 +514,7 @@ mod tests {
     #[test]
     fn renumbering_keeps_suffixes() {
         let c = frugal::model::Config {
+            moe: None,
             arch: "llama".into(),
             n_layers: 1,
             n_embd: 8,

@@ -22,6 +22,7 @@ fn spec(ty: GgmlType) -> SyntheticSpec {
         untied_output: true,
         seed: 3,
         mla: None,
+        moe: None,
     }
 }
 
@@ -153,7 +154,10 @@ fn simulated_research_formats_run_and_order_by_precision() {
             .count();
         // Every matrix but the 8-bit embedding/output is simulated, and stored as F32.
         assert_eq!(sim, 2 * 7, "{name}");
-        assert_eq!(model.weights.layers[0].w_up.ty, GgmlType::F32);
+        assert_eq!(
+            model.weights.layers[0].ffn.dense().unwrap().up.ty,
+            GgmlType::F32
+        );
         rel_err(&logits(&model), &reference)
     };
     let (i8c, i4c, i4b, e4, e5, nf4) = (

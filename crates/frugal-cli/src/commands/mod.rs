@@ -11,6 +11,7 @@ pub mod fetch;
 pub mod font;
 pub mod generate;
 pub mod info;
+pub mod moefy;
 pub mod prune;
 pub mod quantize;
 pub mod recovery;

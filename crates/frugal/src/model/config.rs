@@ -1,5 +1,6 @@
 //! Every hyperparameter of a Llama-family model, read from GGUF metadata and validated.
 
+use super::moe::MoeConfig;
 use crate::gguf::{GgufError, GgufFile};
 
 /// Architectures frugal runs. `llama` and `mistral` follow the Llama layout (no biases, SwiGLU,
@@ -49,6 +50,9 @@ pub struct Config {
     /// Latent attention; `None` for per-head keys and values (MHA, GQA, MQA). Under MLA,
     /// `head_dim` is a query head's width (`nope_dim + rope_dim`) and `n_head_kv` is 1.
     pub mla: Option<Mla>,
+    /// Routed experts in every layer's FFN (`n_ff` is then one expert's width); `None` for a
+    /// dense FFN.
+    pub moe: Option<MoeConfig>,
 }
 
 impl Config {
@@ -151,7 +155,15 @@ impl Config {
                 format!("eps {rms_eps} or rope base {rope_base} out of range"),
             ));
         }
+        // Experts in a latent-attention file would sit behind `leading_dense_block_count`,
+        // which `read_mla` refuses below the layer count.
+        let moe = if mla.is_none() {
+            MoeConfig::from_gguf(f, &arch)?
+        } else {
+            None
+        };
         Ok(Config {
+            moe,
             n_ctx_train: get("context_length")?,
             arch,
             n_layers,

@@ -9,7 +9,8 @@
 use std::ops::Range;
 
 use super::mla::{self, LatentPath};
-use super::weights::KvProjection;
+use super::moe::MoeScratch;
+use super::weights::{Ffn, KvProjection, Mlp};
 use super::{Linear, Model};
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
@@ -73,6 +74,8 @@ pub struct Scratch {
     batch_lens: Vec<usize>,
     rope: RopeTable,
     acts: Q8Acts,
+    /// The experts' buffers and, when asked for, routing statistics.
+    pub moe: MoeScratch,
     wide: WideActs,
     /// Latent attention: absorbed queries and attended rows (`n x n_head x row`), and the
     /// decompressed path's buffers.
@@ -131,7 +134,7 @@ fn observe(obs: &mut Option<&mut dyn Observer>, layer: usize, site: Site, x: &[f
     }
 }
 
-fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+pub(super) fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     v.resize(n, 0.0);
     &mut v[..n]
 }
@@ -452,18 +455,26 @@ impl Model {
             self.linear(&lw.wo, att, attq, proj);
             add_assign(&mut s.x, proj);
 
-            // Feed-forward block: norm -> SwiGLU(gate, up) -> down -> residual.
+            // Feed-forward block: norm -> SwiGLU(gate, up) -> down (one block, or the experts
+            // the router picks) -> residual.
             rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, xb);
             observe(&mut obs, l_model, Site::FfnInput, xb, d);
             let xq = quantize_input(act, xb, d, &mut s.acts);
-            let gate = sized(&mut s.gate, n * c.n_ff);
-            let up = sized(&mut s.up, n * c.n_ff);
-            self.linear(&lw.w_gate, xb, xq, gate);
-            self.linear(&lw.w_up, xb, xq, up);
-            swiglu(gate, up);
-            observe(&mut obs, l_model, Site::FfnDownInput, gate, c.n_ff);
-            let hq = quantize_input(act, gate, c.n_ff, &mut s.acts);
-            self.linear(&lw.w_down, gate, hq, proj);
+            match &lw.ffn {
+                Ffn::Dense(mlp) => {
+                    let gate = sized(&mut s.gate, n * c.n_ff);
+                    let up = sized(&mut s.up, n * c.n_ff);
+                    self.linear(&mlp.gate, xb, xq, gate);
+                    self.linear(&mlp.up, xb, xq, up);
+                    swiglu(gate, up);
+                    observe(&mut obs, l_model, Site::FfnDownInput, gate, c.n_ff);
+                    let hq = quantize_input(act, gate, c.n_ff, &mut s.acts);
+                    self.linear(&mlp.down, gate, hq, proj);
+                }
+                Ffn::Experts(ex) => {
+                    self.experts_ffn(l_model, ex, act, xb, xq, &mut s.moe, proj);
+                }
+            }
             add_assign(&mut s.x, proj);
             observe(&mut obs, l_model, Site::LayerOutput, &s.x, d);
         }
@@ -495,6 +506,31 @@ impl Model {
             _ => self.linear(&w.output, xb, None, logits),
         }
         Ok(rows)
+    }
+
+    /// One SwiGLU block over the `n` rows of `x` (`xq` their 8-bit form when the pass uses
+    /// it): `y = down(silu(gate x) * up x)`, `ff` neurons wide.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mlp(
+        &self,
+        w: &Mlp,
+        x: &[f32],
+        xq: Option<&Q8Acts>,
+        act: Activations,
+        ff: usize,
+        gate: &mut Vec<f32>,
+        up: &mut Vec<f32>,
+        acts: &mut Q8Acts,
+        y: &mut [f32],
+    ) {
+        let n = x.len() / self.config.n_embd;
+        let gate = sized(gate, n * ff);
+        let up = sized(up, n * ff);
+        self.linear(&w.gate, x, xq, gate);
+        self.linear(&w.up, x, xq, up);
+        swiglu(gate, up);
+        let hq = quantize_input(act, gate, ff, acts);
+        self.linear(&w.down, gate, hq, y);
     }
 
     /// `y = W x` for every row of `x`: on the 8-bit activations when they were prepared and the
@@ -552,7 +588,7 @@ fn attend_segments(
 
 /// Quantizes the input of the next products to 8 bits per block when that precision is
 /// selected (once per input, shared by the products that read it).
-fn quantize_input<'a>(
+pub(super) fn quantize_input<'a>(
     act: Activations,
     x: &[f32],
     k: usize,

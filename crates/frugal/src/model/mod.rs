@@ -3,13 +3,15 @@
 mod config;
 mod forward;
 mod mla;
+pub mod moe;
 pub mod synthetic;
 mod weights;
 
 pub use config::{Config, Mla, SUPPORTED_ARCHS};
 pub use forward::{Input, Logits, Observer, Scratch, Segment, Site};
 pub use mla::LatentPath;
-pub use weights::{KvProjection, LayerWeights, Linear, Weights};
+pub use moe::{Gating, MoeConfig, RoutingStats};
+pub use weights::{Ffn, KvProjection, LayerWeights, Linear, Weights};
 
 use std::path::Path;
 

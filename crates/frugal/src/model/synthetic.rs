@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 
 use super::config::Mla;
+use super::moe::Gating;
 use crate::gguf::{GgufWriter, TensorData, Value, ValueType};
 use crate::quant::GgmlType;
 
@@ -27,6 +28,20 @@ pub struct SyntheticSpec {
     /// Latent attention: a `deepseek2` file in llama.cpp's absorbed layout (`n_head_kv` is
     /// then ignored; the up-projections are stored as F32).
     pub mla: Option<Mla>,
+    /// Routed experts in every layer (`n_ff` is then each expert's width).
+    pub moe: Option<SyntheticMoe>,
+}
+
+/// The experts of a synthetic MoE model (a `llama` file in llama.cpp's MoE layout).
+#[derive(Clone, Debug)]
+pub struct SyntheticMoe {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub gating: Gating,
+    /// Neurons of a shared expert; 0 for none.
+    pub n_ff_shared: usize,
+    /// Whether to write a selection bias (`exp_probs_b.bias`).
+    pub selection_bias: bool,
 }
 
 impl Default for SyntheticSpec {
@@ -42,6 +57,7 @@ impl Default for SyntheticSpec {
             untied_output: false,
             seed: 1,
             mla: None,
+            moe: None,
         }
     }
 }
@@ -100,6 +116,16 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
             w.set(&key("leading_dense_block_count"), u(spec.n_layers));
             w.set(&key("expert_feed_forward_length"), u(spec.n_ff));
             w.set(&key("expert_shared_count"), u(0));
+        }
+    }
+    if let Some(m) = &spec.moe {
+        w.set(&key("expert_count"), u(m.n_expert));
+        w.set(&key("expert_used_count"), u(m.n_used));
+        if m.gating != Gating::Softmax {
+            w.set(&key("expert_gating_func"), u(m.gating.gguf_id() as usize));
+        }
+        if m.n_ff_shared > 0 {
+            w.set(&key("expert_shared_feed_forward_length"), u(m.n_ff_shared));
         }
     }
     let byte_chars = crate::tokenizer::byte_level_chars();
@@ -185,9 +211,55 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
             }
         }
         push(name("ffn_norm"), vec![d], GgmlType::F32, 0.2, 1.0);
-        push(name("ffn_gate"), vec![d, ff], spec.ty, std_in(d), 0.0);
-        push(name("ffn_up"), vec![d, ff], spec.ty, std_in(d), 0.0);
-        push(name("ffn_down"), vec![ff, d], spec.ty, std_in(ff), 0.0);
+        match &spec.moe {
+            None => {
+                push(name("ffn_gate"), vec![d, ff], spec.ty, std_in(d), 0.0);
+                push(name("ffn_up"), vec![d, ff], spec.ty, std_in(d), 0.0);
+                push(name("ffn_down"), vec![ff, d], spec.ty, std_in(ff), 0.0);
+            }
+            Some(m) => {
+                let e = m.n_expert as u64;
+                // A router wide enough that tokens really pick different experts.
+                push(
+                    name("ffn_gate_inp"),
+                    vec![d, e],
+                    GgmlType::F32,
+                    4.0 * std_in(d),
+                    0.0,
+                );
+                push(
+                    name("ffn_gate_exps"),
+                    vec![d, ff, e],
+                    spec.ty,
+                    std_in(d),
+                    0.0,
+                );
+                push(name("ffn_up_exps"), vec![d, ff, e], spec.ty, std_in(d), 0.0);
+                push(
+                    name("ffn_down_exps"),
+                    vec![ff, d, e],
+                    spec.ty,
+                    std_in(ff),
+                    0.0,
+                );
+                if m.n_ff_shared > 0 {
+                    let sh = m.n_ff_shared as u64;
+                    push(name("ffn_gate_shexp"), vec![d, sh], spec.ty, std_in(d), 0.0);
+                    push(name("ffn_up_shexp"), vec![d, sh], spec.ty, std_in(d), 0.0);
+                    push(
+                        name("ffn_down_shexp"),
+                        vec![sh, d],
+                        spec.ty,
+                        std_in(sh),
+                        0.0,
+                    );
+                }
+                if m.selection_bias {
+                    let bias = format!("blk.{l}.exp_probs_b.bias");
+                    push(bias, vec![e], GgmlType::F32, 0.2, 0.0);
+                }
+            }
+        }
     }
     push(
         "output_norm.weight".into(),

@@ -7,7 +7,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::Config;
-use crate::gguf::{GgufError, GgufFile};
+use super::moe::MoeConfig;
+pub use super::moe::{Experts, Mlp};
+use crate::gguf::{GgufError, GgufFile, TensorInfo};
 use crate::quant::packed::PackedMatrix;
 use crate::quant::sparse_matrix::SparseMatrix;
 use crate::quant::{self, GgmlType, WeightMatrix};
@@ -72,9 +74,53 @@ pub struct LayerWeights {
     pub kv: KvProjection,
     pub wo: Linear,
     pub ffn_norm: Vec<f32>,
-    pub w_gate: Linear,
-    pub w_up: Linear,
-    pub w_down: Linear,
+    pub ffn: Ffn,
+}
+
+/// A block's feed-forward part: one SwiGLU block, or routed experts (`Config::moe`).
+#[derive(Clone, Debug)]
+pub enum Ffn {
+    Dense(Mlp),
+    Experts(Experts),
+}
+
+impl Ffn {
+    /// Every matrix of the block (the router first).
+    fn matrices(&self) -> Vec<&Linear> {
+        match self {
+            Ffn::Dense(m) => vec![&m.gate, &m.up, &m.down],
+            Ffn::Experts(x) => std::iter::once(&x.router)
+                .chain(
+                    x.experts
+                        .iter()
+                        .chain(&x.shared)
+                        .flat_map(|m| [&m.gate, &m.up, &m.down]),
+                )
+                .collect(),
+        }
+    }
+
+    /// The matrices the products run through, mutably (the router is not among them: it stays
+    /// in its stored form, computed on f32 activations).
+    fn products_mut(&mut self) -> Vec<&mut Linear> {
+        match self {
+            Ffn::Dense(m) => vec![&mut m.gate, &mut m.up, &mut m.down],
+            Ffn::Experts(x) => x
+                .experts
+                .iter_mut()
+                .chain(&mut x.shared)
+                .flat_map(|m| [&mut m.gate, &mut m.up, &mut m.down])
+                .collect(),
+        }
+    }
+
+    /// The dense block, if this is one.
+    pub fn dense(&self) -> Option<&Mlp> {
+        match self {
+            Ffn::Dense(m) => Some(m),
+            Ffn::Experts(_) => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -98,9 +144,10 @@ impl Weights {
                     KvProjection::Heads { wk, wv } => (wk, Some(wv)),
                     KvProjection::Latent { kv_a, .. } => (kv_a, None),
                 };
-                [&l.wq, a, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                [&l.wq, a, &l.wo]
                     .into_iter()
                     .chain(b)
+                    .chain(l.ffn.matrices())
             })
             .chain(std::iter::once(&self.output))
     }
@@ -119,16 +166,10 @@ impl Weights {
                 KvProjection::Heads { wk, wv } => (wk, Some(wv)),
                 KvProjection::Latent { kv_a, .. } => (kv_a, None),
             };
-            [
-                &mut l.wq,
-                a,
-                &mut l.wo,
-                &mut l.w_gate,
-                &mut l.w_up,
-                &mut l.w_down,
-            ]
-            .into_iter()
-            .chain(b)
+            [&mut l.wq, a, &mut l.wo]
+                .into_iter()
+                .chain(b)
+                .chain(l.ffn.products_mut())
         })
     }
 
@@ -164,9 +205,14 @@ impl Weights {
                 kv,
                 wo: linear(file, &name("attn_output"), c.n_embd, c.attn_dim())?,
                 ffn_norm: vector(file, &name("ffn_norm"), c.n_embd)?,
-                w_gate: linear(file, &name("ffn_gate"), c.n_ff, c.n_embd)?,
-                w_up: linear(file, &name("ffn_up"), c.n_ff, c.n_embd)?,
-                w_down: linear(file, &name("ffn_down"), c.n_embd, c.n_ff)?,
+                ffn: match c.moe {
+                    None => Ffn::Dense(Mlp {
+                        gate: linear(file, &name("ffn_gate"), c.n_ff, c.n_embd)?,
+                        up: linear(file, &name("ffn_up"), c.n_ff, c.n_embd)?,
+                        down: linear(file, &name("ffn_down"), c.n_embd, c.n_ff)?,
+                    }),
+                    Some(m) => Ffn::Experts(experts(file, c, &m, i)?),
+                },
             });
         }
         let token_embd = linear(file, "token_embd.weight", c.n_vocab, c.n_embd)?;
@@ -194,11 +240,23 @@ fn shape_error(name: &str, offset: u64, want: &[u64], got: &[u64]) -> GgufError 
 }
 
 fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
-    let (info, bytes) = file.tensor(name)?;
+    let (info, _) = file.tensor(name)?;
     let want = [cols as u64, rows as u64];
     if info.dims != want {
         return Err(shape_error(name, info.info_offset, &want, &info.dims));
     }
+    linear_of(file, name, info, rows, cols)
+}
+
+/// A matrix of `rows x cols` over tensor `info`'s bytes, whose shape the caller checked.
+fn linear_of(
+    file: &GgufFile,
+    name: &str,
+    info: &TensorInfo,
+    rows: usize,
+    cols: usize,
+) -> Result<Linear, GgufError> {
+    let bytes = file.tensor(name)?.1;
     if !quant::is_supported(info.ty) {
         return Err(GgufError::UnsupportedType {
             tensor: name.into(),
@@ -223,6 +281,80 @@ fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linea
         packed: None,
         sparse: None,
     })
+}
+
+/// Layer `layer`'s router, experts (views into the 3-D `ffn_*_exps` tensors) and optional
+/// shared expert and selection bias.
+fn experts(file: &GgufFile, c: &Config, m: &MoeConfig, layer: usize) -> Result<Experts, GgufError> {
+    let name = |s: &str| format!("blk.{layer}.{s}.weight");
+    let router = linear(file, &name("ffn_gate_inp"), m.n_expert, c.n_embd)?;
+    // A NaN router weight would route every token to expert 0 with NaN weights: refuse it.
+    let values = tensor_f32(file, &name("ffn_gate_inp"), &[c.n_embd, m.n_expert])?;
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        return Err(GgufError::BadTensor {
+            tensor: name("ffn_gate_inp"),
+            offset: file
+                .tensor_info(&name("ffn_gate_inp"))
+                .map_or(0, |t| t.info_offset),
+            reason: format!("router weight {i} is {}", values[i]),
+        });
+    }
+    let gate = stacked(file, &name("ffn_gate_exps"), c.n_ff, c.n_embd, m.n_expert)?;
+    let up = stacked(file, &name("ffn_up_exps"), c.n_ff, c.n_embd, m.n_expert)?;
+    let down = stacked(file, &name("ffn_down_exps"), c.n_embd, c.n_ff, m.n_expert)?;
+    let experts = gate
+        .into_iter()
+        .zip(up)
+        .zip(down)
+        .map(|((gate, up), down)| Mlp { gate, up, down })
+        .collect();
+    let shared = if m.n_ff_shared > 0 {
+        let f = m.n_ff_shared;
+        Some(Mlp {
+            gate: linear(file, &name("ffn_gate_shexp"), f, c.n_embd)?,
+            up: linear(file, &name("ffn_up_shexp"), f, c.n_embd)?,
+            down: linear(file, &name("ffn_down_shexp"), c.n_embd, f)?,
+        })
+    } else {
+        None
+    };
+    let bias_name = format!("blk.{layer}.exp_probs_b.bias");
+    let selection_bias = match file.tensor_info(&bias_name) {
+        Some(_) => Some(tensor_f32(file, &bias_name, &[m.n_expert])?),
+        None => None,
+    };
+    Ok(Experts {
+        router,
+        experts,
+        shared,
+        selection_bias,
+    })
+}
+
+/// The `n` matrices (`rows x cols` each) of a 3-D expert tensor, one after another as llama.cpp
+/// stores them, as views of their byte ranges.
+fn stacked(
+    file: &GgufFile,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    n: usize,
+) -> Result<Vec<Linear>, GgufError> {
+    let (info, _) = file.tensor(name)?;
+    let want = [cols as u64, rows as u64, n as u64];
+    if info.dims != want {
+        return Err(shape_error(name, info.info_offset, &want, &info.dims));
+    }
+    let whole = linear_of(file, name, info, rows * n, cols)?;
+    let per = whole.range.len() / n;
+    Ok((0..n)
+        .map(|e| Linear {
+            name: format!("{name}#{e}"),
+            range: whole.range.start + e * per..whole.range.start + (e + 1) * per,
+            rows,
+            ..whole.clone()
+        })
+        .collect())
 }
 
 fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, GgufError> {

@@ -31,6 +31,7 @@ fn model(n_layers: usize, seed: u64) -> Model {
         untied_output: true,
         seed,
         mla: None,
+        moe: None,
     };
     let mut m = Model::from_file(GgufFile::from_bytes(build(&spec)).unwrap()).unwrap();
     m.set_activations(Activations::Q8);

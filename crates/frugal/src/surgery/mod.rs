@@ -7,9 +7,11 @@
 //!   low-rank latent), calibrated.
 //! - [`prune`]: fewer weights: magnitude, Wanda and SparseGPT, unstructured and N:M, and
 //!   structured removal of FFN neurons, KV groups and layers.
+//! - [`moe`]: dense FFNs to routed experts (MoEfication) and sparse upcycling.
 
 pub mod attention;
 pub mod mla;
+pub mod moe;
 pub mod prune;
 
 pub use attention::{AttentionLayout, LayoutReport, convert_attention};

@@ -110,7 +110,10 @@ pub fn layers_to_keep(importance: &[f64], n: usize) -> Vec<usize> {
     keep
 }
 
-fn matrix<'a, 'b>(w: &'b GgufWriter<'a>, name: &str) -> Result<&'b TensorData<'a>, SurgeryError> {
+pub(crate) fn matrix<'a, 'b>(
+    w: &'b GgufWriter<'a>,
+    name: &str,
+) -> Result<&'b TensorData<'a>, SurgeryError> {
     w.tensors
         .iter()
         .find(|t| t.name == name)
@@ -118,7 +121,7 @@ fn matrix<'a, 'b>(w: &'b GgufWriter<'a>, name: &str) -> Result<&'b TensorData<'a
 }
 
 /// Rows `ranges` of a matrix, byte for byte (rows are whole blocks in every format).
-fn select_rows(t: &TensorData, rows: &[std::ops::Range<usize>]) -> TensorData<'static> {
+pub(crate) fn select_rows(t: &TensorData, rows: &[std::ops::Range<usize>]) -> TensorData<'static> {
     let n_rows = t.dims[1] as usize;
     let rb = t.data.len() / n_rows;
     let mut out = Vec::new();
@@ -136,7 +139,10 @@ fn select_rows(t: &TensorData, rows: &[std::ops::Range<usize>]) -> TensorData<'s
 }
 
 /// Columns `cols` of a matrix: decoded, selected, re-encoded in its own format.
-fn select_cols(t: &TensorData, cols: &[usize]) -> Result<TensorData<'static>, SurgeryError> {
+pub(crate) fn select_cols(
+    t: &TensorData,
+    cols: &[usize],
+) -> Result<TensorData<'static>, SurgeryError> {
     let (n_cols, n_rows) = (t.dims[0] as usize, t.dims[1] as usize);
     if !cols.len().is_multiple_of(t.ty.block_size()) {
         return Err(SurgeryError::Invalid(format!(
