@@ -318,3 +318,43 @@ fn llama_cpp_runs_pruned_models() {
         String::from_utf8_lossy(&refused.stderr)
     );
 }
+
+/// What `frugal moefy` writes (llama.cpp's MoE layout: `ffn_gate_inp`, 3-D `ffn_*_exps`,
+/// `expert_count` / `expert_used_count`) runs in llama.cpp with the perplexity frugal measures:
+/// a split into 8 experts all routed (the router's softmax weights and the stacked experts all
+/// count), and an upcycled model of 4 copies routed 1. (A split routed 2 of 8 also loads and
+/// runs in llama.cpp, but untrained its perplexity is in the tens of thousands, where each
+/// near-tie of the router that the two engines' rounding breaks differently moves it by tens of
+/// percent; frugal's routing is checked against a per-token reference in its own tests.)
+#[test]
+fn llama_cpp_runs_moefied_models() {
+    let (Some(bin), Some(model)) = (llama_bin(), frugal::fetch::reference_model_for_tests()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let text = text(dir.path());
+    let m = model.to_str().unwrap();
+    let cases: [(&str, Vec<&str>); 2] = [
+        (
+            "moefy 8 experts, all routed",
+            vec![
+                "--experts",
+                "8",
+                "--top-k",
+                "8",
+                "--split",
+                "weights",
+                "--router",
+                "centroid",
+            ],
+        ),
+        ("upcycle 4, top 1", vec!["--upcycle", "4", "--top-k", "1"]),
+    ];
+    for (i, (what, flags)) in cases.iter().enumerate() {
+        let out = dir.path().join(format!("moe-{i}.gguf"));
+        let mut args = vec!["moefy", m, out.to_str().unwrap()];
+        args.extend(flags.iter().copied());
+        run(Command::new(env!("CARGO_BIN_EXE_frugal")).args(&args));
+        assert_close(what, frugal_ppl(&out, &text), llama_ppl(&bin, &out, &text));
+    }
+}

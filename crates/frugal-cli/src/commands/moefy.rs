@@ -103,7 +103,7 @@ pub fn run(a: Args) -> Result<()> {
 
 fn report(a: &Args, r: &MoeReport, secs: f64) -> Result<()> {
     if a.json {
-        println!("{}", serde_json::to_string_pretty(r)?);
+        println!("{}", serde_json::to_string(r)?);
         return Ok(());
     }
     println!(

@@ -736,8 +736,8 @@ fn report(
             s,
             "- {} decodes at {:.2}x the dense model in {} (target ≥ 1.15x) — {}. In one value format a quarter of the FFN is 14.8% of the weights a step reads, a bandwidth ceiling of 1.17x.",
             f.name,
-            a.format,
             speedup(f),
+            a.format,
             if speedup(f) >= 1.15 { "met" } else { "not met" }
         );
     }

@@ -1,0 +1,123 @@
+//! `frugal moefy` on the real model: the split file runs, its parameter counts agree between
+//! `moefy` and `info`, with every expert routed it is the dense model again (up to re-encoding
+//! the down projections), and bad expert counts get clear errors.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn frugal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = frugal(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s.lines().last().unwrap()).unwrap()
+}
+
+fn ppl(model: &Path, text: &Path) -> f64 {
+    let m = model.to_str().unwrap();
+    let t = text.to_str().unwrap();
+    json(&ok(&[
+        "eval",
+        "perplexity",
+        "-m",
+        m,
+        "--text",
+        t,
+        "-c",
+        "128",
+        "--json",
+    ]))["ppl"]
+        .as_f64()
+        .unwrap()
+}
+
+#[test]
+fn moefied_real_model_runs_and_counts_its_parameters() {
+    let Some(model) = frugal::fetch::reference_model_for_tests() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = model.to_str().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(
+        &text,
+        "A model is trained once and served forever, so inference is the cost that matters. \
+         Mixture-of-experts layers route each token to a few experts, so most weights stay idle. "
+            .repeat(12),
+    )
+    .unwrap();
+    let all = dir.path().join("all.gguf");
+    let a = all.to_str().unwrap();
+    let split = [
+        "--experts",
+        "8",
+        "--split",
+        "weights",
+        "--router",
+        "centroid",
+    ];
+    let r = json(&ok(&[
+        &["moefy", m, a, "--top-k", "8", "--json"][..],
+        &split,
+    ]
+    .concat()));
+    assert_eq!(r["expert_width"], 192);
+    // Every expert routed, with weights within about 1% of 1/8 each: the dense model, but for
+    // the down projections re-encoded by columns (a second rounding of 4-bit codes).
+    let (dense, moe) = (ppl(&model, &text), ppl(&all, &text));
+    assert!(
+        (moe / dense - 1.0).abs() < 0.1,
+        "all experts: PPL {moe} vs dense {dense}"
+    );
+    let two = dir.path().join("two.gguf");
+    let t = two.to_str().unwrap();
+    let r = json(&ok(&[
+        &["moefy", m, t, "--top-k", "2", "--json"][..],
+        &split,
+    ]
+    .concat()));
+    let info = json(&ok(&["info", t, "--json"]));
+    assert_eq!(info["n_params_active"], r["active_params"]);
+    assert_eq!(info["n_params"], r["total_params"]);
+    let active = r["active_params"].as_f64().unwrap();
+    assert!((active / 46.6e6 - 1.0).abs() < 0.01, "active {active}");
+    let out = ok(&[
+        "generate",
+        "The capital of France is",
+        "-m",
+        t,
+        "-n",
+        "6",
+        "--temp",
+        "0",
+    ]);
+    assert!(!out.trim().is_empty());
+    for (flags, says) in [
+        (vec!["--experts", "7"], "use one of"),
+        (vec!["--experts", "8", "--top-k", "0"], "1 <= k"),
+        (vec!["--experts", "8", "--top-k", "9"], "1 <= k"),
+        (vec!["--experts", "8"], "calibration"),
+    ] {
+        let bad = dir.path().join("bad.gguf");
+        let out = frugal(&[&["moefy", m, bad.to_str().unwrap()][..], &flags].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{flags:?}: {err}"
+        );
+        assert!(!bad.exists());
+    }
+}
