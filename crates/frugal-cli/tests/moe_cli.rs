@@ -105,6 +105,27 @@ fn moefied_real_model_runs_and_counts_its_parameters() {
         "0",
     ]);
     assert!(!out.trim().is_empty());
+    // --moe-stats: every layer's loads are shares of the routed slots, two per token.
+    let mut args = vec!["generate", "The capital of France is", "-m", t, "-n", "6"];
+    args.extend(["--temp", "0", "--json", "--moe-stats"]);
+    let g = json(&ok(&args));
+    let layers = g["moe_stats"].as_array().unwrap();
+    assert_eq!(layers.len(), 30);
+    for l in layers {
+        let load: Vec<f64> = l["load"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(load.len(), 8);
+        assert!((load.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        assert!(l["tokens"].as_u64().unwrap() >= 6);
+        assert!(l["max_over_mean"].as_f64().unwrap() >= 1.0);
+        assert!(l["entropy"].as_f64().unwrap() <= 8f64.ln() + 1e-9);
+    }
+    let dense = frugal(&["generate", "Hi", "-m", m, "-n", "1", "--moe-stats"]);
+    assert!(String::from_utf8_lossy(&dense.stderr).contains("no experts"));
     for (flags, says) in [
         (vec!["--experts", "7"], "use one of"),
         (vec!["--experts", "8", "--top-k", "0"], "1 <= k"),

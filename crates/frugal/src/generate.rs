@@ -9,7 +9,7 @@ use std::time::Instant;
 use crate::attention::Attention;
 use crate::error::{Error, Result};
 use crate::kv::{KvOptions, SeqCache};
-use crate::model::{Logits, Model, Scratch};
+use crate::model::{Logits, Model, RoutingStats, Scratch};
 use crate::sample::{Sampler, SamplerParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -103,6 +103,20 @@ impl<'m> Session<'m> {
             cached: Vec::new(),
             use_kv_cache,
         })
+    }
+
+    /// Starts counting how the router sends tokens to experts (a MoE model; nothing for a
+    /// dense one): read them with [`Self::routing`].
+    pub fn record_routing(&mut self) {
+        if let Some(m) = self.model.config.moe {
+            self.scratch.moe.stats =
+                Some(RoutingStats::new(self.model.config.n_layers, m.n_expert));
+        }
+    }
+
+    /// The routing counted since [`Self::record_routing`] (prompt and generated tokens).
+    pub fn routing(&self) -> Option<&RoutingStats> {
+        self.scratch.moe.stats.as_ref()
     }
 
     pub fn ctx(&self) -> usize {

@@ -18,6 +18,10 @@ pub struct Args {
     /// Print one JSON object (text, token ids, stats) instead of streaming
     #[arg(long)]
     pub json: bool,
+    /// A mixture-of-experts model: print, per layer, each expert's share of the routed tokens,
+    /// the busiest expert over the mean, the routing entropy and the most co-selected pairs
+    #[arg(long = "moe-stats")]
+    pub moe_stats: bool,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -64,11 +68,25 @@ pub fn run(a: Args) -> Result<()> {
             let _ = stdout.flush();
         }
     };
+    anyhow::ensure!(
+        !a.moe_stats || spec_opts.is_none(),
+        "--moe-stats counts plain decoding's routing: drop --speculate"
+    );
+    anyhow::ensure!(
+        !a.moe_stats || model.config.moe.is_some(),
+        "--moe-stats: this model has no experts (its FFN is dense)"
+    );
+    let mut routing = None;
     let (g, spec) = match &spec_opts {
         None => {
             let mut session =
                 Session::with_options(&model, ctx, !a.run.no_kv_cache, &kv_opts, attention)?;
-            (session.generate(&tok, &ids, &opts, stream)?, None)
+            if a.moe_stats {
+                session.record_routing();
+            }
+            let g = session.generate(&tok, &ids, &opts, stream)?;
+            routing = session.routing().cloned();
+            (g, None)
         }
         Some(so) => {
             let mut s = common::speculator(&model, ctx, &kv_opts, attention, so)?;
@@ -101,11 +119,15 @@ pub fn run(a: Args) -> Result<()> {
                 "threads": rayon::current_num_threads(),
                 "speculate": a.spec.speculate,
                 "speculation": spec,
-            }
+            },
+            "moe_stats": routing.as_ref().map(|r| (0..r.load.len()).filter_map(|l| r.layer(l)).collect::<Vec<_>>()),
         });
         writeln!(stdout, "{out}")?;
     } else {
         writeln!(stdout)?;
+    }
+    if let (Some(r), false) = (&routing, json) {
+        print_routing(r);
     }
     if let Some(sp) = &spec {
         eprintln!(
@@ -139,4 +161,31 @@ pub fn run(a: Args) -> Result<()> {
         rayon::current_num_threads(),
     );
     Ok(())
+}
+
+/// The routing table `--moe-stats` prints (to stderr, beside the stats line).
+pub fn print_routing(r: &frugal::model::RoutingStats) {
+    eprintln!(
+        "routing: layer | tokens | max/mean | CV | entropy (of ln {} = {:.2}) | load per expert (%) | top pairs",
+        r.n_expert,
+        (r.n_expert as f64).ln()
+    );
+    for l in (0..r.load.len()).filter_map(|l| r.layer(l)) {
+        let load: Vec<String> = l.load.iter().map(|s| format!("{:.0}", 100.0 * s)).collect();
+        let pairs: Vec<String> = l
+            .top_pairs
+            .iter()
+            .map(|(a, b, n)| format!("{a}+{b}:{n}"))
+            .collect();
+        eprintln!(
+            "  {:>3} | {} | {:.2} | {:.2} | {:.2} | {} | {}",
+            l.layer,
+            l.tokens,
+            l.max_over_mean,
+            l.cv,
+            l.entropy,
+            load.join(" "),
+            pairs.join(" ")
+        );
+    }
 }

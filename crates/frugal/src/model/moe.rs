@@ -250,6 +250,54 @@ impl RoutingStats {
     }
 }
 
+/// One layer's routing, summarized.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LayerRouting {
+    pub layer: usize,
+    pub tokens: u64,
+    /// Each expert's share of the routed slots (sums to 1).
+    pub load: Vec<f64>,
+    /// The busiest expert's load over the mean load (1 when balanced).
+    pub max_over_mean: f64,
+    /// Coefficient of variation of the loads (0 when balanced).
+    pub cv: f64,
+    /// Mean entropy of a token's routing probabilities, in nats (at most ln E).
+    pub entropy: f64,
+    /// The most often co-selected pairs: (expert a, expert b, tokens).
+    pub top_pairs: Vec<(usize, usize, u64)>,
+}
+
+impl RoutingStats {
+    /// Layer `layer` summarized, or `None` when it routed nothing.
+    pub fn layer(&self, layer: usize) -> Option<LayerRouting> {
+        let load = self.load.get(layer)?;
+        let slots: u64 = load.iter().sum();
+        if slots == 0 {
+            return None;
+        }
+        let share: Vec<f64> = load.iter().map(|&l| l as f64 / slots as f64).collect();
+        let mean = 1.0 / self.n_expert as f64;
+        let var = share.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / self.n_expert as f64;
+        let e = self.n_expert;
+        let mut pairs: Vec<(usize, usize, u64)> = (0..e)
+            .flat_map(|a| (a + 1..e).map(move |b| (a, b)))
+            .map(|(a, b)| (a, b, self.pairs[layer][a * e + b]))
+            .filter(|p| p.2 > 0)
+            .collect();
+        pairs.sort_by(|x, y| y.2.cmp(&x.2).then((x.0, x.1).cmp(&(y.0, y.1))));
+        pairs.truncate(3);
+        Some(LayerRouting {
+            layer,
+            tokens: self.tokens[layer],
+            max_over_mean: share.iter().copied().fold(0.0, f64::max) / mean,
+            cv: var.sqrt() / mean,
+            entropy: self.entropy[layer] / self.tokens[layer].max(1) as f64,
+            load: share,
+            top_pairs: pairs,
+        })
+    }
+}
+
 /// Buffers of the experts' products, reused across passes.
 #[derive(Default, Debug)]
 pub struct MoeScratch {
