@@ -32,6 +32,10 @@ pub struct Args {
     /// squares from the FFN input to each expert's activation over --calibration)
     #[arg(long = "router", default_value = "fit")]
     pub router: String,
+    /// Neurons of every FFN kept always active as a shared expert (the most active over
+    /// --calibration, as CMoE does); the rest are split into the routed experts
+    #[arg(long = "shared", default_value_t = 0)]
+    pub shared: usize,
     /// Upcycling: noise added to each copy, as a fraction of each matrix's RMS
     #[arg(long = "noise", default_value_t = 0.01)]
     pub noise: f32,
@@ -86,6 +90,7 @@ pub fn run(a: Args) -> Result<()> {
                 n_used: a.top_k,
                 split,
                 router,
+                shared: a.shared,
                 seed: a.seed,
             };
             let calib = ids.as_deref().map(|t| (t, a.calibration_ctx));

@@ -50,6 +50,9 @@ pub struct MoefyTarget {
     pub n_used: usize,
     pub split: Split,
     pub router: RouterInit,
+    /// Neurons kept always active as a shared expert (CMoE's shared experts): the ones with
+    /// the most activation over the calibration text; 0 for none.
+    pub shared: usize,
     pub seed: u64,
 }
 
@@ -90,6 +93,8 @@ struct Collector {
     n_ff: usize,
     /// `[layer]`: `n_ff x n_ff` co-activation sums, when gathered.
     coact: Option<Vec<Vec<f64>>>,
+    /// `[layer]`: `Σ_t h_i²` per neuron, when gathered.
+    sq: Option<Vec<Vec<f64>>>,
     /// `[layer]`: experts' neuron lists, when fitting routers.
     clusters: Option<Vec<Vec<Vec<usize>>>>,
     xtx: Vec<Vec<f64>>,
@@ -114,6 +119,13 @@ impl Observer for Collector {
                 }
             }
             Site::FfnDownInput => {
+                if let Some(sq) = &mut self.sq {
+                    for row in x.chunks_exact(width) {
+                        for (s, &v) in sq[layer].iter_mut().zip(row) {
+                            *s += f64::from(v) * f64::from(v);
+                        }
+                    }
+                }
                 if let Some(c) = &mut self.coact {
                     let g = &mut c[layer];
                     let n = self.n_ff;
@@ -301,12 +313,22 @@ pub fn moefy<'a>(
     }
     let w0 = GgufWriter::from_file(file);
     let down_ty = matrix(&w0, "blk.0.ffn_down.weight")?.ty;
-    let width = check_shape(c.n_ff, t.n_expert, t.n_used, down_ty.block_size().max(1))?;
-    let needs = t.split == Split::Coactivation || t.router == RouterInit::Fit;
+    let block = down_ty.block_size().max(1);
+    if t.shared >= c.n_ff || !t.shared.is_multiple_of(block) {
+        return Err(SurgeryError::Invalid(format!(
+            "--shared {}: the shared expert takes whole blocks of {block} neurons and leaves some \
+             of the {} to route",
+            t.shared, c.n_ff
+        )));
+    }
+    let width = check_shape(c.n_ff - t.shared, t.n_expert, t.n_used, block)?;
+    let needs = t.split == Split::Coactivation || t.router == RouterInit::Fit || t.shared > 0;
     let calib = match (needs, calib) {
         (true, None) => {
             return Err(SurgeryError::Invalid(
-                "the co-activation split and the fitted router need a calibration text".into(),
+                "the co-activation split, the fitted router and the shared expert need a \
+                 calibration text"
+                    .into(),
             ));
         }
         (_, c) => c,
@@ -315,48 +337,72 @@ pub fn moefy<'a>(
     let mut col = Collector {
         n_ff: ff,
         coact: None,
+        sq: None,
         clusters: None,
         xtx: Vec::new(),
         xta: Vec::new(),
         last_x: Vec::new(),
         d,
     };
-    if t.split == Split::Coactivation {
-        col.coact = Some(vec![vec![0.0; ff * ff]; c.n_layers]);
+    if t.split == Split::Coactivation || t.shared > 0 {
+        if t.split == Split::Coactivation {
+            col.coact = Some(vec![vec![0.0; ff * ff]; c.n_layers]);
+        }
+        col.sq = Some(vec![vec![0.0; ff]; c.n_layers]);
         // `n_ff²` products per token and layer: the first windows up to 512 tokens suffice.
         let (tokens, ctx) = calib.expect("checked");
         let used = tokens.len().min(ctx.max(512) / ctx * ctx);
         calibrate(model, &tokens[..used], ctx, &mut col)?;
     }
     let mut clusters = Vec::new();
+    let mut shared = Vec::new();
     for l in 0..c.n_layers {
+        // The shared neurons: the most active; the rest are routed.
+        let mut by_mass: Vec<usize> = (0..ff).collect();
+        if let Some(sq) = &col.sq {
+            by_mass.sort_by(|&a, &b| sq[l][b].total_cmp(&sq[l][a]).then(a.cmp(&b)));
+        }
+        let mut always: Vec<usize> = by_mass[..t.shared].to_vec();
+        always.sort_unstable();
+        let routed: Vec<usize> = (0..ff)
+            .filter(|i| always.binary_search(i).is_err())
+            .collect();
+        let n = routed.len();
         let feat = match &col.coact {
             Some(co) => {
                 let g = &co[l];
-                let mut f: Vec<f32> = (0..ff * ff)
-                    .map(|x| {
-                        let (i, j) = (x / ff, x % ff);
-                        (g[x] / (g[i * ff + i] * g[j * ff + j]).sqrt().max(1e-30)) as f32
-                    })
-                    .collect();
-                unit_rows(&mut f, ff);
+                let mut f: Vec<f32> = Vec::with_capacity(n * n);
+                for &i in &routed {
+                    for &j in &routed {
+                        let v = g[i * ff + j] / (g[i * ff + i] * g[j * ff + j]).sqrt().max(1e-30);
+                        f.push(v as f32);
+                    }
+                }
+                unit_rows(&mut f, n);
                 f
             }
             None => {
-                let mut f = decode(matrix(&w0, &format!("blk.{l}.ffn_gate.weight"))?)?;
+                let gate = decode(matrix(&w0, &format!("blk.{l}.ffn_gate.weight"))?)?;
+                let mut f: Vec<f32> = routed
+                    .iter()
+                    .flat_map(|&i| gate[i * d..(i + 1) * d].iter().copied())
+                    .collect();
                 unit_rows(&mut f, d);
                 f
             }
         };
-        let dim = feat.len() / ff;
-        clusters.push(balanced_kmeans(
-            &feat,
-            dim,
-            e,
-            t.seed.wrapping_add(l as u64),
-        ));
+        let dim = feat.len() / n;
+        let groups = balanced_kmeans(&feat, dim, e, t.seed.wrapping_add(l as u64));
+        clusters.push(
+            groups
+                .into_iter()
+                .map(|g| g.into_iter().map(|i| routed[i]).collect::<Vec<_>>())
+                .collect::<Vec<_>>(),
+        );
+        shared.push(always);
     }
     col.coact = None;
+    col.sq = None;
     if t.router == RouterInit::Fit {
         col.xtx = vec![vec![0.0; d * d]; c.n_layers];
         col.xta = vec![vec![0.0; d * e]; c.n_layers];
@@ -372,6 +418,12 @@ pub fn moefy<'a>(
         &format!("{arch}.expert_used_count"),
         Value::U32(t.n_used as u32),
     );
+    if t.shared > 0 {
+        w.set(
+            &format!("{arch}.expert_shared_feed_forward_length"),
+            Value::U32(t.shared as u32),
+        );
+    }
     w.set(
         &format!("{arch}.feed_forward_length"),
         Value::U32(width as u32),
@@ -443,6 +495,18 @@ pub fn moefy<'a>(
                 })
             })
             .collect::<Result<Vec<_>, SurgeryError>>()?;
+        // The shared expert: its neurons as they are (not times k: it is always on).
+        let always = &shared[l];
+        let shexp = if always.is_empty() {
+            Vec::new()
+        } else {
+            let rename = |t: TensorData<'static>, n: &str| TensorData { name: name(n), ..t };
+            vec![
+                rename(select_rows(gate, &rows(always)), "ffn_gate_shexp"),
+                rename(select_rows(up, &rows(always)), "ffn_up_shexp"),
+                rename(select_cols(down, always)?, "ffn_down_shexp"),
+            ]
+        };
         new.push((
             l,
             [
@@ -455,7 +519,10 @@ pub fn moefy<'a>(
                 stack(gates, "ffn_gate_exps"),
                 stack(ups, "ffn_up_exps"),
                 stack(downs, "ffn_down_exps"),
-            ],
+            ]
+            .into_iter()
+            .chain(shexp)
+            .collect(),
         ));
     }
     replace_ffns(&mut w, new);
@@ -464,7 +531,7 @@ pub fn moefy<'a>(
 }
 
 /// Replaces each listed layer's `ffn_gate`/`ffn_up`/`ffn_down` by its MoE tensors, in place.
-fn replace_ffns<'a>(w: &mut GgufWriter<'a>, new: Vec<(usize, [TensorData<'static>; 4])>) {
+fn replace_ffns<'a>(w: &mut GgufWriter<'a>, new: Vec<(usize, Vec<TensorData<'static>>)>) {
     for (l, tensors) in new {
         let dense = |s: &str| format!("blk.{l}.{s}.weight");
         let at = w
@@ -584,7 +651,8 @@ pub fn upcycle<'a>(
                 g,
                 u,
                 dn,
-            ],
+            ]
+            .into(),
         ));
     }
     replace_ffns(&mut w, new);

@@ -31,6 +31,7 @@ fn target(e: usize, k: usize, split: Split, router: RouterInit) -> MoefyTarget {
         n_used: k,
         split,
         router,
+        shared: 0,
         seed: 7,
     }
 }
@@ -43,12 +44,17 @@ fn target(e: usize, k: usize, split: Split, router: RouterInit) -> MoefyTarget {
 fn all_experts_with_uniform_weights_give_the_dense_model() {
     let (f, m) = dense(GgmlType::F32);
     let calib: Vec<u32> = (0..256).map(|i| (i * 7 % 250) as u32).collect();
-    for (split, router) in [
-        (Split::Weights, RouterInit::Centroid),
-        (Split::Coactivation, RouterInit::Fit),
+    for (split, router, shared) in [
+        (Split::Weights, RouterInit::Centroid, 0),
+        (Split::Coactivation, RouterInit::Fit, 0),
+        (Split::Weights, RouterInit::Fit, 32),
     ] {
-        let (mut w, r) = moefy(&f, &m, Some((&calib, 64)), &target(4, 4, split, router)).unwrap();
-        assert_eq!((r.n_expert, r.expert_width), (4, 32));
+        let t = MoefyTarget {
+            shared,
+            ..target(4, 4, split, router)
+        };
+        let (mut w, r) = moefy(&f, &m, Some((&calib, 64)), &t).unwrap();
+        assert_eq!((r.n_expert, r.expert_width), (4, (128 - shared) / 4));
         assert_eq!(
             r.total_params - r.active_params,
             258 * 64,
@@ -63,6 +69,7 @@ fn all_experts_with_uniform_weights_give_the_dense_model() {
         }
         let moe = Model::from_file(GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap()).unwrap();
         assert_eq!(moe.config.moe.unwrap().n_expert, 4);
+        assert_eq!(moe.config.moe.unwrap().n_ff_shared, shared);
         let (a, b) = (logits(&m, &TOKENS), logits(&moe, &TOKENS));
         let scale = a.iter().fold(0f32, |s, v| s.max(v.abs()));
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
