@@ -124,6 +124,27 @@ fn moefied_real_model_runs_and_counts_its_parameters() {
         assert!(l["max_over_mean"].as_f64().unwrap() >= 1.0);
         assert!(l["entropy"].as_f64().unwrap() <= 8f64.ln() + 1e-9);
     }
+    // eval: every scored window's every position is routed.
+    let e = json(&ok(&[
+        "eval",
+        "perplexity",
+        "-m",
+        t,
+        "--text",
+        text.to_str().unwrap(),
+        "-c",
+        "128",
+        "--json",
+        "--moe-stats",
+    ]));
+    let windows = e["windows"].as_u64().unwrap();
+    let layers = e["moe_stats"].as_array().unwrap();
+    assert_eq!(layers.len(), 30);
+    assert!(
+        layers
+            .iter()
+            .all(|l| l["tokens"].as_u64() == Some(windows * 128))
+    );
     let dense = frugal(&["generate", "Hi", "-m", m, "-n", "1", "--moe-stats"]);
     assert!(String::from_utf8_lossy(&dense.stderr).contains("no experts"));
     for (flags, says) in [

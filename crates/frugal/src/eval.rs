@@ -14,7 +14,7 @@
 use crate::attention::Attention;
 use crate::error::{Error, Result};
 use crate::kv::{KvOptions, KvSequence};
-use crate::model::{Logits, Model, Scratch};
+use crate::model::{Logits, Model, RoutingStats, Scratch};
 use crate::ops::log_sum_exp;
 
 /// How a model runs while scoring: its KV-cache format and layout and its attention kernel.
@@ -121,12 +121,28 @@ pub fn perplexity_with(
     tokens: &[u32],
     n_ctx: usize,
     opts: &EvalOptions,
-    mut progress: impl FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
 ) -> Result<Perplexity> {
+    perplexity_routed(model, tokens, n_ctx, opts, false, progress).map(|(p, _)| p)
+}
+
+/// [`perplexity_with`], also counting, when `record` is set and the model has experts, how the
+/// router sent every position of every window (`--moe-stats`).
+pub fn perplexity_routed(
+    model: &Model,
+    tokens: &[u32],
+    n_ctx: usize,
+    opts: &EvalOptions,
+    record: bool,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<(Perplexity, Option<RoutingStats>)> {
     let windows = window_count(tokens, n_ctx)?;
     let first = n_ctx / 2;
     let mut kv = model.new_seq_cache(n_ctx, &opts.kv)?;
     let mut scratch = Scratch::new(opts.attention);
+    if let (true, Some(m)) = (record, model.config.moe) {
+        scratch.moe.stats = Some(RoutingStats::new(model.config.n_layers, m.n_expert));
+    }
     let mut sums = NllSums::default();
     let nv = model.config.n_vocab;
     for w in 0..windows {
@@ -145,7 +161,7 @@ pub fn perplexity_with(
         sums.end_window();
         progress(w + 1, windows);
     }
-    Ok(sums.finish(windows, n_ctx))
+    Ok((sums.finish(windows, n_ctx), scratch.moe.stats.take()))
 }
 
 /// A model scored against a reference on the same positions: both perplexities and how far the

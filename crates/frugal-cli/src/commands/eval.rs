@@ -38,6 +38,10 @@ pub struct PerplexityArgs {
     /// reference's and their top-1 agreement are reported (as llama.cpp's --kl-divergence)
     #[arg(long = "reference", value_name = "BASE.gguf")]
     pub reference: Option<PathBuf>,
+    /// A mixture-of-experts model: also print, per layer, how the router sent the scored text's
+    /// tokens to experts (as `generate --moe-stats`)
+    #[arg(long = "moe-stats")]
+    pub moe_stats: bool,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -51,6 +55,10 @@ pub fn run(c: EvalCommand) -> Result<()> {
 }
 
 fn perplexity(a: PerplexityArgs) -> Result<()> {
+    anyhow::ensure!(
+        !a.moe_stats || (a.reference.is_none() && !a.kld),
+        "--moe-stats counts the model's own pass: drop --reference / --kld"
+    );
     let bytes = std::fs::read(&a.text).with_context(|| format!("reading {}", a.text.display()))?;
     let text = String::from_utf8(bytes).map_err(|e| {
         anyhow::anyhow!(
@@ -99,9 +107,10 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
         return compare(&a, (&model, &opts), (&model, &baseline), &tokens, bar);
     }
     let t0 = std::time::Instant::now();
-    let r = frugal::eval::perplexity_with(&model, &tokens, a.ctx, &opts, |done, _| {
-        bar.set_position(done as u64)
-    })?;
+    let (r, routing) =
+        frugal::eval::perplexity_routed(&model, &tokens, a.ctx, &opts, a.moe_stats, |done, _| {
+            bar.set_position(done as u64)
+        })?;
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     if a.json {
@@ -116,8 +125,15 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
             .cache_shape()
             .bytes_per_token(model.config.n_layers, opts.kv.format)
             .into();
+        if let Some(r) = &routing {
+            let layers: Vec<_> = (0..r.load.len()).filter_map(|l| r.layer(l)).collect();
+            v["moe_stats"] = serde_json::to_value(layers)?;
+        }
         println!("{v}");
     } else {
+        if let Some(r) = &routing {
+            super::generate::print_routing(r);
+        }
         let windows: Vec<String> = r.window_ppl.iter().map(|p| format!("{p:.3}")).collect();
         println!("per-window PPL: {}", windows.join(" "));
         println!(
