@@ -38,6 +38,35 @@ pub struct ModelArgs {
     pub sparse_bitmap: Option<f64>,
 }
 
+/// The calibration text of model surgery (`prune`, `moefy`): the activations it reads.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CalibrationArgs {
+    /// Calibration text: the activations that guide the surgery
+    #[arg(long = "calibration", value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
+    /// Calibration tokens taken from the start of --calibration
+    #[arg(long = "calibration-tokens", default_value_t = 2048)]
+    pub calibration_tokens: usize,
+    /// Calibration window in tokens (the text must hold at least one)
+    #[arg(long = "calibration-ctx", default_value_t = 512)]
+    pub calibration_ctx: usize,
+}
+
+impl CalibrationArgs {
+    /// The first `--calibration-tokens` token ids of the text, in `model`'s vocabulary, or
+    /// `None` without `--calibration`.
+    pub fn tokens(&self, model: &Model) -> Result<Option<Vec<u32>>> {
+        let Some(path) = &self.calibration else {
+            return Ok(None);
+        };
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut ids = Tokenizer::from_gguf(&model.file)?.encode(&text, false)?;
+        ids.truncate(self.calibration_tokens);
+        Ok(Some(ids))
+    }
+}
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct RunArgs {
     /// Context length in tokens [default: the model's trained context]

@@ -46,13 +46,12 @@ pub fn run(a: Args) -> Result<()> {
     // The KV-cache figures need a configuration frugal understands; other files still list.
     let config = Config::from_gguf(&f);
     // A MoE file's active parameters, counted by the estimator (one definition for both).
-    let moe_active = match &config {
-        Ok(c) if c.moe.is_some() => {
-            frugal::estimate::gguf_desc::from_gguf(&f, &path.display().to_string())?
-                .file_params
-                .map(|p| p.active)
-        }
-        _ => None,
+    let moe = config.as_ref().ok().and_then(|c| c.moe);
+    let moe_active = match moe {
+        Some(_) => frugal::estimate::gguf_desc::from_gguf(&f, &path.display().to_string())?
+            .file_params
+            .map(|p| p.active),
+        None => None,
     };
     // Bytes per token as a real (one-token) cache of the file's shape stores them.
     let measure = |c: &Config, ty: KvType| {
@@ -158,20 +157,12 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     println!("\nparameters: {n_params} ({:.1} M)", n_params as f64 / 1e6);
-    if let Some(active) = moe_active {
+    if let (Some(active), Some(m)) = (moe_active, moe) {
         println!(
             "active per token: {active} ({:.1} M; experts routed {} of {}; without the embedding table and the experts a token skips, as `frugal estimate` counts)",
             active as f64 / 1e6,
-            config
-                .as_ref()
-                .ok()
-                .and_then(|c| c.moe)
-                .map_or(0, |m| m.n_used),
-            config
-                .as_ref()
-                .ok()
-                .and_then(|c| c.moe)
-                .map_or(0, |m| m.n_expert),
+            m.n_used,
+            m.n_expert,
         );
     }
     println!("bytes by type:");

@@ -4,10 +4,10 @@
 
 use std::path::PathBuf;
 
+use super::common::CalibrationArgs;
 use anyhow::{Context, Result, bail, ensure};
 use frugal::model::Model;
 use frugal::surgery::moe::{self, MoeReport, MoefyTarget, RouterInit, Split};
-use frugal::tokenizer::Tokenizer;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -39,15 +39,9 @@ pub struct Args {
     /// Upcycling: noise added to each copy, as a fraction of each matrix's RMS
     #[arg(long = "noise", default_value_t = 0.01)]
     pub noise: f32,
-    /// Calibration text (the co-activation split and the fitted router)
-    #[arg(long = "calibration", value_name = "FILE")]
-    pub calibration: Option<PathBuf>,
-    /// Calibration tokens taken from the start of --calibration
-    #[arg(long = "calibration-tokens", default_value_t = 2048)]
-    pub calibration_tokens: usize,
-    /// Calibration window in tokens
-    #[arg(long = "calibration-ctx", default_value_t = 512)]
-    pub calibration_ctx: usize,
+    /// The calibration text (the co-activation split, the fitted router, the shared expert)
+    #[command(flatten)]
+    pub calib: CalibrationArgs,
     #[arg(long = "seed", default_value_t = 0)]
     pub seed: u64,
     /// Print one JSON object instead of text
@@ -75,16 +69,7 @@ pub fn run(a: Args) -> Result<()> {
                 "fit" => RouterInit::Fit,
                 s => bail!("--router {s:?}: use centroid or fit"),
             };
-            let ids = match &a.calibration {
-                Some(path) => {
-                    let text = std::fs::read_to_string(path)
-                        .with_context(|| format!("reading {}", path.display()))?;
-                    let mut ids = Tokenizer::from_gguf(&model.file)?.encode(&text, false)?;
-                    ids.truncate(a.calibration_tokens);
-                    Some(ids)
-                }
-                None => None,
-            };
+            let ids = a.calib.tokens(&model)?;
             let target = MoefyTarget {
                 n_expert: e,
                 n_used: a.top_k,
@@ -93,16 +78,15 @@ pub fn run(a: Args) -> Result<()> {
                 shared: a.shared,
                 seed: a.seed,
             };
-            let calib = ids.as_deref().map(|t| (t, a.calibration_ctx));
+            let calib = ids.as_deref().map(|t| (t, a.calib.calibration_ctx));
             moe::moefy(&model.file, &model, calib, &target)?
         }
         (None, Some(e)) => moe::upcycle(&model.file, e, a.top_k, a.noise, a.seed)?,
         _ => bail!("give --experts E (split the FFN) or --upcycle E (copy it)"),
     };
-    let tmp = a.output.with_extension("tmp.gguf");
-    w.write_file(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &a.output).with_context(|| format!("writing {}", a.output.display()))?;
+    // Atomic: written beside the output, then renamed.
+    w.write_file(&a.output)
+        .with_context(|| format!("writing {}", a.output.display()))?;
     report(&a, &r, t0.elapsed().as_secs_f64())
 }
 

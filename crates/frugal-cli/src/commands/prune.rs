@@ -11,9 +11,8 @@ use frugal::model::Model;
 use frugal::quant::GgmlType;
 use frugal::surgery::prune::structured::{self, StructuredTarget};
 use frugal::surgery::prune::{self, Method, Pattern, PruneTarget};
-use frugal::tokenizer::Tokenizer;
 
-use super::common::human_bytes;
+use super::common::{CalibrationArgs, human_bytes};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -44,30 +43,18 @@ pub struct Args {
     /// loss (the calibration loss increase when the layer is skipped: one evaluation per layer)
     #[arg(long = "layer-importance", default_value = "bi")]
     pub layer_importance: String,
-    /// Calibration text (Wanda, SparseGPT and structured importance)
-    #[arg(long = "calibration", value_name = "FILE")]
-    pub calibration: Option<PathBuf>,
-    /// Calibration tokens taken from the start of --calibration
-    #[arg(long = "calibration-tokens", default_value_t = 2048)]
-    pub calibration_tokens: usize,
-    /// Calibration window in tokens (the text must hold at least one)
-    #[arg(long = "calibration-ctx", default_value_t = 512)]
-    pub calibration_ctx: usize,
+    /// The calibration text (Wanda, SparseGPT and structured importance)
+    #[command(flatten)]
+    pub calib: CalibrationArgs,
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
 }
 
 fn calibration_tokens(a: &Args, model: &Model) -> Result<Vec<u32>> {
-    let path = a.calibration.as_ref().context(
+    a.calib.tokens(model)?.context(
         "this pruning reads activations: give --calibration FILE (a text of at least one window)",
-    )?;
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let tok = Tokenizer::from_gguf(&model.file)?;
-    let mut ids = tok.encode(&text, false)?;
-    ids.truncate(a.calibration_tokens);
-    Ok(ids)
+    )
 }
 
 fn write(a: &Args, w: &GgufWriter) -> Result<()> {
@@ -103,7 +90,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(prune::collect(
             &model,
             &ids,
-            a.calibration_ctx,
+            a.calib.calibration_ctx,
             a.method == Method::SparseGpt,
         )?)
     } else {
@@ -161,10 +148,10 @@ fn run_structured(a: &Args, model: &Model, spec: &str) -> Result<()> {
         .parse()
         .map_err(|e: String| anyhow::anyhow!("--structured {e}"))?;
     let ids = calibration_tokens(a, model)?;
-    let stats = prune::collect(model, &ids, a.calibration_ctx, false)?;
+    let stats = prune::collect(model, &ids, a.calib.calibration_ctx, false)?;
     let importance = match a.layer_importance.as_str() {
         "bi" => None,
-        "loss" if target.layers > 0 => Some(loss_importance(model, &ids, a.calibration_ctx)?),
+        "loss" if target.layers > 0 => Some(loss_importance(model, &ids, a.calib.calibration_ctx)?),
         "loss" => None,
         other => bail!("--layer-importance {other:?}: use bi or loss"),
     };

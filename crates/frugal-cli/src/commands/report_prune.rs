@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
-use frugal::convert::{Policy, Target, quantize_file};
+use frugal::convert::{Policy, Target, quantize_file, quantize_in_memory};
 use frugal::eval::{self, EvalOptions};
 use frugal::gguf::GgufFile;
 use frugal::model::Model;
@@ -373,11 +373,9 @@ pub fn run(a: Args) -> Result<()> {
         // Re-encoded in the rows' value format, so that its baseline is the dense model in the
         // same format: in the file as stored the head is Q8_0 beside 4-bit layers, a heavier
         // share of every step that no layer surgery touches.
-        let tmp = work.join("structured.gguf");
-        quantize_file(
+        let (q, _) = quantize_in_memory(
             &GgufFile::from_bytes(w.to_bytes()?)?,
             &Policy::new(target_fmt),
-            &tmp,
             |_, _| {},
         )?;
         made.push(made_of(
@@ -385,7 +383,7 @@ pub fn run(a: Args) -> Result<()> {
             "structured",
             Kind::Structured,
             "dense-format",
-            std::fs::read(&tmp)?,
+            q.raw_bytes().to_vec(),
         ));
     }
 

@@ -14,6 +14,19 @@ use super::desc::{
 use super::{EstimateError, Result};
 
 /// Builds the description; `path` names the file in messages.
+/// The fraction of tensor `name`'s parameters a token uses, where `share` of the routed experts
+/// run per token: none of the embedding tables (looked up, not multiplied), `share` of the
+/// stacked experts (`*_exps`), all of the rest.
+pub fn active_fraction(name: &str, share: f64) -> f64 {
+    if name == "token_embd.weight" || name == "position_embd.weight" {
+        0.0
+    } else if name.contains("_exps.") {
+        share
+    } else {
+        1.0
+    }
+}
+
 pub fn from_gguf(f: &GgufFile, path: &str) -> Result<ModelDesc> {
     let arch = f.str("general.architecture")?.to_string();
     let key = |k: &str| format!("{arch}.{k}");
@@ -215,12 +228,7 @@ pub fn from_gguf(f: &GgufFile, path: &str) -> Result<ModelDesc> {
             let n = t.n_elements();
             total = total.saturating_add(n);
             bytes = bytes.saturating_add(t.n_bytes());
-            if t.name == "token_embd.weight" || t.name == "position_embd.weight" {
-            } else if t.name.contains("_exps.") {
-                active += n as f64 * share;
-            } else {
-                active += n as f64;
-            }
+            active += n as f64 * active_fraction(&t.name, share);
             let ty = t.ty.name().to_string();
             match by_type.iter_mut().find(|e| e.0 == ty) {
                 Some(e) => {

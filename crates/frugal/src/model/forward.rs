@@ -74,6 +74,8 @@ pub struct Scratch {
     batch_lens: Vec<usize>,
     rope: RopeTable,
     acts: Q8Acts,
+    /// The FFN's hidden rows, quantized for the down projection (`acts` holds its input).
+    hidden_acts: Q8Acts,
     /// The experts' buffers and, when asked for, routing statistics.
     pub moe: MoeScratch,
     wide: WideActs,
@@ -462,14 +464,11 @@ impl Model {
             let xq = quantize_input(act, xb, d, &mut s.acts);
             match &lw.ffn {
                 Ffn::Dense(mlp) => {
-                    let gate = sized(&mut s.gate, n * c.n_ff);
-                    let up = sized(&mut s.up, n * c.n_ff);
-                    self.linear(&mlp.gate, xb, xq, gate);
-                    self.linear(&mlp.up, xb, xq, up);
-                    swiglu(gate, up);
-                    observe(&mut obs, l_model, Site::FfnDownInput, gate, c.n_ff);
-                    let hq = quantize_input(act, gate, c.n_ff, &mut s.acts);
-                    self.linear(&mlp.down, gate, hq, proj);
+                    let (gate, up, ha) = (&mut s.gate, &mut s.up, &mut s.hidden_acts);
+                    self.mlp(mlp, xb, xq, act, c.n_ff, gate, up, ha, proj);
+                    // `gate` holds the SwiGLU product, the down projection's input.
+                    let h = &s.gate[..n * c.n_ff];
+                    observe(&mut obs, l_model, Site::FfnDownInput, h, c.n_ff);
                 }
                 Ffn::Experts(ex) => {
                     self.experts_ffn(l_model, ex, act, xb, xq, &mut s.moe, proj);
@@ -509,7 +508,8 @@ impl Model {
     }
 
     /// One SwiGLU block over the `n` rows of `x` (`xq` their 8-bit form when the pass uses
-    /// it): `y = down(silu(gate x) * up x)`, `ff` neurons wide.
+    /// it): `y = down(silu(gate x) * up x)`, `ff` neurons wide; `gate` is left holding the
+    /// SwiGLU product.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mlp(
         &self,

@@ -14,8 +14,11 @@
 //! are read once per pass; a row's result depends only on the row (every product is row by
 //! row), so a token gives the same bits alone or in any batch.
 
-use super::Linear;
+use super::forward::{quantize_input, sized};
+use super::{Linear, Model};
 use crate::gguf::{GgufError, GgufFile};
+use crate::quant::act::{Activations, Q8Acts};
+use crate::quant::matmul;
 
 /// How router logits become expert probabilities.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -318,11 +321,6 @@ pub struct MoeScratch {
     /// Routing statistics, gathered when set.
     pub stats: Option<RoutingStats>,
 }
-
-use super::Model;
-use super::forward::{quantize_input, sized};
-use crate::quant::act::{Activations, Q8Acts};
-use crate::quant::matmul;
 
 impl Model {
     /// The routed FFN of layer `layer` for the `n` rows of `x` (normalized, `n x n_embd`;

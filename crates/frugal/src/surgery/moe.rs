@@ -25,7 +25,8 @@
 use std::borrow::Cow;
 
 use super::SurgeryError;
-use super::prune::structured::{matrix, select_cols, select_rows};
+use super::prune::structured::{matrix, select_rows};
+use crate::estimate::gguf_desc::active_fraction;
 use crate::gguf::{GgufFile, GgufWriter, TensorData, Value};
 use crate::model::{Config, Logits, Model, Observer, Scratch, Site};
 use crate::quant::{self, GgmlType};
@@ -255,6 +256,16 @@ fn unit_rows(x: &mut [f32], dim: usize) {
     }
 }
 
+/// An F32 tensor of `values` (the routers).
+fn f32_tensor(name: String, dims: Vec<u64>, values: &[f32]) -> TensorData<'static> {
+    TensorData {
+        name,
+        dims,
+        ty: GgmlType::F32,
+        data: Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+    }
+}
+
 fn decode(t: &TensorData) -> Result<Vec<f32>, SurgeryError> {
     let n = t.dims.iter().product::<u64>() as usize;
     quant::dequantize_to_vec(t.ty, &t.data, n).map_err(|e| SurgeryError::Quant(t.name.clone(), e))
@@ -311,8 +322,8 @@ pub fn moefy<'a>(
             "moefy takes a dense model with per-head attention".into(),
         ));
     }
-    let w0 = GgufWriter::from_file(file);
-    let down_ty = matrix(&w0, "blk.0.ffn_down.weight")?.ty;
+    let mut w = GgufWriter::from_file(file);
+    let down_ty = matrix(&w, "blk.0.ffn_down.weight")?.ty;
     let block = down_ty.block_size().max(1);
     if t.shared >= c.n_ff || !t.shared.is_multiple_of(block) {
         return Err(SurgeryError::Invalid(format!(
@@ -382,7 +393,7 @@ pub fn moefy<'a>(
                 f
             }
             None => {
-                let gate = decode(matrix(&w0, &format!("blk.{l}.ffn_gate.weight"))?)?;
+                let gate = decode(matrix(&w, &format!("blk.{l}.ffn_gate.weight"))?)?;
                 let mut f: Vec<f32> = routed
                     .iter()
                     .flat_map(|&i| gate[i * d..(i + 1) * d].iter().copied())
@@ -411,7 +422,6 @@ pub fn moefy<'a>(
         calibrate(model, tokens, ctx, &mut col)?;
     }
 
-    let mut w = GgufWriter::from_file(file);
     let arch = c.arch.clone();
     w.set(&format!("{arch}.expert_count"), Value::U32(e as u32));
     w.set(
@@ -468,34 +478,32 @@ pub fn moefy<'a>(
             .map(|m| select_rows(gate, &rows(m)))
             .collect();
         let ups = experts.iter().map(|m| select_rows(up, &rows(m))).collect();
-        // Down projections times k, so that the near-uniform weights 1/k of the chosen experts
-        // add up to their plain sum.
-        let scaled_down = {
-            let mut x = decode(down)?;
-            x.iter_mut().for_each(|v| *v *= t.n_used as f32);
-            TensorData {
-                name: down.name.clone(),
-                dims: down.dims.clone(),
-                ty: GgmlType::F32,
-                data: Cow::Owned(x.iter().flat_map(|v| v.to_le_bytes()).collect()),
-            }
+        // Down projections (decoded once) by columns: the routed ones times k, so that the
+        // near-uniform weights 1/k of the chosen experts add up to their plain sum; the shared
+        // expert's as they are (it is always on).
+        let dense_down = decode(down)?;
+        let columns = |cols: &[usize],
+                       scale: f32,
+                       tname: &str|
+         -> Result<TensorData<'static>, SurgeryError> {
+            let vals: Vec<f32> = dense_down
+                .chunks_exact(ff)
+                .flat_map(|row| cols.iter().map(move |&j| row[j] * scale))
+                .collect();
+            Ok(TensorData {
+                name: name(tname),
+                dims: vec![cols.len() as u64, d as u64],
+                ty: down_ty,
+                data: Cow::Owned(
+                    quant::quantize(down_ty, &vals)
+                        .map_err(|e| SurgeryError::Quant(down.name.clone(), e))?,
+                ),
+            })
         };
         let downs = experts
             .iter()
-            .map(|m| {
-                let f = select_cols(&scaled_down, m)?;
-                let vals = decode(&f)?;
-                Ok(TensorData {
-                    data: Cow::Owned(
-                        quant::quantize(down_ty, &vals)
-                            .map_err(|e| SurgeryError::Quant(down.name.clone(), e))?,
-                    ),
-                    ty: down_ty,
-                    ..f
-                })
-            })
+            .map(|m| columns(m, t.n_used as f32, "ffn_down_exps"))
             .collect::<Result<Vec<_>, SurgeryError>>()?;
-        // The shared expert: its neurons as they are (not times k: it is always on).
         let always = &shared[l];
         let shexp = if always.is_empty() {
             Vec::new()
@@ -504,18 +512,13 @@ pub fn moefy<'a>(
             vec![
                 rename(select_rows(gate, &rows(always)), "ffn_gate_shexp"),
                 rename(select_rows(up, &rows(always)), "ffn_up_shexp"),
-                rename(select_cols(down, always)?, "ffn_down_shexp"),
+                columns(always, 1.0, "ffn_down_shexp")?,
             ]
         };
         new.push((
             l,
             [
-                TensorData {
-                    name: name("ffn_gate_inp"),
-                    dims: vec![d as u64, e as u64],
-                    ty: GgmlType::F32,
-                    data: Cow::Owned(router.iter().flat_map(|v| v.to_le_bytes()).collect()),
-                },
+                f32_tensor(name("ffn_gate_inp"), vec![d as u64, e as u64], &router),
                 stack(gates, "ffn_gate_exps"),
                 stack(ups, "ffn_up_exps"),
                 stack(downs, "ffn_down_exps"),
@@ -557,12 +560,7 @@ fn report_of(w: &GgufWriter, e: usize, k: usize, width: usize) -> MoeReport {
     for t in &w.tensors {
         let n = t.dims.iter().product::<u64>();
         total += n;
-        if t.name == "token_embd.weight" {
-        } else if t.name.contains("_exps.") {
-            active += n as f64 * k as f64 / e as f64;
-        } else {
-            active += n as f64;
-        }
+        active += n as f64 * active_fraction(&t.name, k as f64 / e as f64);
     }
     MoeReport {
         n_expert: e,
@@ -642,12 +640,7 @@ pub fn upcycle<'a>(
         new.push((
             l,
             [
-                TensorData {
-                    name: name("ffn_gate_inp"),
-                    dims: vec![d as u64, copies as u64],
-                    ty: GgmlType::F32,
-                    data: Cow::Owned(router.iter().flat_map(|v| v.to_le_bytes()).collect()),
-                },
+                f32_tensor(name("ffn_gate_inp"), vec![d as u64, copies as u64], &router),
                 g,
                 u,
                 dn,

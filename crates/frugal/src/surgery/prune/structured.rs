@@ -139,10 +139,7 @@ pub(crate) fn select_rows(t: &TensorData, rows: &[std::ops::Range<usize>]) -> Te
 }
 
 /// Columns `cols` of a matrix: decoded, selected, re-encoded in its own format.
-pub(crate) fn select_cols(
-    t: &TensorData,
-    cols: &[usize],
-) -> Result<TensorData<'static>, SurgeryError> {
+fn select_cols(t: &TensorData, cols: &[usize]) -> Result<TensorData<'static>, SurgeryError> {
     let (n_cols, n_rows) = (t.dims[0] as usize, t.dims[1] as usize);
     if !cols.len().is_multiple_of(t.ty.block_size()) {
         return Err(SurgeryError::Invalid(format!(
