@@ -25,6 +25,7 @@ pub mod ops;
 pub mod optim;
 pub mod output;
 pub mod params;
+pub mod router;
 pub mod student;
 pub mod teacher;
 pub mod trainer;

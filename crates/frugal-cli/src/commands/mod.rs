@@ -22,3 +22,4 @@ pub mod report_prune;
 pub mod serve;
 pub mod train;
 pub mod train_heads;
+pub mod train_router;

@@ -228,7 +228,8 @@ impl RoutingStats {
         }
     }
 
-    fn record(&mut self, layer: usize, route: &Route, probs: &[f32]) {
+    /// Counts one token's routing at `layer` (`probs`: its routing probabilities).
+    pub fn record(&mut self, layer: usize, route: &Route, probs: &[f32]) {
         let Some(load) = self.load.get_mut(layer) else {
             return;
         };
