@@ -145,6 +145,97 @@ fn moefied_real_model_runs_and_counts_its_parameters() {
             .iter()
             .all(|l| l["tokens"].as_u64() == Some(windows * 128))
     );
+    // train-router: four steps of the bias-balanced router; the routers move, the selection
+    // bias is written, the file runs; bad flags and wrong models get clear errors.
+    let trained = dir.path().join("trained.gguf");
+    let tr = trained.to_str().unwrap();
+    let txt = text.to_str().unwrap();
+    let train = |extra: &[&str], model: &str, out: &str| {
+        let mut a = vec!["train-router", "-m", model, "--teacher", m, "--data", txt];
+        a.extend([
+            "--tokens", "512", "--batch", "128", "--ctx", "128", "--out", out,
+        ]);
+        a.extend(extra);
+        frugal(&a)
+    };
+    let out = train(
+        &["--balance", "bias:0.0001", "--lr", "1e-3", "--json"],
+        t,
+        tr,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = json(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(
+        (s["steps"].as_u64(), s["tokens"].as_u64()),
+        (Some(4), Some(512))
+    );
+    for phase in ["first", "last"] {
+        let err = s[phase]["rel_err"].as_f64().unwrap();
+        let hit = s[phase]["oracle_hit"].as_f64().unwrap();
+        assert!(
+            (0.0..1.5).contains(&err) && (0.0..=1.0).contains(&hit),
+            "{s}"
+        );
+        assert!(s[phase]["max_over_mean"].as_f64().unwrap() >= 1.0);
+    }
+    let (before, after) = (
+        frugal::gguf::GgufFile::open(&two).unwrap(),
+        frugal::gguf::GgufFile::open(&trained).unwrap(),
+    );
+    let bytes = |f: &frugal::gguf::GgufFile, name: &str| {
+        f.tensor_bytes(f.tensor_info(name).unwrap()).to_vec()
+    };
+    assert_ne!(
+        bytes(&before, "blk.3.ffn_gate_inp.weight"),
+        bytes(&after, "blk.3.ffn_gate_inp.weight")
+    );
+    assert_eq!(bytes(&after, "blk.3.exp_probs_b.bias").len(), 8 * 4);
+    let out = ok(&[
+        "generate",
+        "The capital of France is",
+        "-m",
+        tr,
+        "-n",
+        "4",
+        "--temp",
+        "0",
+    ]);
+    assert!(!out.trim().is_empty());
+    let bad = dir.path().join("bad-router.gguf");
+    let b = bad.to_str().unwrap();
+    for (extra, model, says) in [
+        (vec!["--balance", "sideways"], t, "unknown balancing"),
+        (vec!["--balance", "aux:-1"], t, "positive number"),
+        (vec![], m, "no routed layers"),
+    ] {
+        let out = train(&extra, model, b);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{extra:?}: {err}"
+        );
+        assert!(!bad.exists());
+    }
+    let out = frugal(&[
+        "train-router",
+        "-m",
+        t,
+        "--teacher",
+        t,
+        "--data",
+        txt,
+        "--out",
+        b,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("dense model"),
+        "{err}"
+    );
     let dense = frugal(&["generate", "Hi", "-m", m, "-n", "1", "--moe-stats"]);
     assert!(String::from_utf8_lossy(&dense.stderr).contains("no experts"));
     for (flags, says) in [

@@ -18,8 +18,10 @@
 //!   weight `u_i = (s/k) E_i(x)`, closes the gap to the dense output) are the token's oracle set
 //!   `O`, and the router learns it by cross-entropy `−(1/k) Σ_O log p_i` (softmax; a binary
 //!   cross-entropy per expert under sigmoid gating): `∂/∂l = p − q`, `q` uniform on `O`.
-//! - **How much each** (weights): `|y − τ|² / Σ_t |τ_t|²` over the step's tokens, with
-//!   `g_i = ∂/∂w_i = 2 (y − τ)·E_i(x) / Σ|τ|²`; renormalized,
+//! - **How much each** (weights): the relative error `|y − τ|² / |τ|²`, averaged over the
+//!   step's tokens (per token, so that the few tokens whose FFN outputs are a hundred times
+//!   the others', the first of a window among them, do not decide alone), with
+//!   `g_i = ∂/∂w_i = 2 (y − τ)·E_i(x) / (B |τ|²)`; renormalized,
 //!   `∂/∂p_j = (s g_j − Σ_S w_i g_i) / Σ_S p` for `j ∈ S`; then softmax
 //!   `∂/∂l = p ⊙ (∂/∂p − p·∂/∂p)` (sigmoid: `∂/∂p · p (1 − p)`).
 //!
@@ -104,6 +106,13 @@ pub struct RouterConfig {
     pub warmup: usize,
 }
 
+/// The precision of the experts' and the teacher's products: bf16 inputs, f32 sums (the
+/// training engine's mixed precision, on AMX where the CPU has it). Every expert runs on every
+/// token each step, which in f32 took 80% of a step; the products only supply targets and
+/// outputs to compare, never weights that are written back. The router's own products stay
+/// f32.
+const EXPERT_PRECISION: Precision = Precision::Bf16;
+
 /// One SwiGLU block in f32, matrices as GGUF stores them (`out x in`).
 struct F32Mlp {
     gate: Vec<f32>,
@@ -128,16 +137,18 @@ impl F32Mlp {
         })
     }
 
-    /// `down(silu(gate x) * up x)` for the rows of `x` (`n x d`), into `out` (`n x d`).
+    /// `down(silu(gate x) * up x)` for the rows of `x` (`n x d`), into `out` (`n x d`), with
+    /// products in [`EXPERT_PRECISION`].
     fn forward(&self, x: &[f32], d: usize, out: &mut [f32]) {
         let n = x.len() / d;
+        let p = EXPERT_PRECISION;
         let mut g = vec![0f32; n * self.n_ff];
         let mut u = vec![0f32; n * self.n_ff];
-        linear_forward(x, &self.gate, d, &mut g, Precision::F32);
-        linear_forward(x, &self.up, d, &mut u, Precision::F32);
+        linear_forward(x, &self.gate, d, &mut g, p);
+        linear_forward(x, &self.up, d, &mut u, p);
         let mut h = vec![0f32; n * self.n_ff];
         swiglu_forward(&g, &u, &mut h);
-        linear_forward(&h, &self.down, self.n_ff, out, Precision::F32);
+        linear_forward(&h, &self.down, self.n_ff, out, p);
     }
 }
 
@@ -152,10 +163,8 @@ struct RoutedLayer {
 /// A step's loss for one layer, summed over its tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct MixtureLoss {
-    /// `Σ_t |y_t − τ_t|²`.
-    pub sq_err: f64,
-    /// `Σ_t |τ_t|²`, so `sq_err / target_sq` is the share of the target the layer misses.
-    pub target_sq: f64,
+    /// `|y_t − τ_t|² / |τ_t|²` averaged over tokens: the share of the dense output missed.
+    pub rel_err: f64,
     /// The selection cross-entropy, averaged over tokens.
     pub ce: f64,
     /// The auxiliary balancing loss (0 without it).
@@ -167,7 +176,7 @@ pub struct MixtureLoss {
 /// gave; `slots` (`B x k x d`) each chosen expert's output in selection order; `base`
 /// (`B x d`, or empty) what the layer adds whatever the routing (the shared expert); `target`
 /// (`B x d`) the dense FFN's output; `oracle` (`B x k`, or empty) each token's best experts.
-/// The loss is `Σ_t |y_t − τ_t|² / Σ_t |τ_t|²`, plus the selection cross-entropy averaged over
+/// The loss is `|y_t − τ_t|² / |τ_t|²` averaged over tokens, plus the selection cross-entropy averaged over
 /// tokens, plus the auxiliary loss when `aux` gives its weight.
 #[allow(clippy::too_many_arguments)]
 pub fn mixture_backward(
@@ -185,11 +194,6 @@ pub fn mixture_backward(
     let k = m.n_used;
     let b = routes.len();
     let d = target.len() / b.max(1);
-    let norm = target
-        .iter()
-        .map(|&t| f64::from(t) * f64::from(t))
-        .sum::<f64>()
-        .max(f64::MIN_POSITIVE);
     // Each expert's share of this step's routed slots (`f_i`, held constant).
     let mut share = vec![0f32; e];
     for r in routes {
@@ -198,7 +202,7 @@ pub fn mixture_backward(
         }
     }
     let scale = m.weights_scale;
-    let per: Vec<(f64, f64, f64)> = dlogits
+    let per: Vec<(f64, f64)> = dlogits
         .par_chunks_mut(e)
         .enumerate()
         .map(|(t, dl)| {
@@ -221,7 +225,8 @@ pub fn mixture_backward(
                 tsq += f64::from(ti).powi(2);
             }
             // ∂/∂w for each slot, then ∂/∂p.
-            let c = (2.0 / norm) as f32;
+            let tsq = tsq.max(f64::MIN_POSITIVE);
+            let c = (2.0 / (tsq * b as f64)) as f32;
             let g: Vec<f32> = (0..r.experts.len())
                 .map(|slot| {
                     let o = &slots[(t * k + slot) * d..][..d];
@@ -299,7 +304,7 @@ pub fn mixture_backward(
                     }
                 }
             }
-            (sq, tsq, ce)
+            (sq / tsq, ce)
         })
         .collect();
     let aux_loss = aux.map_or(0.0, |alpha| {
@@ -312,9 +317,8 @@ pub fn mixture_backward(
             .sum()
     });
     MixtureLoss {
-        sq_err: per.iter().map(|p| p.0).sum(),
-        target_sq: per.iter().map(|p| p.1).sum(),
-        ce: per.iter().map(|p| p.2).sum::<f64>() / b.max(1) as f64,
+        rel_err: per.iter().map(|p| p.0).sum::<f64>() / b.max(1) as f64,
+        ce: per.iter().map(|p| p.1).sum::<f64>() / b.max(1) as f64,
         aux: aux_loss,
     }
 }
@@ -366,7 +370,7 @@ pub fn oracle_sets(
 pub struct StepReport {
     pub step: usize,
     pub lr: f32,
-    /// `Σ |y − τ|² / Σ |τ|²` over the step's tokens and every layer: the share of the dense
+    /// `|y − τ|² / |τ|²`, mean over the step's tokens and the layers: the share of the dense
     /// FFNs' output the routed layers miss.
     pub rel_err: f64,
     /// The selection cross-entropy, mean over layers.
@@ -476,8 +480,7 @@ impl RouterTrainer {
         let (m, d) = (self.moe, self.d);
         let (e, k) = (m.n_expert, m.n_used);
         let mut stats = RoutingStats::new(self.layers.len(), e);
-        let mut sq = 0f64;
-        let mut tsq = 0f64;
+        let mut rel = 0f64;
         let mut aux = 0f64;
         let mut ce = 0f64;
         let (mut hits, mut slots_total) = (0usize, 0usize);
@@ -547,15 +550,14 @@ impl RouterTrainer {
                 alpha,
                 &mut dlogits,
             );
-            if !(loss.sq_err.is_finite() && dlogits.iter().all(|g| g.is_finite())) {
+            if !(loss.rel_err.is_finite() && dlogits.iter().all(|g| g.is_finite())) {
                 return Err(TrainError::NonFinite {
                     step: self.step,
                     what: "the router loss".into(),
                     tensor: self.routers[l].name.clone(),
                 });
             }
-            sq += loss.sq_err;
-            tsq += loss.target_sq;
+            rel += loss.rel_err / n_layers as f64;
             ce += loss.ce / n_layers as f64;
             aux += loss.aux;
             let g = &mut self.grads[l].data;
@@ -589,7 +591,7 @@ impl RouterTrainer {
         let report = StepReport {
             step: self.step,
             lr,
-            rel_err: sq / tsq.max(f64::MIN_POSITIVE),
+            rel_err: rel,
             ce,
             oracle_hit: hits as f64 / slots_total.max(1) as f64,
             aux,
@@ -678,7 +680,7 @@ impl Observer for Capture<'_> {
             Site::FfnDownInput => {
                 let d = self.downs[layer].len() / self.n_ff;
                 let mut y = vec![0f32; x.len() / width * d];
-                linear_forward(x, &self.downs[layer], width, &mut y, Precision::F32);
+                linear_forward(x, &self.downs[layer], width, &mut y, EXPERT_PRECISION);
                 self.acts.targets[layer].extend_from_slice(&y);
             }
             _ => {}

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use frugal::model::Model;
+use frugal::quant::act::Activations;
 use frugal::tokenizer::Tokenizer;
 use frugal_train::router::{Balance, RouterConfig, RouterTrainer, StepReport, Teacher};
 
@@ -66,6 +67,8 @@ struct Summary {
 #[derive(serde::Serialize)]
 struct Phase {
     rel_err: f64,
+    /// Share of the chosen experts in their token's oracle set.
+    oracle_hit: f64,
     cv: f64,
     max_over_mean: f64,
     worst_max_over_mean: f64,
@@ -77,6 +80,7 @@ fn phase(r: &[StepReport]) -> Phase {
     let mean = |f: fn(&StepReport) -> f64| r.iter().map(f).sum::<f64>() / n;
     Phase {
         rel_err: mean(|s| s.rel_err),
+        oracle_hit: mean(|s| s.oracle_hit),
         cv: mean(|s| s.cv),
         max_over_mean: mean(|s| s.max_over_mean),
         worst_max_over_mean: mean(|s| s.worst_max_over_mean),
@@ -104,8 +108,10 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => p.clone(),
         None => frugal::fetch::ensure_default_model(|m| eprintln!("{m}"))?,
     };
-    let teacher_model = Model::load(&teacher_path)
+    let mut teacher_model = Model::load(&teacher_path)
         .with_context(|| format!("loading the teacher {}", teacher_path.display()))?;
+    // 8-bit activations into the quantized matrices, as `frugal generate` runs it.
+    teacher_model.set_activations(Activations::Q8);
     let teacher = Teacher::new(&teacher_model, &student)?;
     let text = std::fs::read_to_string(&a.data)
         .with_context(|| format!("reading {}", a.data.display()))?;
@@ -190,9 +196,10 @@ pub fn run(a: Args) -> Result<()> {
     );
     for (name, p) in [("first quarter", &s.first), ("last quarter", &s.last)] {
         println!(
-            "{name}: missed {:.3} of the dense output; busiest expert {:.2}x the mean load \
-             (worst layer {:.2}x); load CV {:.2}; entropy {:.2} nats",
-            p.rel_err, p.max_over_mean, p.worst_max_over_mean, p.cv, p.entropy
+            "{name}: missed {:.3} of the dense output; {:.2} of the choices the oracle's; \
+             busiest expert {:.2}x the mean load (worst layer {:.2}x); load CV {:.2}; entropy \
+             {:.2} nats",
+            p.rel_err, p.oracle_hit, p.max_over_mean, p.worst_max_over_mean, p.cv, p.entropy
         );
     }
     println!("wrote {}", a.out.display());

@@ -45,7 +45,7 @@ fn loss_at(
         }
     }
     let l = mixture_backward(m, &probs, &routes, &slots, base, target, oracle, aux, dl);
-    (l.sq_err / l.target_sq + l.ce + l.aux, routes)
+    (l.rel_err + l.ce + l.aux, routes)
 }
 
 /// The analytic gradient of the logits against central differences, for softmax and sigmoid
