@@ -194,6 +194,12 @@ fn moefied_real_model_runs_and_counts_its_parameters() {
         bytes(&after, "blk.3.ffn_gate_inp.weight")
     );
     assert_eq!(bytes(&after, "blk.3.exp_probs_b.bias").len(), 8 * 4);
+    // The bias is frugal's: info says llama.cpp's llama architecture does not run it.
+    assert_eq!(
+        json(&ok(&["info", tr, "--json"]))["moe_routing_llama_cpp"],
+        false
+    );
+    assert_eq!(info["moe_routing_llama_cpp"], true);
     let out = ok(&[
         "generate",
         "The capital of France is",

@@ -53,6 +53,10 @@ pub fn run(a: Args) -> Result<()> {
             .map(|p| p.active),
         None => None,
     };
+    // What llama.cpp's `llama` architecture cannot run: routing other than softmax, renormalized
+    // and unscaled, or a selection bias (a tensor it does not expect, so it refuses the file).
+    let moe_llama_cpp =
+        moe.map(|m| m.llama_cpp_compatible() && f.tensor_info("blk.0.exp_probs_b.bias").is_none());
     // Bytes per token as a real (one-token) cache of the file's shape stores them.
     let measure = |c: &Config, ty: KvType| {
         KvCache::measured_bytes_per_token(c.n_layers, c.cache_shape(), KvFormat::both(ty))
@@ -110,6 +114,7 @@ pub fn run(a: Args) -> Result<()> {
             "n_params": n_params,
             "llama_cpp_readable": frugal_only.is_empty(),
             "n_params_active": moe_active,
+            "moe_routing_llama_cpp": moe_llama_cpp,
         });
         match (&config, kv) {
             (Ok(c), Some((elems, b32, b16, full16, ctx))) => {
@@ -164,6 +169,16 @@ pub fn run(a: Args) -> Result<()> {
             m.n_used,
             m.n_expert,
         );
+        if moe_llama_cpp == Some(false) {
+            println!(
+                "warning: llama.cpp's llama architecture does not run this routing ({:?} gating, \
+                 renormalized {}, scale {}, selection bias {}): frugal does",
+                m.gating,
+                m.norm_weights,
+                m.weights_scale,
+                f.tensor_info("blk.0.exp_probs_b.bias").is_some()
+            );
+        }
     }
     println!("bytes by type:");
     for (ty, (n, e, b)) in &by_type {
