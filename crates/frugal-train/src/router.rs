@@ -104,6 +104,9 @@ pub struct RouterConfig {
     /// Updates the run takes (for the learning-rate schedule).
     pub steps: usize,
     pub warmup: usize,
+    /// Weight of the reconstruction term against the selection cross-entropy (0: the
+    /// router learns only which experts to choose).
+    pub recon: f32,
 }
 
 /// The precision of the experts' and the teacher's products: bf16 inputs, f32 sums (the
@@ -176,7 +179,8 @@ pub struct MixtureLoss {
 /// gave; `slots` (`B x k x d`) each chosen expert's output in selection order; `base`
 /// (`B x d`, or empty) what the layer adds whatever the routing (the shared expert); `target`
 /// (`B x d`) the dense FFN's output; `oracle` (`B x k`, or empty) each token's best experts.
-/// The loss is `|y_t − τ_t|² / |τ_t|²` averaged over tokens, plus the selection cross-entropy averaged over
+/// The loss is `recon` times `|y_t − τ_t|² / |τ_t|²` averaged over tokens (the returned
+/// `rel_err` is without the factor), plus the selection cross-entropy averaged over
 /// tokens, plus the auxiliary loss when `aux` gives its weight.
 #[allow(clippy::too_many_arguments)]
 pub fn mixture_backward(
@@ -187,6 +191,7 @@ pub fn mixture_backward(
     base: &[f32],
     target: &[f32],
     oracle: &[u32],
+    recon: f32,
     aux: Option<f32>,
     dlogits: &mut [f32],
 ) -> MixtureLoss {
@@ -226,7 +231,7 @@ pub fn mixture_backward(
             }
             // ∂/∂w for each slot, then ∂/∂p.
             let tsq = tsq.max(f64::MIN_POSITIVE);
-            let c = (2.0 / (tsq * b as f64)) as f32;
+            let c = (2.0 * f64::from(recon) / (tsq * b as f64)) as f32;
             let g: Vec<f32> = (0..r.experts.len())
                 .map(|slot| {
                     let o = &slots[(t * k + slot) * d..][..d];
@@ -399,6 +404,7 @@ pub struct RouterTrainer {
     adam: AdamW,
     schedule: Schedule,
     balance: Balance,
+    recon: f32,
     step: usize,
     /// Every step's routing counts, summed (for the whole run's statistics).
     pub total: RoutingStats,
@@ -466,6 +472,7 @@ impl RouterTrainer {
                 min_ratio: 0.1,
             },
             balance: cfg.balance,
+            recon: cfg.recon,
             step: 0,
         })
     }
@@ -547,6 +554,7 @@ impl RouterTrainer {
                 &base,
                 tau,
                 &oracle,
+                self.recon,
                 alpha,
                 &mut dlogits,
             );

@@ -39,8 +39,12 @@ pub struct Args {
     /// Window the teacher reads at once
     #[arg(long = "ctx", default_value_t = 256)]
     pub ctx: usize,
-    #[arg(long = "lr", default_value_t = 1e-3)]
+    #[arg(long = "lr", default_value_t = 1e-4)]
     pub lr: f32,
+    /// Weight of the reconstruction term (the chosen experts' weights) against the selection
+    /// cross-entropy; 0 trains only which experts are chosen
+    #[arg(long = "recon", default_value_t = 1.0)]
+    pub recon: f32,
     /// One JSON line per step (the routing statistics the charts of `report moe` draw)
     #[arg(long = "log", value_name = "FILE")]
     pub log: Option<PathBuf>,
@@ -96,6 +100,10 @@ pub fn run(a: Args) -> Result<()> {
     );
     ensure!(a.ctx > 0, "--ctx must be at least 1");
     ensure!(
+        a.recon.is_finite() && a.recon >= 0.0 && a.lr.is_finite() && a.lr > 0.0,
+        "--recon must be at least 0 and --lr positive"
+    );
+    ensure!(
         a.batch >= a.ctx && a.batch.is_multiple_of(a.ctx),
         "--batch {} must be a whole number of --ctx {} windows",
         a.batch,
@@ -133,6 +141,7 @@ pub fn run(a: Args) -> Result<()> {
             lr: a.lr,
             steps,
             warmup: (steps / 20).max(1),
+            recon: a.recon,
         },
     )?;
     let mut log = match &a.log {

@@ -45,7 +45,9 @@ fn loss_at(
                 .copy_from_slice(&table[(t * e + x as usize) * d..][..d]);
         }
     }
-    let l = mixture_backward(m, &probs, &routes, &slots, base, target, oracle, aux, dl);
+    let l = mixture_backward(
+        m, &probs, &routes, &slots, base, target, oracle, 1.0, aux, dl,
+    );
     (l.rel_err + l.ce + l.aux, routes)
 }
 
@@ -146,6 +148,7 @@ fn cfg(balance: Balance, lr: f32, steps: usize) -> RouterConfig {
         lr,
         steps,
         warmup: 2,
+        recon: 1.0,
     }
 }
 
