@@ -43,7 +43,7 @@
 use frugal::gguf::{GgufFile, GgufWriter, TensorData, Value};
 use frugal::model::moe::{Gating, Mlp, Route, route};
 use frugal::model::{Ffn, Linear, Logits, Model, MoeConfig, Observer, RoutingStats, Scratch, Site};
-use frugal::quant::{GgmlType, dequantize_to_vec};
+use frugal::quant::{GgmlType, dequantize_to_vec, quantize_f32};
 use rayon::prelude::*;
 
 use crate::error::{Result, TrainError};
@@ -406,8 +406,6 @@ pub struct RouterTrainer {
     balance: Balance,
     recon: f32,
     step: usize,
-    /// Every step's routing counts, summed (for the whole run's statistics).
-    pub total: RoutingStats,
 }
 
 impl RouterTrainer {
@@ -460,7 +458,6 @@ impl RouterTrainer {
         Ok(RouterTrainer {
             moe,
             d: c.n_embd,
-            total: RoutingStats::new(layers.len(), moe.n_expert),
             layers,
             routers,
             grads,
@@ -521,7 +518,6 @@ impl RouterTrainer {
                 );
                 probs[t * e..(t + 1) * e].copy_from_slice(&p);
                 stats.record(l, &routes[t], &p);
-                self.total.record(l, &routes[t], &p);
             }
             // Every expert on every row (the oracle needs them all), then the chosen ones'.
             let mut table = vec![0f32; e * b * d];
@@ -582,8 +578,12 @@ impl RouterTrainer {
             if let (Balance::Bias(gamma), Some(bias)) = (self.balance, &mut layer.bias) {
                 let mean = (b * k) as f64 / e as f64;
                 for (bi, &load) in bias.iter_mut().zip(&stats.load[l]) {
-                    let err = mean - load as f64;
-                    *bi += gamma * err.signum() as f32 * f32::from(err != 0.0);
+                    // Up when under the mean load, down when over, still when at it.
+                    match (load as f64).total_cmp(&mean) {
+                        std::cmp::Ordering::Less => *bi += gamma,
+                        std::cmp::Ordering::Greater => *bi -= gamma,
+                        std::cmp::Ordering::Equal => {}
+                    }
                 }
             }
         }
@@ -619,20 +619,19 @@ impl RouterTrainer {
     /// bias, with `frugal.train.*` metadata saying how they were trained.
     pub fn to_gguf<'a>(&self, student_file: &'a GgufFile, tokens: u64) -> GgufWriter<'a> {
         let mut w = GgufWriter::from_file(student_file);
-        let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         for (l, (r, layer)) in self.routers.iter().zip(&self.layers).enumerate() {
             let mut new = vec![TensorData {
                 name: r.name.clone(),
                 dims: vec![self.d as u64, self.moe.n_expert as u64],
                 ty: GgmlType::F32,
-                data: f32_bytes(&r.data).into(),
+                data: quantize_f32(&r.data).into(),
             }];
             if let Some(b) = &layer.bias {
                 new.push(TensorData {
                     name: format!("blk.{l}.exp_probs_b.bias"),
                     dims: vec![self.moe.n_expert as u64],
                     ty: GgmlType::F32,
-                    data: f32_bytes(b).into(),
+                    data: quantize_f32(b).into(),
                 });
             }
             for t in new {
@@ -677,7 +676,7 @@ pub struct Teacher<'m> {
 
 struct Capture<'a> {
     downs: &'a [Vec<f32>],
-    n_ff: usize,
+    d: usize,
     acts: TeacherActivations,
 }
 
@@ -686,8 +685,7 @@ impl Observer for Capture<'_> {
         match site {
             Site::FfnInput => self.acts.inputs[layer].extend_from_slice(x),
             Site::FfnDownInput => {
-                let d = self.downs[layer].len() / self.n_ff;
-                let mut y = vec![0f32; x.len() / width * d];
+                let mut y = vec![0f32; x.len() / width * self.d];
                 linear_forward(x, &self.downs[layer], width, &mut y, EXPERT_PRECISION);
                 self.acts.targets[layer].extend_from_slice(&y);
             }
@@ -733,7 +731,7 @@ impl<'m> Teacher<'m> {
         let c = &self.model.config;
         let mut cap = Capture {
             downs: &self.downs,
-            n_ff: c.n_ff,
+            d: c.n_embd,
             acts: TeacherActivations {
                 inputs: vec![Vec::new(); c.n_layers],
                 targets: vec![Vec::new(); c.n_layers],

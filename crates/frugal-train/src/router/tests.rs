@@ -142,6 +142,16 @@ fn windows(n: usize, len: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// The MoEfied model, and the dense teacher's activations over four random windows of 48.
+fn moe_and_teacher_activations() -> (Model, TeacherActivations) {
+    let (dense, moe) = models();
+    let teacher = Teacher::new(&dense, &moe).unwrap();
+    let data = windows(4, 48);
+    let refs: Vec<&[u32]> = data.iter().map(Vec::as_slice).collect();
+    let acts = teacher.activations(&refs).unwrap();
+    (moe, acts)
+}
+
 fn cfg(balance: Balance, lr: f32, steps: usize) -> RouterConfig {
     RouterConfig {
         balance,
@@ -156,11 +166,7 @@ fn cfg(balance: Balance, lr: f32, steps: usize) -> RouterConfig {
 /// written file carries the trained routers: the model it loads as routes by them.
 #[test]
 fn training_routers_brings_the_layers_closer_to_the_dense_ffn() {
-    let (dense, moe) = models();
-    let teacher = Teacher::new(&dense, &moe).unwrap();
-    let data = windows(4, 48);
-    let refs: Vec<&[u32]> = data.iter().map(Vec::as_slice).collect();
-    let acts = teacher.activations(&refs).unwrap();
+    let (moe, acts) = moe_and_teacher_activations();
     assert_eq!(acts.inputs.len(), 2);
     assert_eq!(acts.inputs[0].len(), 4 * 48 * 64);
     let mut tr = RouterTrainer::new(&moe, &cfg(Balance::None, 1e-2, 40)).unwrap();
@@ -195,11 +201,7 @@ fn training_routers_brings_the_layers_closer_to_the_dense_ffn() {
 /// losing experts get no gradient), the selection bias and the auxiliary loss even the load.
 #[test]
 fn balancing_undoes_a_collapsed_router() {
-    let (dense, moe) = models();
-    let teacher = Teacher::new(&dense, &moe).unwrap();
-    let data = windows(4, 48);
-    let refs: Vec<&[u32]> = data.iter().map(Vec::as_slice).collect();
-    let acts = teacher.activations(&refs).unwrap();
+    let (moe, acts) = moe_and_teacher_activations();
     let d = 64;
     let run = |balance: Balance, lr: f32| {
         let mut tr = RouterTrainer::new(&moe, &cfg(balance, lr, 60)).unwrap();
