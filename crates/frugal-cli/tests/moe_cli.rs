@@ -211,6 +211,57 @@ fn moefied_real_model_runs_and_counts_its_parameters() {
         "0",
     ]);
     assert!(!out.trim().is_empty());
+    // distill: one step of whole-model distillation of the MoE file trains its experts and
+    // routers (the routed FFN's backward), keeps the selection bias, and writes a MoE file.
+    let healed = dir.path().join("healed.gguf");
+    let out = frugal(&[
+        "distill",
+        "--teacher",
+        m,
+        "--student",
+        tr,
+        "--data",
+        txt,
+        "--tokens",
+        "64",
+        "--seq",
+        "64",
+        "--batch",
+        "1",
+        "--heldout",
+        "0.2",
+        "--lr",
+        "1e-3",
+        "--out",
+        healed.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let h = frugal::gguf::GgufFile::open(&healed).unwrap();
+    let decoded = |f: &frugal::gguf::GgufFile, name: &str| {
+        let (info, raw) = f.tensor(name).unwrap();
+        frugal::quant::dequantize_to_vec(info.ty, raw, info.n_elements() as usize).unwrap()
+    };
+    for name in ["blk.3.ffn_gate_inp.weight", "blk.3.ffn_up_exps.weight"] {
+        let (b, a) = (decoded(&after, name), decoded(&h, name));
+        assert_eq!(b.len(), a.len(), "{name}");
+        assert!(
+            b.iter().zip(&a).any(|(x, y)| x != y),
+            "{name} did not train"
+        );
+    }
+    assert_eq!(
+        decoded(&after, "blk.3.exp_probs_b.bias"),
+        decoded(&h, "blk.3.exp_probs_b.bias"),
+        "the selection bias is not trained"
+    );
+    assert_eq!(
+        json(&ok(&["info", healed.to_str().unwrap(), "--json"]))["n_params_active"],
+        info["n_params_active"]
+    );
     let bad = dir.path().join("bad-router.gguf");
     let b = bad.to_str().unwrap();
     for (extra, model, says) in [

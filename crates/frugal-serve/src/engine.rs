@@ -28,7 +28,7 @@ use frugal::attention::Attention;
 use frugal::generate::StopFilter;
 use frugal::kv::prefix::{BlockHash, extend_block_hashes};
 use frugal::kv::{KvPool, SeqId};
-use frugal::model::{Model, Scratch, Segment};
+use frugal::model::{Model, RoutingStats, Scratch, Segment};
 use frugal::ops::log_sum_exp;
 use frugal::sample::{Sampler, SamplerParams};
 use frugal::speculate::{DEFAULT_ROW_COST, DraftLength, ngram, rule};
@@ -196,7 +196,11 @@ pub fn spawn(
         .num_threads(cfg.threads.max(1))
         .thread_name(|i| format!("frugal-compute-{i}"))
         .build()?;
-    let scratch = Scratch::new(cfg.attention);
+    let mut scratch = Scratch::new(cfg.attention);
+    // A MoE model counts its routing for /metrics.
+    if let Some(m) = model.config.moe {
+        scratch.moe.stats = Some(RoutingStats::new(model.config.n_layers, m.n_expert));
+    }
     std::thread::Builder::new()
         .name("frugal-scheduler".into())
         .spawn(move || {
@@ -499,6 +503,9 @@ impl Scheduler {
             if let Some(reason) = self.advance(i, l) {
                 done.push((i, reason));
             }
+        }
+        if let Some(step) = scratch.moe.stats.as_mut() {
+            self.metrics.routed(step);
         }
         self.scratch = scratch;
         // Finished sequences leave the batch and the counters and gauges are updated before

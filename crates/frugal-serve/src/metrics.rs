@@ -10,6 +10,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use frugal::model::RoutingStats;
+
 /// Latency buckets (seconds) for time to first token and end-to-end latency.
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -87,6 +89,8 @@ pub struct Metrics {
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
     e2e: Mutex<Histogram>,
+    /// A MoE model's routing since the server started (`None` for a dense model).
+    routing: Mutex<Option<RoutingStats>>,
 }
 
 impl Metrics {
@@ -111,6 +115,21 @@ impl Metrics {
             ttft: Mutex::new(Histogram::new(LATENCY_BUCKETS)),
             itl: Mutex::new(Histogram::new(ITL_BUCKETS)),
             e2e: Mutex::new(Histogram::new(LATENCY_BUCKETS)),
+            routing: Mutex::new(None),
+        }
+    }
+
+    /// Counts a MoE model's routing: the scheduler hands over each step's counts (and gets
+    /// them back zeroed).
+    pub fn routed(&self, step: &mut RoutingStats) {
+        let mut r = self.routing.lock().unwrap_or_else(|e| e.into_inner());
+        match r.as_mut() {
+            Some(total) => total.absorb(step),
+            None => {
+                let mut total = RoutingStats::new(step.load.len(), step.n_expert);
+                total.absorb(step);
+                *r = Some(total);
+            }
         }
     }
 
@@ -352,7 +371,83 @@ impl Metrics {
                 h.render(&mut o, name, &labels);
             }
         }
+        self.render_routing(&mut o);
         o
+    }
+
+    /// Per layer of a MoE model: tokens per expert (a counter), the busiest expert over the
+    /// mean, the load's coefficient of variation and the mean routing entropy (gauges over
+    /// everything routed since the start), and the three most co-selected pairs.
+    fn render_routing(&self, o: &mut String) {
+        let r = self.routing.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(stats) = r.as_ref() else {
+            return;
+        };
+        let layers: Vec<_> = (0..stats.load.len())
+            .filter_map(|l| stats.layer(l))
+            .collect();
+        let mut family = |name: &str, kind: &str, help: &str, lines: Vec<String>| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for l in lines {
+                let _ = writeln!(o, "{name}{l}");
+            }
+        };
+        family(
+            "frugal_moe_expert_tokens_total",
+            "counter",
+            "Tokens routed to each expert of each layer.",
+            stats
+                .load
+                .iter()
+                .enumerate()
+                .flat_map(|(l, load)| {
+                    load.iter()
+                        .enumerate()
+                        .map(move |(e, n)| format!("{{layer=\"{l}\",expert=\"{e}\"}} {n}"))
+                })
+                .collect(),
+        );
+        let per_layer = |f: fn(&frugal::model::moe::LayerRouting) -> f64| -> Vec<String> {
+            layers
+                .iter()
+                .map(|l| format!("{{layer=\"{}\"}} {}", l.layer, f(l)))
+                .collect()
+        };
+        family(
+            "frugal_moe_busiest_over_mean",
+            "gauge",
+            "The busiest expert's load over the mean load, per layer (1 when balanced).",
+            per_layer(|l| l.max_over_mean),
+        );
+        family(
+            "frugal_moe_load_cv",
+            "gauge",
+            "Coefficient of variation of the experts' loads, per layer (0 when balanced).",
+            per_layer(|l| l.cv),
+        );
+        family(
+            "frugal_moe_routing_entropy_nats",
+            "gauge",
+            "Mean entropy of a token's routing probabilities, per layer (at most ln E).",
+            per_layer(|l| l.entropy),
+        );
+        family(
+            "frugal_moe_top_pair_tokens",
+            "gauge",
+            "Tokens that chose both experts of the layer's most co-selected pairs (rank 1-3).",
+            layers
+                .iter()
+                .flat_map(|l| {
+                    l.top_pairs.iter().enumerate().map(move |(i, (a, b, n))| {
+                        format!(
+                            "{{layer=\"{}\",rank=\"{}\",a=\"{a}\",b=\"{b}\"}} {n}",
+                            l.layer,
+                            i + 1
+                        )
+                    })
+                })
+                .collect(),
+        );
     }
 }
 
@@ -394,5 +489,47 @@ mod tests {
         assert!(text.contains("frugal_time_to_first_token_seconds_bucket{le=\"0.04\"} 1"));
         assert!(text.contains("frugal_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2"));
         assert_eq!(m.queued(), 0);
+        assert!(
+            !text.contains("frugal_moe_"),
+            "a dense model has no routing"
+        );
+    }
+
+    #[test]
+    fn routing_is_summed_across_steps_and_rendered_per_layer() {
+        use frugal::model::moe::Route;
+        let m = Metrics::new("moe", 16, 100);
+        let mut step = RoutingStats::new(2, 4);
+        let probs = [0.4, 0.3, 0.2, 0.1];
+        for experts in [[0, 1], [0, 2], [0, 1]] {
+            let r = Route {
+                experts: experts.to_vec(),
+                weights: vec![0.5, 0.5],
+            };
+            step.record(1, &r, &probs);
+        }
+        m.routed(&mut step);
+        assert_eq!(step.tokens, vec![0, 0], "the step's counts are handed over");
+        step.record(
+            1,
+            &Route {
+                experts: vec![3, 0],
+                weights: vec![0.5, 0.5],
+            },
+            &probs,
+        );
+        m.routed(&mut step);
+        let text = m.render();
+        assert!(text.contains("frugal_moe_expert_tokens_total{layer=\"1\",expert=\"0\"} 4"));
+        assert!(text.contains("frugal_moe_expert_tokens_total{layer=\"1\",expert=\"3\"} 1"));
+        // 4 of 8 slots on expert 0: 0.5 of the load against a mean of 0.25.
+        assert!(text.contains("frugal_moe_busiest_over_mean{layer=\"1\"} 2"));
+        assert!(
+            text.contains("frugal_moe_top_pair_tokens{layer=\"1\",rank=\"1\",a=\"0\",b=\"1\"} 2")
+        );
+        assert!(
+            !text.contains("busiest_over_mean{layer=\"0\"}"),
+            "layer 0 routed nothing"
+        );
     }
 }

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use frugal::generate::{GenerateOptions, Session};
 use frugal::gguf::GgufFile;
 use frugal::kv::KvFormat;
+use frugal::model::Gating;
 use frugal::model::Model;
-use frugal::model::synthetic::{SyntheticSpec, build};
+use frugal::model::synthetic::{SyntheticMoe, SyntheticSpec, build};
 use frugal::quant::GgmlType;
 use frugal::quant::act::Activations;
 use frugal::sample::SamplerParams;
@@ -20,6 +21,11 @@ use frugal_serve::metrics::Metrics;
 use tokio::sync::mpsc;
 
 fn model() -> (Model, Tokenizer) {
+    model_with(None)
+}
+
+/// The test model, dense or with routed experts in every layer.
+fn model_with(moe: Option<SyntheticMoe>) -> (Model, Tokenizer) {
     let spec = SyntheticSpec {
         n_layers: 2,
         n_embd: 64,
@@ -29,6 +35,7 @@ fn model() -> (Model, Tokenizer) {
         n_ctx: 1024,
         ty: GgmlType::Q4_1,
         seed: 7,
+        moe,
         ..Default::default()
     };
     let file = GgufFile::from_bytes(build(&spec)).unwrap();
@@ -71,7 +78,24 @@ fn server_spec(
     prefix_cache: bool,
     speculate: Option<(usize, usize)>,
 ) -> Server {
-    let (m, tok) = model();
+    server_of(
+        model(),
+        blocks,
+        parallel,
+        batch_tokens,
+        prefix_cache,
+        speculate,
+    )
+}
+
+fn server_of(
+    (m, tok): (Model, Tokenizer),
+    blocks: usize,
+    parallel: usize,
+    batch_tokens: usize,
+    prefix_cache: bool,
+    speculate: Option<(usize, usize)>,
+) -> Server {
     let pool = m.new_kv_pool(KvFormat::default(), 16, blocks).unwrap();
     let metrics = Arc::new(Metrics::new("synthetic", 16, blocks));
     let cfg = EngineConfig {
@@ -247,4 +271,43 @@ fn a_client_that_goes_away_frees_its_blocks() {
         assert!(t.elapsed() < Duration::from_secs(10), "{text}");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// A MoE model served in batches gives every sequence its lone tokens, and `/metrics` counts
+/// every routed token: per layer, `k` expert slots for each token the model ran.
+#[test]
+fn moe_model_batches_exactly_and_reports_its_routing() {
+    let moe = SyntheticMoe {
+        n_expert: 4,
+        n_used: 2,
+        gating: Gating::Softmax,
+        n_ff_shared: 0,
+        selection_bias: false,
+    };
+    let (m, tok) = model_with(Some(moe.clone()));
+    let s = server_of(model_with(Some(moe)), 512, 16, 64, false, None);
+    let rxs: Vec<_> = cases()
+        .iter()
+        .map(|(p, max)| (request(&s, p, *max), p.clone(), *max))
+        .collect();
+    let mut computed = 0;
+    for (rx, p, max) in rxs {
+        let (got, _) = tokens(rx);
+        assert_eq!(got, alone(&m, &tok, &p, max), "prompt of {}", p.len());
+        // The prompt, and every generated token but the last, went through the model.
+        computed += p.len() + got.len() - 1;
+    }
+    let text = s.metrics.render();
+    for layer in 0..2 {
+        let routed: u64 = (0..4)
+            .map(|e| {
+                let key =
+                    format!("frugal_moe_expert_tokens_total{{layer=\"{layer}\",expert=\"{e}\"}} ");
+                let line = text.lines().find(|l| l.starts_with(&key)).expect(&key);
+                line[key.len()..].parse::<u64>().unwrap()
+            })
+            .sum();
+        assert_eq!(routed, 2 * computed as u64, "layer {layer}");
+    }
+    assert!(text.contains("frugal_moe_busiest_over_mean{layer=\"1\"}"));
 }

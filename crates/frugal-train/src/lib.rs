@@ -21,6 +21,7 @@ pub mod latent;
 pub mod loss;
 pub mod math;
 pub mod model;
+pub mod moe;
 pub mod ops;
 pub mod optim;
 pub mod output;
@@ -45,7 +46,7 @@ pub fn keep_freed_memory() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
     }
 }
-pub use params::{KvParams, LayerParams, Params, Stored, Tensor};
+pub use params::{FfnParams, KvParams, LayerParams, Params, Stored, Tensor};
 
 #[cfg(test)]
 mod gradcheck;

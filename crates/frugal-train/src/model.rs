@@ -13,8 +13,9 @@ use crate::attention::{self, AttnDims};
 use crate::gemm::Precision;
 use crate::latent::{self, LatentActs, LatentDims, LatentGrads, LatentWeights};
 use crate::loss::{LossSums, Objective};
+use crate::moe::{self, MoeActs};
 use crate::ops::{self, Rope};
-use crate::params::{KvParams, LayerParams, Params};
+use crate::params::{FfnParams, KvParams, LayerParams, Params};
 
 /// Rows of logits computed at once by the head: large enough that the head's products run near
 /// the GEMM's speed (m = 1024), small enough that the logits stay 200 MB, not `rows x vocabulary`.
@@ -55,6 +56,8 @@ pub struct LayerActs {
     g: Vec<f32>,
     u: Vec<f32>,
     h: Vec<f32>,
+    /// A routed FFN's routing and per-expert activations (empty for a dense FFN).
+    moe: MoeActs,
 }
 
 impl LayerActs {
@@ -79,6 +82,7 @@ impl LayerActs {
         .map(|v| v.capacity())
         .sum::<usize>()
             + self.latent.bytes()
+            + self.moe.bytes()
     }
 
     /// The output projection's input: the heads' values.
@@ -228,7 +232,7 @@ impl Params {
         a.x_mid = x_mid;
         let x_mid = &mut a.x_mid[..];
         x_mid.par_iter_mut().zip(x).for_each(|(m, &r)| *m += r);
-        // Feed-forward: norm -> SwiGLU(gate, up) -> down projection.
+        // Feed-forward: norm -> SwiGLU(gate, up) -> down projection, or routed experts.
         ops::rmsnorm_forward(
             &a.x_mid,
             &lp.ffn_norm.data,
@@ -236,10 +240,18 @@ impl Params {
             sized(&mut a.xn2, n * d),
             sized(&mut a.rstd2, n),
         );
-        ops::linear_forward(&a.xn2, &lp.w_gate.data, d, sized(&mut a.g, n * ff), prec);
-        ops::linear_forward(&a.xn2, &lp.w_up.data, d, sized(&mut a.u, n * ff), prec);
-        ops::swiglu_forward(&a.g, &a.u, sized(&mut a.h, n * ff));
-        ops::linear_forward(&a.h, &lp.w_down.data, ff, x_out, prec);
+        match (&lp.ffn, &c.moe) {
+            (FfnParams::Dense(f), _) => {
+                ops::linear_forward(&a.xn2, &f.gate.data, d, sized(&mut a.g, n * ff), prec);
+                ops::linear_forward(&a.xn2, &f.up.data, d, sized(&mut a.u, n * ff), prec);
+                ops::swiglu_forward(&a.g, &a.u, sized(&mut a.h, n * ff));
+                ops::linear_forward(&a.h, &f.down.data, ff, x_out, prec);
+            }
+            (FfnParams::Routed(r), Some(m)) => {
+                moe::routed_forward(m, r, &a.xn2, d, ff, &mut a.moe, x_out, prec);
+            }
+            (FfnParams::Routed(_), None) => unreachable!("routed tensors without Config::moe"),
+        }
         x_out
             .par_iter_mut()
             .zip(&a.x_mid)
@@ -265,39 +277,46 @@ impl Params {
         let (qd, ad, ff) = (c.q_dim(), c.attn_dim(), c.n_ff);
         let kd = dims.n_head_kv * c.head_dim;
         // Feed-forward block; the residual passes dx through unchanged.
-        let mut dh = vec![0f32; n * ff];
-        ops::linear_backward(
-            &a.h,
-            &lp.w_down.data,
-            dx,
-            Some((&mut dh, false)),
-            Some(&mut gl.w_down.data),
-            ff,
-            prec,
-        );
-        let (mut dg, mut du) = (vec![0f32; n * ff], vec![0f32; n * ff]);
-        ops::swiglu_backward(&a.g, &a.u, &dh, &mut dg, &mut du);
-        drop(dh);
         let mut dxn = vec![0f32; n * d];
-        ops::linear_backward(
-            &a.xn2,
-            &lp.w_gate.data,
-            &dg,
-            Some((&mut dxn, false)),
-            Some(&mut gl.w_gate.data),
-            d,
-            prec,
-        );
-        ops::linear_backward(
-            &a.xn2,
-            &lp.w_up.data,
-            &du,
-            Some((&mut dxn, true)),
-            Some(&mut gl.w_up.data),
-            d,
-            prec,
-        );
-        drop((dg, du));
+        match (&lp.ffn, &mut gl.ffn, &c.moe) {
+            (FfnParams::Dense(f), FfnParams::Dense(gf), _) => {
+                let mut dh = vec![0f32; n * ff];
+                ops::linear_backward(
+                    &a.h,
+                    &f.down.data,
+                    dx,
+                    Some((&mut dh, false)),
+                    Some(&mut gf.down.data),
+                    ff,
+                    prec,
+                );
+                let (mut dg, mut du) = (vec![0f32; n * ff], vec![0f32; n * ff]);
+                ops::swiglu_backward(&a.g, &a.u, &dh, &mut dg, &mut du);
+                drop(dh);
+                ops::linear_backward(
+                    &a.xn2,
+                    &f.gate.data,
+                    &dg,
+                    Some((&mut dxn, false)),
+                    Some(&mut gf.gate.data),
+                    d,
+                    prec,
+                );
+                ops::linear_backward(
+                    &a.xn2,
+                    &f.up.data,
+                    &du,
+                    Some((&mut dxn, true)),
+                    Some(&mut gf.up.data),
+                    d,
+                    prec,
+                );
+            }
+            (FfnParams::Routed(r), FfnParams::Routed(gr), Some(m)) => {
+                moe::routed_backward(m, r, &a.xn2, d, ff, &a.moe, dx, &mut dxn, gr, prec);
+            }
+            _ => unreachable!("gradients laid out as the parameters"),
+        }
         // dx now becomes the gradient at x_mid.
         ops::rmsnorm_backward(
             &a.x_mid,

@@ -12,6 +12,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Result, TrainError};
+use crate::moe::{DenseFfn, RoutedFfn, SELECTION_BIAS};
 
 /// One named f32 tensor: a matrix (`rows x cols`, row-major: row `r` is output `r`) or a vector.
 #[derive(Clone, Debug, PartialEq)]
@@ -179,9 +180,45 @@ pub struct LayerParams {
     pub kv: KvParams,
     pub wo: Tensor,
     pub ffn_norm: Tensor,
-    pub w_gate: Tensor,
-    pub w_up: Tensor,
-    pub w_down: Tensor,
+    pub ffn: FfnParams,
+}
+
+/// A block's feed-forward: one SwiGLU, or routed experts.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FfnParams {
+    Dense(DenseFfn),
+    Routed(RoutedFfn),
+}
+
+impl FfnParams {
+    fn tensors(&self) -> Vec<&Tensor> {
+        match self {
+            FfnParams::Dense(f) => f.tensors().to_vec(),
+            FfnParams::Routed(r) => r.tensors(),
+        }
+    }
+
+    fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        match self {
+            FfnParams::Dense(f) => f.tensors_mut().into_iter().collect(),
+            FfnParams::Routed(r) => r.tensors_mut(),
+        }
+    }
+
+    /// The dense block (`None` for a routed one).
+    pub fn dense(&self) -> Option<&DenseFfn> {
+        match self {
+            FfnParams::Dense(f) => Some(f),
+            FfnParams::Routed(_) => None,
+        }
+    }
+
+    pub fn dense_mut(&mut self) -> Option<&mut DenseFfn> {
+        match self {
+            FfnParams::Dense(f) => Some(f),
+            FfnParams::Routed(_) => None,
+        }
+    }
 }
 
 impl LayerParams {
@@ -214,9 +251,10 @@ impl LayerParams {
             kv,
             wo: Tensor::matrix(n("attn_output"), d, c.attn_dim()),
             ffn_norm: Tensor::vector(n("ffn_norm"), d),
-            w_gate: Tensor::matrix(n("ffn_gate"), ff, d),
-            w_up: Tensor::matrix(n("ffn_up"), ff, d),
-            w_down: Tensor::matrix(n("ffn_down"), d, ff),
+            ffn: match &c.moe {
+                None => FfnParams::Dense(DenseFfn::zeros(l, "", d, ff)),
+                Some(m) => FfnParams::Routed(RoutedFfn::zeros(m, l, d, ff)),
+            },
         }
     }
 
@@ -233,13 +271,8 @@ impl LayerParams {
                 v_b,
             } => v.extend([kv_a, kv_a_norm, k_b, v_b]),
         }
-        v.extend([
-            &self.wo,
-            &self.ffn_norm,
-            &self.w_gate,
-            &self.w_up,
-            &self.w_down,
-        ]);
+        v.extend([&self.wo, &self.ffn_norm]);
+        v.extend(self.ffn.tensors());
         v
     }
 
@@ -254,13 +287,8 @@ impl LayerParams {
                 v_b,
             } => v.extend([kv_a, kv_a_norm, k_b, v_b]),
         }
-        v.extend([
-            &mut self.wo,
-            &mut self.ffn_norm,
-            &mut self.w_gate,
-            &mut self.w_up,
-            &mut self.w_down,
-        ]);
+        v.extend([&mut self.wo, &mut self.ffn_norm]);
+        v.extend(self.ffn.tensors_mut());
         v
     }
 
@@ -296,9 +324,15 @@ impl Params {
         }
     }
 
-    /// Zeros of the same shapes (gradients, optimizer moments).
+    /// Zeros of the same tensors (gradients, optimizer moments).
     pub fn zeros_like(&self) -> Self {
-        Self::zeros(&self.config, self.output.is_none())
+        let mut z = Self::zeros(&self.config, self.output.is_none());
+        for (l, zl) in self.layers.iter().zip(&mut z.layers) {
+            if let (FfnParams::Routed(r), FfnParams::Routed(zr)) = (&l.ffn, &mut zl.ffn) {
+                zr.selection_bias = r.selection_bias.as_ref().map(Tensor::zeros_like);
+            }
+        }
+        z
     }
 
     /// Every tensor, in one fixed order: embedding, blocks, final norm, output.
@@ -345,6 +379,14 @@ impl Params {
         }
         let mut p = Params::zeros(c, model.weights.tied_output);
         let file = &model.file;
+        for (l, lp) in p.layers.iter_mut().enumerate() {
+            if let (FfnParams::Routed(r), Some(m)) = (&mut lp.ffn, &c.moe) {
+                let name = format!("blk.{l}.{SELECTION_BIAS}");
+                if file.tensor_info(&name).is_some() {
+                    r.selection_bias = Some(Tensor::vector(name, m.n_expert));
+                }
+            }
+        }
         for t in p.tensors_mut() {
             let (info, bytes) = file.tensor(&t.name)?;
             if info.dims != t.dims() {
@@ -381,12 +423,14 @@ impl Params {
                 t.data.fill(1.0);
                 continue;
             }
-            let std =
-                if t.name.ends_with("attn_output.weight") || t.name.ends_with("ffn_down.weight") {
-                    resid
-                } else {
-                    0.02
-                };
+            let into_residual = [
+                "attn_output.weight",
+                "ffn_down.weight",
+                "ffn_down_exps.weight",
+            ]
+            .iter()
+            .any(|s| t.name.ends_with(s));
+            let std = if into_residual { resid } else { 0.02 };
             for v in &mut t.data {
                 *v = normal(&mut rng) * std;
             }
@@ -531,7 +575,7 @@ mod tests {
         };
         let mut l = LayerParams::zeros(&c, 7);
         l.renumber(2);
-        assert_eq!(l.w_down.name, "blk.2.ffn_down.weight");
+        assert_eq!(l.ffn.dense().unwrap().down.name, "blk.2.ffn_down.weight");
         assert_eq!(l.attn_norm.name, "blk.2.attn_norm.weight");
     }
 }

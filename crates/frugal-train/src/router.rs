@@ -48,6 +48,7 @@ use rayon::prelude::*;
 
 use crate::error::{Result, TrainError};
 use crate::gemm::Precision;
+use crate::moe::route_backward;
 use crate::ops::{linear_backward, linear_forward, swiglu_forward};
 use crate::optim::{AdamW, AdamWConfig, Schedule};
 use crate::params::Tensor;
@@ -206,7 +207,6 @@ pub fn mixture_backward(
             share[x as usize] += 1.0 / (b * k) as f32;
         }
     }
-    let scale = m.weights_scale;
     let per: Vec<(f64, f64)> = dlogits
         .par_chunks_mut(e)
         .enumerate()
@@ -243,38 +243,12 @@ pub fn mixture_backward(
                         .sum::<f32>()
                 })
                 .collect();
-            let mut dp = vec![0f32; e];
-            if m.norm_weights {
-                let ps: f32 = r.experts.iter().map(|&x| p[x as usize]).sum();
-                if ps > 0.0 {
-                    let wg: f32 = r.weights.iter().zip(&g).map(|(w, g)| w * g).sum();
-                    for (slot, &x) in r.experts.iter().enumerate() {
-                        dp[x as usize] = (scale * g[slot] - wg) / ps;
-                    }
-                }
-            } else {
-                for (slot, &x) in r.experts.iter().enumerate() {
-                    dp[x as usize] = scale * g[slot];
-                }
-            }
-            if let Some(alpha) = aux {
-                for i in 0..e {
-                    dp[i] += alpha * e as f32 * share[i] / b as f32;
-                }
-            }
-            match m.gating {
-                Gating::Softmax => {
-                    let pdp: f32 = p.iter().zip(&dp).map(|(p, g)| p * g).sum();
-                    for i in 0..e {
-                        dl[i] = p[i] * (dp[i] - pdp);
-                    }
-                }
-                Gating::Sigmoid => {
-                    for i in 0..e {
-                        dl[i] = dp[i] * p[i] * (1.0 - p[i]);
-                    }
-                }
-            }
+            let extra: Option<Vec<f32>> = aux.map(|alpha| {
+                (0..e)
+                    .map(|i| alpha * e as f32 * share[i] / b as f32)
+                    .collect()
+            });
+            route_backward(m, p, r, &g, extra.as_deref(), dl);
             // The selection: `p − q` (softmax) or per-expert `p − y` (sigmoid), over `B`.
             let mut ce = 0f64;
             if !oracle.is_empty() {

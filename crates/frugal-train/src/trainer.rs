@@ -13,6 +13,7 @@ use crate::error::{Result, TrainError};
 use crate::hidden::{HiddenKind, hidden_loss};
 use crate::loss::{Divergence, LossSums, Targets, TeacherRows};
 use crate::model::{Batch, RunOptions};
+use crate::moe::SELECTION_BIAS;
 use crate::optim::{AdamW, AdamWConfig, Schedule, clip};
 use crate::params::{Params, Tensor};
 use crate::teacher::{OnlineTeachers, TopKCache};
@@ -231,7 +232,11 @@ impl<'a> Trainer<'a> {
         let trainable: Vec<bool> = params
             .tensors()
             .iter()
-            .map(|t| !cfg.freeze.iter().any(|g| glob_match(g, &t.name)))
+            .map(|t| {
+                // A selection bias is set by balancing, not by gradients (it has none).
+                !t.name.ends_with(SELECTION_BIAS)
+                    && !cfg.freeze.iter().any(|g| glob_match(g, &t.name))
+            })
             .chain(projectors.iter().flatten().map(|_| true))
             .collect();
         let sizes: Vec<usize> = params

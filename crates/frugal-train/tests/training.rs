@@ -185,7 +185,7 @@ fn a_non_finite_loss_stops_naming_step_and_tensor_and_keeps_the_checkpoint() {
     let good = std::fs::read(&ck).unwrap();
     // Poison one weight: the next step's loss is NaN.
     t.cfg.steps += 1;
-    t.params.layers[1].w_up.data[7] = f32::NAN;
+    t.params.layers[1].ffn.dense_mut().unwrap().up.data[7] = f32::NAN;
     let e = t.train_step().unwrap_err();
     match &e {
         TrainError::NonFinite { step, tensor, .. } => {
@@ -194,7 +194,7 @@ fn a_non_finite_loss_stops_naming_step_and_tensor_and_keeps_the_checkpoint() {
         other => panic!("unexpected {other}"),
     }
     // A learning rate that overflows the weights stops at the step after the update.
-    t.params.layers[1].w_up.data[7] = 0.0;
+    t.params.layers[1].ffn.dense_mut().unwrap().up.data[7] = 0.0;
     t.cfg.schedule.lr = 1e36;
     t.cfg.schedule.min_ratio = 1.0;
     t.cfg.steps += 2;

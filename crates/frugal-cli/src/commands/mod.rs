@@ -18,6 +18,7 @@ pub mod recovery;
 pub mod report;
 pub mod report_attention;
 pub mod report_distill;
+pub mod report_moe;
 pub mod report_prune;
 pub mod serve;
 pub mod train;

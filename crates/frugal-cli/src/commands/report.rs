@@ -31,6 +31,9 @@ pub enum ReportCommand {
     /// Pruning (docs/pruning.md): magnitude, Wanda and SparseGPT at several sparsities and N:M
     /// patterns, structured removal; quality before and after recovery, bytes, speed.
     Prune(super::report_prune::Args),
+    /// Mixture of experts (docs/moe.md): MoEfied and upcycled variants, router training under
+    /// each balancing mode, whole-model distillation; parameters, quality, routing load, speed.
+    Moe(super::report_moe::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -71,6 +74,7 @@ pub fn run(c: ReportCommand) -> Result<()> {
         ReportCommand::Distill(a) => super::report_distill::run(a),
         ReportCommand::Attention(a) => super::report_attention::run(a),
         ReportCommand::Prune(a) => super::report_prune::run(a),
+        ReportCommand::Moe(a) => super::report_moe::run(a),
     }
 }
 

@@ -69,17 +69,17 @@ struct Summary {
 }
 
 #[derive(serde::Serialize)]
-struct Phase {
-    rel_err: f64,
+pub struct Phase {
+    pub rel_err: f64,
     /// Share of the chosen experts in their token's oracle set.
-    oracle_hit: f64,
-    cv: f64,
-    max_over_mean: f64,
-    worst_max_over_mean: f64,
-    entropy: f64,
+    pub oracle_hit: f64,
+    pub cv: f64,
+    pub max_over_mean: f64,
+    pub worst_max_over_mean: f64,
+    pub entropy: f64,
 }
 
-fn phase(r: &[StepReport]) -> Phase {
+pub fn phase(r: &[StepReport]) -> Phase {
     let n = r.len().max(1) as f64;
     let mean = |f: fn(&StepReport) -> f64| r.iter().map(f).sum::<f64>() / n;
     Phase {
@@ -90,6 +90,63 @@ fn phase(r: &[StepReport]) -> Phase {
         worst_max_over_mean: mean(|s| s.worst_max_over_mean),
         entropy: mean(|s| s.entropy),
     }
+}
+
+/// A router-training run: windows of `ctx` tokens, `batch` tokens per step, `tokens` in all.
+pub struct Plan {
+    pub ctx: usize,
+    pub batch: usize,
+    pub tokens: usize,
+    pub balance: Balance,
+    pub lr: f32,
+    pub recon: f32,
+}
+
+impl Plan {
+    pub fn steps(&self) -> usize {
+        self.tokens.div_ceil(self.batch).max(1)
+    }
+}
+
+/// Trains `student`'s routers against `teacher` on `ids` (cut into windows, repeated when the
+/// text is shorter than the run), calling `on_step` after each step.
+pub fn train_routers(
+    student: &Model,
+    teacher: &Teacher,
+    ids: &[u32],
+    plan: &Plan,
+    mut on_step: impl FnMut(usize, &StepReport) -> Result<()>,
+) -> Result<(RouterTrainer, Vec<StepReport>)> {
+    ensure!(
+        ids.len() >= plan.ctx,
+        "the text holds {} tokens, less than one window of {}",
+        ids.len(),
+        plan.ctx
+    );
+    let windows: Vec<&[u32]> = ids.chunks_exact(plan.ctx).collect();
+    let per_step = plan.batch / plan.ctx;
+    let steps = plan.steps();
+    let mut tr = RouterTrainer::new(
+        student,
+        &RouterConfig {
+            balance: plan.balance,
+            lr: plan.lr,
+            steps,
+            warmup: (steps / 20).max(1),
+            recon: plan.recon,
+        },
+    )?;
+    let mut reports = Vec::with_capacity(steps);
+    for step in 0..steps {
+        let batch: Vec<&[u32]> = (0..per_step)
+            .map(|i| windows[(step * per_step + i) % windows.len()])
+            .collect();
+        let acts = teacher.activations(&batch)?;
+        let r = tr.step(&acts.inputs, &acts.targets)?;
+        on_step(step, &r)?;
+        reports.push(r);
+    }
+    Ok((tr, reports))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -131,19 +188,6 @@ pub fn run(a: Args) -> Result<()> {
         ids.len(),
         a.ctx
     );
-    let windows: Vec<&[u32]> = ids.chunks_exact(a.ctx).collect();
-    let per_step = a.batch / a.ctx;
-    let steps = tokens.div_ceil(a.batch).max(1);
-    let mut tr = RouterTrainer::new(
-        &student,
-        &RouterConfig {
-            balance: a.balance,
-            lr: a.lr,
-            steps,
-            warmup: (steps / 20).max(1),
-            recon: a.recon,
-        },
-    )?;
     let mut log = match &a.log {
         Some(p) => Some(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
@@ -152,15 +196,18 @@ pub fn run(a: Args) -> Result<()> {
     };
     let t0 = Instant::now();
     let mut last = Instant::now();
-    let mut reports = Vec::with_capacity(steps);
-    for step in 0..steps {
-        let batch: Vec<&[u32]> = (0..per_step)
-            .map(|i| windows[(step * per_step + i) % windows.len()])
-            .collect();
-        let acts = teacher.activations(&batch)?;
-        let r = tr.step(&acts.inputs, &acts.targets)?;
+    let plan = Plan {
+        ctx: a.ctx,
+        batch: a.batch,
+        tokens,
+        balance: a.balance,
+        lr: a.lr,
+        recon: a.recon,
+    };
+    let steps = plan.steps();
+    let (tr, reports) = train_routers(&student, &teacher, &ids, &plan, |step, r| {
         if let Some(f) = &mut log {
-            writeln!(f, "{}", serde_json::to_string(&r)?)?;
+            writeln!(f, "{}", serde_json::to_string(r)?)?;
         }
         if last.elapsed().as_secs_f64() > 10.0 || step + 1 == steps || step == 0 {
             eprintln!(
@@ -175,8 +222,8 @@ pub fn run(a: Args) -> Result<()> {
             );
             last = Instant::now();
         }
-        reports.push(r);
-    }
+        Ok(())
+    })?;
     if let Some(mut f) = log {
         f.flush()?;
     }

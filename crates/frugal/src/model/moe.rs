@@ -228,6 +228,30 @@ impl RoutingStats {
         }
     }
 
+    /// Adds `from`'s counts into these and zeroes `from` (a server gathers each step's routing
+    /// into its running totals). Shapes that differ are left alone: they are not one model's.
+    pub fn absorb(&mut self, from: &mut RoutingStats) {
+        if from.n_expert != self.n_expert || from.load.len() != self.load.len() {
+            return;
+        }
+        for (a, b) in self.load.iter_mut().zip(&mut from.load) {
+            a.iter_mut()
+                .zip(b.iter_mut())
+                .for_each(|(a, b)| *a += std::mem::take(b));
+        }
+        for (a, b) in self.pairs.iter_mut().zip(&mut from.pairs) {
+            a.iter_mut()
+                .zip(b.iter_mut())
+                .for_each(|(a, b)| *a += std::mem::take(b));
+        }
+        for (a, b) in self.entropy.iter_mut().zip(&mut from.entropy) {
+            *a += std::mem::take(b);
+        }
+        for (a, b) in self.tokens.iter_mut().zip(&mut from.tokens) {
+            *a += std::mem::take(b);
+        }
+    }
+
     /// Counts one token's routing at `layer` (`probs`: its routing probabilities).
     pub fn record(&mut self, layer: usize, route: &Route, probs: &[f32]) {
         let Some(load) = self.load.get_mut(layer) else {
