@@ -212,7 +212,8 @@ fn moefied_real_model_runs_and_counts_its_parameters() {
     ]);
     assert!(!out.trim().is_empty());
     // distill: one step of whole-model distillation of the MoE file trains its experts and
-    // routers (the routed FFN's backward), keeps the selection bias, and writes a MoE file.
+    // routers (the routed FFN's backward, with the Switch balancing loss), keeps the selection
+    // bias, and writes a MoE file.
     let healed = dir.path().join("healed.gguf");
     let out = frugal(&[
         "distill",
@@ -232,6 +233,8 @@ fn moefied_real_model_runs_and_counts_its_parameters() {
         "0.2",
         "--lr",
         "1e-3",
+        "--moe-aux",
+        "1",
         "--out",
         healed.to_str().unwrap(),
     ]);
@@ -260,7 +263,7 @@ fn moefied_real_model_runs_and_counts_its_parameters() {
     );
     assert_eq!(
         json(&ok(&["info", healed.to_str().unwrap(), "--json"]))["n_params_active"],
-        info["n_params_active"]
+        json(&ok(&["info", tr, "--json"]))["n_params_active"]
     );
     let bad = dir.path().join("bad-router.gguf");
     let b = bad.to_str().unwrap();

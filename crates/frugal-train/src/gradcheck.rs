@@ -359,6 +359,7 @@ fn whole_model_case(c: frugal::model::Config, tied: bool, recompute: bool) {
     let opts = RunOptions {
         precision: Precision::F32,
         recompute,
+        ..RunOptions::default()
     };
     let obj = Targets::hard(&labels);
     let mut grads = p.zeros_like();
@@ -447,6 +448,7 @@ fn selection_bias_steers_routing_and_gets_no_gradient() {
     let opts = RunOptions {
         precision: Precision::F32,
         recompute: false,
+        ..RunOptions::default()
     };
     let mut grads = p.zeros_like();
     let saved = p.forward(&b, opts);
@@ -457,4 +459,74 @@ fn selection_bias_steers_routing_and_gets_no_gradient() {
             assert!(g.data.iter().all(|&v| v == 0.0), "{}", t.name);
         }
     }
+}
+
+/// The routed block alone with the Switch balancing loss: `L = Σ r ⊙ y + aux E Σ f_i P_i`,
+/// differentiated through the router and the input (with `f_i` held, as the loss defines it,
+/// and constant under steps that flip no choice).
+#[test]
+fn routed_block_with_balancing_loss_matches_finite_differences() {
+    use crate::moe::{MoeActs, RoutedFfn, aux_loss, routed_backward, routed_forward};
+    use frugal::model::{Gating, MoeConfig};
+    let m = MoeConfig {
+        n_expert: 4,
+        n_used: 2,
+        gating: Gating::Softmax,
+        norm_weights: true,
+        weights_scale: 1.0,
+        n_ff_shared: 0,
+    };
+    let (n, d, ff, aux) = (6, 5, 3, 0.7);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut p = RoutedFfn::zeros(&m, 0, d, ff);
+    for t in p.tensors_mut() {
+        t.data = randn(&mut rng, t.data.len(), 0.8);
+    }
+    let x = randn(&mut rng, n * d, 1.0);
+    let r = randn(&mut rng, n * d, 1.0);
+    let loss = |p: &RoutedFfn, x: &[f32]| {
+        let mut a = MoeActs::default();
+        let mut y = vec![0f32; n * d];
+        routed_forward(&m, p, x, d, ff, &mut a, &mut y, Precision::F32);
+        dot(&y, &r) + aux_loss(&m, &a, aux)
+    };
+    let mut a = MoeActs::default();
+    let mut y = vec![0f32; n * d];
+    routed_forward(&m, &p, &x, d, ff, &mut a, &mut y, Precision::F32);
+    let mut g = p.clone();
+    for t in g.tensors_mut() {
+        t.data.fill(0.0);
+    }
+    let mut dx = vec![0f32; n * d];
+    routed_backward(
+        &m,
+        &p,
+        (&x, d, ff),
+        &a,
+        &r,
+        &mut dx,
+        &mut g,
+        (Precision::F32, aux),
+    );
+    check("dx", &x, &dx, None, |x| loss(&p, x));
+    check("router", &p.router.data, &g.router.data, None, |w| {
+        let mut q = p.clone();
+        q.router.data.copy_from_slice(w);
+        loss(&q, &x)
+    });
+    // Without the loss the router's gradient differs: the term is really there.
+    let mut g0 = g.clone();
+    g0.router.data.fill(0.0);
+    let mut dx0 = vec![0f32; n * d];
+    routed_backward(
+        &m,
+        &p,
+        (&x, d, ff),
+        &a,
+        &r,
+        &mut dx0,
+        &mut g0,
+        (Precision::F32, 0.0),
+    );
+    assert_ne!(g0.router.data, g.router.data);
 }

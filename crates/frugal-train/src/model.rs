@@ -21,12 +21,15 @@ use crate::params::{FfnParams, KvParams, LayerParams, Params};
 /// the GEMM's speed (m = 1024), small enough that the logits stay 200 MB, not `rows x vocabulary`.
 const HEAD_CHUNK: usize = 1024;
 
-/// How the products run and what the forward keeps.
+/// How the products run, what the forward keeps, and the balancing term routed layers add.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RunOptions {
     pub precision: Precision,
     /// Keep only layer inputs and recompute the rest during the backward.
     pub recompute: bool,
+    /// Weight α of the Switch load-balancing loss `α E Σ f_i P_i` each routed layer adds to
+    /// its gradient (0: none). It is not part of the returned loss sums.
+    pub moe_aux: f32,
 }
 
 /// A batch of `batch` sequences of `seq` tokens each (row `b*seq + t`), every one from position 0.
@@ -270,7 +273,7 @@ impl Params {
         a: &LayerActs,
         dx: &mut [f32],
         gl: &mut LayerParams,
-        prec: Precision,
+        (prec, moe_aux): (Precision, f32),
     ) {
         let c = &self.config;
         let (d, n) = (c.n_embd, x.len() / c.n_embd);
@@ -313,7 +316,16 @@ impl Params {
                 );
             }
             (FfnParams::Routed(r), FfnParams::Routed(gr), Some(m)) => {
-                moe::routed_backward(m, r, &a.xn2, d, ff, &a.moe, dx, &mut dxn, gr, prec);
+                moe::routed_backward(
+                    m,
+                    r,
+                    (&a.xn2, d, ff),
+                    &a.moe,
+                    dx,
+                    &mut dxn,
+                    gr,
+                    (prec, moe_aux),
+                );
             }
             _ => unreachable!("gradients laid out as the parameters"),
         }
@@ -510,6 +522,7 @@ impl Params {
             RunOptions {
                 precision: prec,
                 recompute: true,
+                ..RunOptions::default()
             },
         );
         self.head_pass(&s, obj, None, prec).0
@@ -522,6 +535,7 @@ impl Params {
             RunOptions {
                 precision: prec,
                 recompute: true,
+                ..RunOptions::default()
             },
         );
         let mut out = vec![0f32; b.tokens.len() * self.config.n_vocab];
@@ -581,7 +595,8 @@ impl Params {
                     &scratch
                 }
             };
-            self.layer_backward(lp, x, &rope, dims, a, &mut dx, &mut grads.layers[l], prec);
+            let gl = &mut grads.layers[l];
+            self.layer_backward(lp, x, &rope, dims, a, &mut dx, gl, (prec, opts.moe_aux));
         }
         ops::embedding_backward(&mut grads.token_embd.data, b.tokens, c.n_embd, &dx);
         sums

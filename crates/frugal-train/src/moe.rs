@@ -320,18 +320,19 @@ pub fn routed_forward(
 
 /// Backward of [`routed_forward`]: `dy` is the gradient at the block's output; writes the
 /// gradient at its input into `dx` (overwritten) and adds the parameter gradients into `g`.
+/// With `aux > 0` the Switch balancing loss `aux E Σ_i f_i P_i` of these `n` tokens adds
+/// `aux E f_i / n` to every token's `∂/∂p_i` ([`aux_loss`] gives its value): `f_i` the share of
+/// the routed slots expert `i` took, held constant as in the paper, `P_i` its mean probability.
 #[allow(clippy::too_many_arguments)]
 pub fn routed_backward(
     m: &MoeConfig,
     p: &RoutedFfn,
-    x: &[f32],
-    d: usize,
-    ff: usize,
+    (x, d, ff): (&[f32], usize, usize),
     a: &MoeActs,
     dy: &[f32],
     dx: &mut [f32],
     g: &mut RoutedFfn,
-    prec: Precision,
+    (prec, aux): (Precision, f32),
 ) {
     let (n, ne, k) = (x.len() / d, m.n_expert, m.n_used);
     match (&p.shared, &mut g.shared) {
@@ -392,6 +393,13 @@ pub fn routed_backward(
                 .for_each(|(o, &v)| *o += v);
         }
     }
+    let balance: Option<Vec<f32>> = (aux > 0.0).then(|| {
+        let slots = (n * k).max(1) as f32;
+        a.members
+            .iter()
+            .map(|mem| aux * ne as f32 * (mem.len() as f32 / slots) / n.max(1) as f32)
+            .collect()
+    });
     let mut dlogits = vec![0f32; n * ne];
     for (t, dl) in dlogits.chunks_exact_mut(ne).enumerate() {
         route_backward(
@@ -399,7 +407,7 @@ pub fn routed_backward(
             &a.probs[t * ne..(t + 1) * ne],
             &a.routes[t],
             &dw[t * k..(t + 1) * k],
-            None,
+            balance.as_deref(),
             dl,
         );
     }
@@ -412,6 +420,22 @@ pub fn routed_backward(
         d,
         Precision::F32,
     );
+}
+
+/// The Switch balancing loss `aux E Σ_i f_i P_i` of the tokens of the last forward.
+pub fn aux_loss(m: &MoeConfig, a: &MoeActs, aux: f32) -> f64 {
+    let (ne, n) = (m.n_expert, a.routes.len());
+    let slots = (n * m.n_used).max(1) as f64;
+    (0..ne)
+        .map(|i| {
+            let f = a.members[i].len() as f64 / slots;
+            let p: f64 =
+                (0..n).map(|t| f64::from(a.probs[t * ne + i])).sum::<f64>() / n.max(1) as f64;
+            f * p
+        })
+        .sum::<f64>()
+        * f64::from(aux)
+        * ne as f64
 }
 
 /// One token's gradient at its router logits (`dl`, overwritten) from the gradient at each

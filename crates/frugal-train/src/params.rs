@@ -184,6 +184,9 @@ pub struct LayerParams {
 }
 
 /// A block's feed-forward: one SwiGLU, or routed experts.
+// One per layer, holding tensors on the heap: the variants' inline sizes (a few hundred bytes)
+// do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum FfnParams {
     Dense(DenseFfn),

@@ -74,6 +74,7 @@ pub fn layer_importance(
                 RunOptions {
                     precision: prec,
                     recompute: true,
+                    ..RunOptions::default()
                 },
             );
             let d = p.config.n_embd;

@@ -140,6 +140,7 @@ fn a_converted_latent_model_trains_toward_the_original() {
         run: RunOptions {
             precision: Precision::F32,
             recompute: true,
+            ..RunOptions::default()
         },
         loss: LossConfig {
             alpha: 1.0,

@@ -59,6 +59,7 @@ fn config(steps: usize, seq: usize) -> TrainConfig {
         run: RunOptions {
             precision: Precision::F32,
             recompute: true,
+            ..RunOptions::default()
         },
         loss: LossConfig::default(),
         eval_every: 0,

@@ -158,6 +158,7 @@ pub fn run(a: Args) -> Result<()> {
     let run_opts = RunOptions {
         precision: super::train::precision("auto")?,
         recompute: false,
+        ..RunOptions::default()
     };
     let recovery = Recovery {
         seq: a.seq,

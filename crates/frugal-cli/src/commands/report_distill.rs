@@ -135,6 +135,7 @@ pub fn run(a: Args) -> Result<()> {
     let run_opts = RunOptions {
         precision: prec,
         recompute: false,
+        ..RunOptions::default()
     };
     let cfg = |loss: LossConfig, steps: usize| TrainConfig {
         seq: a.seq,

@@ -93,6 +93,10 @@ pub struct Args {
     pub batch: usize,
     #[arg(long = "lr", default_value_t = 1e-3)]
     pub lr: f32,
+    /// Switch balancing-loss weights distillation runs with (0: none), one run per weight and
+    /// variant
+    #[arg(long = "distill-aux", value_delimiter = ',', default_value = "0,1")]
+    pub distill_aux: Vec<f32>,
     /// Prefill tokens of the speed test
     #[arg(short = 'p', long = "prompt", default_value_t = 256)]
     pub prompt: usize,
@@ -291,6 +295,8 @@ struct BalanceRow {
 /// A whole-model distillation of one variant.
 struct DistillRow {
     variant: Variant,
+    /// Weight of the Switch balancing loss during the run.
+    aux: f32,
     before: Quality,
     after: Quality,
     tokens: usize,
@@ -311,7 +317,7 @@ pub fn run(a: Args) -> Result<()> {
         .map(|s| s.parse().map_err(anyhow::Error::msg))
         .collect::<Result<_>>()?;
     let path = common::model_path(&a.model)?;
-    let mut dense = Model::load(&path)?;
+    let mut dense = Model::from_file(GgufFile::from_bytes(std::fs::read(&path)?)?)?;
     ensure!(
         dense.config.moe.is_none(),
         "{} is already a MoE model: report moe starts from a dense one",
@@ -455,12 +461,23 @@ pub fn run(a: Args) -> Result<()> {
             run: RunOptions {
                 precision: super::train::precision("auto")?,
                 recompute: false,
+                ..RunOptions::default()
             },
         };
         let steps = recovery.steps(distill_tokens);
         let q8: Target = "q8_0".parse().map_err(anyhow::Error::msg)?;
-        for v in &distill {
-            eprintln!("distilling {} ({steps} steps)", v.spec);
+        for (v, &aux) in distill
+            .iter()
+            .flat_map(|v| a.distill_aux.iter().map(move |x| (v, x)))
+        {
+            eprintln!("distilling {} ({steps} steps, aux {aux})", v.spec);
+            let recovery = Recovery {
+                run: RunOptions {
+                    moe_aux: aux,
+                    ..recovery.run
+                },
+                ..recovery
+            };
             let m = rebuild(v)?;
             let before = match rows.iter().find(|r| &r.variant == v) {
                 Some(r) => r.q,
@@ -478,6 +495,7 @@ pub fn run(a: Args) -> Result<()> {
             eprintln!("  PPL {:.2} -> {:.2}", before.ppl, after.ppl);
             distill_rows.push(DistillRow {
                 variant: v.clone(),
+                aux,
                 before,
                 after,
                 tokens: steps * a.seq * a.batch,
@@ -591,11 +609,15 @@ fn write_charts(
             .map(|r| (r.active as f64 / 1e6, r.q.kl))
             .collect(),
     }];
-    if !distill.is_empty() {
+    let mut alphas: Vec<f32> = distill.iter().map(|d| d.aux).collect();
+    alphas.sort_by(f32::total_cmp);
+    alphas.dedup();
+    for alpha in alphas {
         quality_series.push(Series {
-            name: "distilled".into(),
+            name: format!("distilled, balancing α = {alpha}"),
             points: distill
                 .iter()
+                .filter(|d| d.aux == alpha)
                 .filter_map(|d| {
                     rows.iter()
                         .find(|r| r.variant == d.variant)
@@ -786,27 +808,28 @@ fn report(
         }
         let _ = writeln!(
             s,
-            "How the routers train (`crates/frugal-train/src/router.rs`): each routed layer from the dense model's FFN input and output at that layer, experts frozen. Every expert runs on every token; the k experts that alone close most of the gap to the dense output are the token's oracle set, learned by cross-entropy; the relative reconstruction error trains the weights among the chosen (the top-k choice itself has no gradient, and under renormalized weights an unchosen expert gets none). Collapse comes from the data: one expert holds neurons useful to most tokens, so it is among most tokens' best k, and a linear router learns that marginal. `moefy` builds its routers soft (probabilities within about 10⁻³ of 1/E, so the renormalized weights stay near the 1/k that reproduces the dense sum), so a selection bias must step below that spread: a larger γ decides the choice alone and sends every token to the same experts. The training text's windows differ in difficulty, so the first and last quarters also differ by the data they saw.\n"
+            "\nHow the routers train (`crates/frugal-train/src/router.rs`): each routed layer from the dense model's FFN input and output at that layer, experts frozen. Every expert runs on every token; the k experts that alone close most of the gap to the dense output are the token's oracle set, learned by cross-entropy; the relative reconstruction error trains the weights among the chosen (the top-k choice itself has no gradient, and under renormalized weights an unchosen expert gets none). Collapse comes from the data: one expert holds neurons useful to most tokens, so it is among most tokens' best k, and a linear router learns that marginal. `moefy` builds its routers soft (probabilities within about 10⁻³ of 1/E, so the renormalized weights stay near the 1/k that reproduces the dense sum), so a selection bias must step below that spread: a larger γ decides the choice alone and sends every token to the same experts. The training text's windows differ in difficulty, so the first and last quarters also differ by the data they saw.\n"
         );
     }
     if !distill.is_empty() {
         let _ = writeln!(s, "## Distillation of the whole MoE model\n");
         let _ = writeln!(
             s,
-            "Every parameter trained (experts, routers, attention, norms, embedding; the selection bias, if any, held), the dense model as teacher: KL at τ = 2, AdamW lr {} with 5% warmup and a cosine decay, {} tokens per step of --data, then stored in Q8_0.\n",
+            "Every parameter trained (experts, routers, attention, norms, embedding; the selection bias, if any, held), the dense model as teacher: KL at τ = 2, AdamW lr {} with 5% warmup and a cosine decay, {} tokens per step of --data, then stored in Q8_0; with the Switch balancing loss at weight α in every routed layer (`distill --moe-aux α`), or without it (α = 0).\n",
             a.lr,
             a.seq * a.batch
         );
         let _ = writeln!(
             s,
-            "| model | tokens | PPL as built | KL as built | PPL after | KL after | busiest after (worst layer) | seconds |"
+            "| model | balancing loss α | tokens | PPL as built | KL as built | PPL after | KL after | busiest after (worst layer) | seconds |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
         for d in distill {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {:.3} | {} | {:.3} | {:.2}x ({:.2}x) | {:.0} |",
+                "| {} | {} | {} | {} | {:.3} | {} | {:.3} | {:.2}x ({:.2}x) | {:.0} |",
                 d.variant.describe(),
+                d.aux,
                 d.tokens,
                 fmt_ppl(d.before.ppl),
                 d.before.kl,

@@ -236,6 +236,7 @@ pub fn run(a: Args) -> Result<()> {
         run: RunOptions {
             precision: super::train::precision("auto")?,
             recompute: false,
+            ..RunOptions::default()
         },
     };
     let steps = recovery.steps(parse_count(&a.tokens)?);

@@ -80,6 +80,10 @@ pub struct TrainArgs {
     /// slower
     #[arg(long = "recompute")]
     pub recompute: bool,
+    /// A MoE student's load balancing: weight α of the Switch loss α·E·Σ f_i·P_i added in
+    /// every routed layer (0: none; without it the routers are free to collapse)
+    #[arg(long = "moe-aux", default_value_t = 0.0)]
+    pub moe_aux: f32,
     /// Evaluate on the held-out windows every N steps (0: start and end only)
     #[arg(long = "eval-every", default_value_t = 0)]
     pub eval_every: usize,
@@ -214,6 +218,10 @@ fn train_config(a: &TrainArgs, loss: LossConfig) -> Result<TrainConfig> {
         "--heldout must be in [0, 1)"
     );
     ensure!(a.lr.is_finite() && a.lr > 0.0, "--lr must be positive");
+    ensure!(
+        a.moe_aux.is_finite() && a.moe_aux >= 0.0,
+        "--moe-aux must be a weight of at least 0"
+    );
     let per_step = a.seq * a.batch * a.accum;
     let steps = parse_count(&a.tokens)?.div_ceil(per_step);
     let warmup = a.warmup.unwrap_or((steps / 20).max(1)).min(steps);
@@ -239,6 +247,7 @@ fn train_config(a: &TrainArgs, loss: LossConfig) -> Result<TrainConfig> {
         run: RunOptions {
             precision: precision(&a.precision)?,
             recompute: a.recompute,
+            moe_aux: a.moe_aux,
         },
         loss,
         eval_every: a.eval_every,

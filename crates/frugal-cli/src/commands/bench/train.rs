@@ -156,6 +156,7 @@ pub fn run(a: Args) -> Result<()> {
             run: RunOptions {
                 precision: prec,
                 recompute: a.recompute,
+                ..RunOptions::default()
             },
             loss: LossConfig::default(),
             eval_every: 0,
