@@ -21,12 +21,16 @@ thread_local! {
     static BUF: RefCell<Buffers> = RefCell::new(Buffers::default());
 }
 
-/// Naive causal attention; see [`super::attend`] for the argument layout.
+/// Naive causal (optionally windowed) attention; see [`super::attend`] for the argument layout.
 pub fn naive(s: AttnShape, q: &[f32], k: KvView, v: KvView, pos0: usize, out: &mut [f32]) {
     let hd = s.head_dim;
     let q_dim = s.n_head * hd;
     let n = q.len() / q_dim;
     let len = pos0 + n;
+    // Keys before the first query's window are seen by no query (and a ring cache may no
+    // longer hold them): the score matrix covers keys `lo..len`.
+    let lo = s.first_visible(pos0);
+    let width = len - lo;
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let out_len = out.len();
@@ -34,14 +38,14 @@ pub fn naive(s: AttnShape, q: &[f32], k: KvView, v: KvView, pos0: usize, out: &m
     (0..s.n_head).into_par_iter().for_each(|h| {
         let kvh = h / group;
         BUF.with_borrow_mut(|b| {
-            b.scores.resize(n * len, 0.0);
+            b.scores.resize(n * width, 0.0);
             b.row.resize(hd, 0.0);
             let (sc, row) = (&mut b.scores, &mut b.row);
-            // S = q k^T * scale, with the future masked to -inf.
-            for j in 0..len {
+            // S = q k^T * scale, with the future (and keys outside the window) masked to -inf.
+            for j in lo..len {
                 k.decode_head(kvh, hd, j, 1, row);
                 for t in 0..n {
-                    sc[t * len + j] = if j <= pos0 + t {
+                    sc[t * width + j - lo] = if j <= pos0 + t && j >= s.first_visible(pos0 + t) {
                         let qt = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
                         dot(qt, row) * scale
                     } else {
@@ -51,7 +55,7 @@ pub fn naive(s: AttnShape, q: &[f32], k: KvView, v: KvView, pos0: usize, out: &m
             }
             // P = softmax(S) row by row.
             // The normalizer is summed in f64: thousands of terms, and this is the reference.
-            for srow in sc.chunks_exact_mut(len) {
+            for srow in sc.chunks_exact_mut(width) {
                 let max = srow.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
                 let mut sum = 0f64;
                 for x in srow.iter_mut() {
@@ -71,12 +75,12 @@ pub fn naive(s: AttnShape, q: &[f32], k: KvView, v: KvView, pos0: usize, out: &m
             // summation: the rounding error grows with block + blocks, not with every key).
             b.part.resize(n * hd, 0.0);
             let part = &mut b.part;
-            for j0 in (0..len).step_by(SUM_BLOCK) {
+            for j0 in (lo..len).step_by(SUM_BLOCK) {
                 part.fill(0.0);
                 for j in j0..(j0 + SUM_BLOCK).min(len) {
                     v.decode_head(kvh, hd, j, 1, row);
                     for t in j.saturating_sub(pos0)..n {
-                        let p = sc[t * len + j];
+                        let p = sc[t * width + j - lo];
                         for (a, &b) in part[t * hd..][..hd].iter_mut().zip(row.iter()) {
                             *a += p * b;
                         }

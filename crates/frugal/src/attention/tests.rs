@@ -85,6 +85,7 @@ fn single_key_returns_its_value() {
         n_head: 2,
         n_head_kv: 1,
         head_dim: 2,
+        window: None,
     };
     let q = [1.0, 0.0, 0.0, 1.0];
     let k = [0.3, 0.4];
@@ -112,6 +113,7 @@ fn equal_scores_average_the_values_and_mask_the_future() {
         n_head: 1,
         n_head_kv: 1,
         head_dim: 1,
+        window: None,
     };
     for kind in [Attention::Naive, Attention::Flash] {
         let mut out = [0.0; 2];
@@ -143,6 +145,7 @@ fn full_prefill_and_long_decode_agree() {
         n_head: 9,
         n_head_kv: 3,
         head_dim: 64,
+        window: None,
     };
     // A full causal prefill (several query blocks, partial last tile) and a decode step over a
     // long context (split-KV path), with large scores that force frequent max rescaling.
@@ -159,6 +162,7 @@ fn flash_reads_a_paged_quantized_cache_like_naive() {
         n_head: 4,
         n_head_kv: 2,
         head_dim: 64,
+        window: None,
     };
     let c = case(s, 300, 300, 1.0, 7);
     for ty in [KvType::Q8_0, KvType::F16, KvType::Bf16] {
@@ -194,7 +198,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let n = ((len.min(96) as f64 * n_frac) as usize).max(1);
-        let s = AttnShape { n_head: n_head_kv * group, n_head_kv, head_dim: hd };
+        let s = AttnShape { n_head: n_head_kv * group, n_head_kv, head_dim: hd, window: None };
         let (e, ep) = compare(&case(s, len, n, amp, seed));
         prop_assert!(e < 1e-5, "dispatched: {e}");
         prop_assert!(ep < 1e-5, "portable: {ep}");
@@ -341,6 +345,7 @@ fn rows_are_independent_of_how_calls_group_them() {
                 n_head: 9,
                 n_head_kv: 3,
                 head_dim: 64,
+                window: None,
             },
             300,
         ),
@@ -349,6 +354,7 @@ fn rows_are_independent_of_how_calls_group_them() {
                 n_head: 4,
                 n_head_kv: 4,
                 head_dim: 32,
+                window: None,
             },
             1500,
         ),
@@ -357,6 +363,7 @@ fn rows_are_independent_of_how_calls_group_them() {
                 n_head: 6,
                 n_head_kv: 2,
                 head_dim: 48,
+                window: None,
             },
             200,
         ),
@@ -394,5 +401,61 @@ fn rows_are_independent_of_how_calls_group_them() {
                 assert!(same, "{s:?} len {len} simd {simd} calls of {sizes:?}");
             }
         }
+    }
+}
+
+/// A window is the same as attending over only the visible keys: each query row of a windowed
+/// prefill equals an unwindowed single-query call on the slice `first_visible(p)..=p`. Same
+/// kernel, same keys in the same order, so the results agree to rounding of the score matrix
+/// layout (1e-6 of the row's magnitude).
+#[test]
+fn window_equals_attention_over_the_visible_keys() {
+    let full = AttnShape {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 16,
+        window: None,
+    };
+    let kv_dim = full.n_head_kv * full.head_dim;
+    let q_dim = full.n_head * full.head_dim;
+    for (window, len, n) in [(1, 9, 9), (4, 20, 7), (8, 8, 8), (16, 12, 5), (5, 40, 1)] {
+        let c = case(full, len, n, 1.0, window as u64 * 31 + len as u64);
+        let s = AttnShape {
+            window: Some(window),
+            ..full
+        };
+        let mut out = vec![0f32; n * q_dim];
+        causal_attention(s, &c.q, &c.k, &c.v, c.pos0, &mut out);
+        for t in 0..n {
+            let p = c.pos0 + t;
+            let lo = s.first_visible(p);
+            assert_eq!(lo, (p + 1).saturating_sub(window));
+            let mut want = vec![0f32; q_dim];
+            causal_attention(
+                full,
+                &c.q[t * q_dim..(t + 1) * q_dim],
+                &c.k[lo * kv_dim..(p + 1) * kv_dim],
+                &c.v[lo * kv_dim..(p + 1) * kv_dim],
+                p - lo,
+                &mut want,
+            );
+            let got = &out[t * q_dim..(t + 1) * q_dim];
+            let err = max_row_rel_err(got, &want, full.head_dim);
+            assert!(err < 1e-6, "window {window} len {len} row {t}: {err}");
+        }
+        // Through the dispatcher, flash requested: the same result.
+        let mut via = vec![0f32; n * q_dim];
+        let mut ws = AttnWorkspace::default();
+        attend(
+            Attention::Flash,
+            s,
+            &c.q,
+            KvView::from_f32(&c.k, kv_dim),
+            KvView::from_f32(&c.v, kv_dim),
+            c.pos0,
+            &mut via,
+            &mut ws,
+        );
+        assert_eq!(via, out);
     }
 }

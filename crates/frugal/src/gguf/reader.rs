@@ -522,6 +522,18 @@ impl GgufFile {
             .collect()
     }
 
+    /// An array of numbers, as f32 (SentencePiece scores).
+    pub fn f32_array(&self, key: &str) -> Result<Vec<f32>> {
+        self.array(key)?
+            .iter()
+            .map(|v| {
+                v.as_f64()
+                    .map(|x| x as f32)
+                    .ok_or_else(|| Self::type_error(key, "an array of numbers", v))
+            })
+            .collect()
+    }
+
     pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }

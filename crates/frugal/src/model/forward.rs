@@ -341,6 +341,7 @@ impl Model {
             n_head: c.n_head,
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
+            window: None,
         };
         let (q_dim, kv_dim, attn_dim) = (c.q_dim(), c.kv_dim(), c.attn_dim());
 
@@ -423,6 +424,7 @@ impl Model {
                                 n_head: c.n_head,
                                 n_head_kv: 1,
                                 head_dim: row,
+                                window: None,
                             };
                             attend_segments(
                                 s.attention,

@@ -201,6 +201,7 @@ pub(super) fn attend_decompressed(
         n_head,
         n_head_kv: n_head,
         head_dim: hd,
+        window: None,
     };
     let out = sized(&mut bufs.out, q.len());
     for (i, &(pos0, r0, len)) in segs.iter().enumerate() {

@@ -87,6 +87,7 @@ pub fn run(a: Args) -> Result<()> {
         n_head: a.heads,
         n_head_kv: a.kv_heads,
         head_dim: a.head_dim,
+        window: None,
     };
     let (q_dim, kv_dim) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);

@@ -1,19 +1,16 @@
-//! Byte-level BPE tokenization built from the vocabulary and merges stored in GGUF metadata.
+//! Tokenization built from the vocabulary stored in GGUF metadata, for both kinds llama.cpp
+//! reads most: byte-level BPE with stored merges ([`byte_level`], `tokenizer.ggml.model =
+//! gpt2`) and SentencePiece with scores and byte fallback ([`spm`], `llama`).
 //!
-//! The BPE itself is the `tokenizers` crate; this module assembles it the way llama.cpp does for
-//! the file's `tokenizer.ggml.pre` (the pre-tokenizer regexes), splits out special tokens only
-//! where the caller asks, and decodes token ids back to bytes as a stream that never emits half
-//! of a UTF-8 character.
+//! The merging itself is the `tokenizers` crate's BPE; this module assembles it the way
+//! llama.cpp does for the file, splits out special tokens only where the caller asks, and
+//! decodes token ids back to bytes as a stream that never emits half of a UTF-8 character.
 
-use std::collections::HashMap;
+mod byte_level;
+mod spm;
 
-use tokenizers::models::bpe::BPE;
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{SplitDelimiterBehavior, Tokenizer as HfTokenizer};
+pub use byte_level::byte_level_chars;
+use tokenizers::Tokenizer as HfTokenizer;
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -54,9 +51,6 @@ const END_OF_GENERATION: &[&str] = &[
     "<|return|>",
 ];
 
-const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
 pub struct Tokenizer {
     bpe: HfTokenizer,
     tokens: Vec<String>,
@@ -89,9 +83,9 @@ impl Tokenizer {
     /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
     pub fn from_gguf(f: &GgufFile) -> Result<Self> {
         let model = f.str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
+        if !matches!(model, "gpt2" | "llama") {
             return Err(tok_err(format!(
-                "tokenizer.ggml.model = {model:?} is not supported (frugal reads byte-level BPE, \"gpt2\")"
+                "tokenizer.ggml.model = {model:?} is not supported (frugal reads byte-level BPE, \"gpt2\", and SentencePiece, \"llama\")"
             )));
         }
         let tokens: Vec<String> = f
@@ -99,7 +93,6 @@ impl Tokenizer {
             .into_iter()
             .map(String::from)
             .collect();
-        let merges = f.str_array("tokenizer.ggml.merges")?;
         let types: Vec<TokenType> = match f.get("tokenizer.ggml.token_type") {
             Some(_) => f
                 .i32_array("tokenizer.ggml.token_type")?
@@ -115,7 +108,6 @@ impl Tokenizer {
                 tokens.len()
             )));
         }
-        let pre = f.str_opt("tokenizer.ggml.pre")?.unwrap_or("default");
         let id = |key: &str| -> Result<Option<u32>> {
             match f.u32_opt(key)? {
                 Some(i) if (i as usize) < tokens.len() => Ok(Some(i)),
@@ -130,43 +122,45 @@ impl Tokenizer {
         let eos = id("tokenizer.ggml.eos_token_id")?;
         let eot = id("tokenizer.ggml.eot_token_id")?;
         let add_bos = f.bool_opt("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-        Self::new(tokens, &merges, types, pre, bos, eos, eot, add_bos)
+        let (bpe, pieces): (HfTokenizer, Vec<Box<[u8]>>) = if model == "gpt2" {
+            let merges = f.str_array("tokenizer.ggml.merges")?;
+            let pre = f.str_opt("tokenizer.ggml.pre")?.unwrap_or("default");
+            let bpe = byte_level::build(&tokens, &merges, pre)?;
+            let piece = byte_level::pieces(&tokens);
+            (bpe, (0..tokens.len()).map(piece).collect())
+        } else {
+            if f.bool_opt("tokenizer.ggml.add_space_prefix")? == Some(true) {
+                return Err(tok_err(
+                    "tokenizer.ggml.add_space_prefix = true is not supported (SentencePiece vocabularies without the dummy prefix only, as Gemma's)",
+                ));
+            }
+            let scores = f.f32_array("tokenizer.ggml.scores")?;
+            let bpe = spm::build(&tokens, &scores, &types)?;
+            let pieces = tokens
+                .iter()
+                .zip(&types)
+                .map(|(t, &ty)| spm::piece(t, ty))
+                .collect();
+            (bpe, pieces)
+        };
+        Ok(Self::assemble(
+            bpe, tokens, types, pieces, bos, eos, eot, add_bos,
+        ))
     }
 
+    /// The tokenizer around a built BPE: special tokens sorted out, the pieces each token
+    /// decodes to (`pieces[i]` for plain tokens; control tokens decode to nothing).
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    fn assemble(
+        bpe: HfTokenizer,
         tokens: Vec<String>,
-        merges: &[&str],
         types: Vec<TokenType>,
-        pre: &str,
+        mut pieces: Vec<Box<[u8]>>,
         bos: Option<u32>,
         eos: Option<u32>,
         eot: Option<u32>,
         add_bos: bool,
-    ) -> Result<Self> {
-        let vocab: tokenizers::models::bpe::Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
-        let mut pairs = Vec::with_capacity(merges.len());
-        for (i, m) in merges.iter().enumerate() {
-            let (a, b) = m.split_once(' ').ok_or_else(|| {
-                tok_err(format!(
-                    "merge {i} ({m:?}) is not two tokens separated by a space"
-                ))
-            })?;
-            pairs.push((a.to_string(), b.to_string()));
-        }
-        let ignore_merges = matches!(pre, "llama-bpe" | "llama3");
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, pairs)
-            .ignore_merges(ignore_merges)
-            .build()
-            .map_err(tok_err)?;
-        let mut hf = HfTokenizer::new(bpe);
-        hf.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
-
+    ) -> Self {
         let mut user_defined = Vec::new();
         let mut control = Vec::new();
         for (i, (t, ty)) in tokens.iter().zip(&types).enumerate() {
@@ -187,26 +181,15 @@ impl Tokenizer {
         );
         eog.sort_unstable();
         eog.dedup();
-        let byte_decoder: HashMap<char, u8> = bytes_to_unicode()
-            .into_iter()
-            .map(|(b, c)| (c, b))
-            .collect();
-        let pieces = tokens
-            .iter()
-            .zip(&types)
-            .map(|(text, ty)| match ty {
-                TokenType::Control | TokenType::Unknown | TokenType::Unused => Box::default(),
-                TokenType::UserDefined => text.as_bytes().into(),
-                _ => text
-                    .chars()
-                    .map(|c| byte_decoder.get(&c).copied())
-                    .collect::<Option<Vec<u8>>>()
-                    .unwrap_or_else(|| text.as_bytes().to_vec())
-                    .into(),
-            })
-            .collect();
-        Ok(Tokenizer {
-            bpe: hf,
+        for ((p, t), ty) in pieces.iter_mut().zip(&tokens).zip(&types) {
+            match ty {
+                TokenType::Control | TokenType::Unknown | TokenType::Unused => *p = Box::default(),
+                TokenType::UserDefined => *p = t.as_bytes().into(),
+                _ => {}
+            }
+        }
+        Tokenizer {
+            bpe,
             tokens,
             user_defined,
             control,
@@ -215,7 +198,7 @@ impl Tokenizer {
             eos,
             add_bos,
             eog,
-        })
+        }
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -305,68 +288,6 @@ impl Tokenizer {
     }
 }
 
-fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
-    let byte_level =
-        |regex: bool| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, regex));
-    let split = |re: &str| -> Result<PreTokenizerWrapper> {
-        Ok(PreTokenizerWrapper::Split(
-            Split::new(
-                SplitPattern::Regex(re.into()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(tok_err)?,
-        ))
-    };
-    Ok(match pre {
-        "default" | "gpt2" | "gpt-2" => byte_level(true),
-        // llama.cpp: each digit alone, then the GPT-2 pattern.
-        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
-            PreTokenizerWrapper::Sequence(Sequence::new(vec![
-                PreTokenizerWrapper::Digits(Digits::new(true)),
-                byte_level(true),
-            ]))
-        }
-        "llama-bpe" | "llama3" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
-            split(LLAMA3_REGEX)?,
-            byte_level(false),
-        ])),
-        "qwen2" | "deepseek-r1-qwen" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
-            split(QWEN2_REGEX)?,
-            byte_level(false),
-        ])),
-        other => {
-            return Err(tok_err(format!(
-                "pre-tokenizer {other:?} (tokenizer.ggml.pre) is not supported; supported: default, gpt2, smollm, starcoder, llama-bpe, qwen2"
-            )));
-        }
-    })
-}
-
-/// The character that stands for each byte (index = byte value) in byte-level vocabularies.
-pub fn byte_level_chars() -> Vec<char> {
-    bytes_to_unicode().into_iter().map(|(_, c)| c).collect()
-}
-
-/// GPT-2's reversible map from bytes to printable characters used by byte-level vocabularies.
-fn bytes_to_unicode() -> Vec<(u8, char)> {
-    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).collect();
-    printable.extend(0xA1..=0xAC);
-    printable.extend(0xAE..=0xFF);
-    let mut out = Vec::with_capacity(256);
-    let mut extra = 0;
-    for b in 0..=255u32 {
-        let c = if printable.contains(&b) {
-            b
-        } else {
-            extra += 1;
-            255 + extra
-        };
-        out.push((b as u8, char::from_u32(c).expect("valid code point")));
-    }
-    out
-}
-
 /// Streams token bytes out as text, holding back an incomplete UTF-8 character until the tokens
 /// that complete it arrive.
 #[derive(Default, Debug)]
@@ -429,16 +350,5 @@ mod tests {
         assert_eq!(d.push(&[0xff, b'a']), "\u{FFFD}a");
         assert_eq!(d.push(&euro[..2]), "");
         assert_eq!(d.finish(), "\u{FFFD}");
-    }
-
-    #[test]
-    fn byte_map_is_a_bijection() {
-        let m = bytes_to_unicode();
-        let mut chars: Vec<char> = m.iter().map(|p| p.1).collect();
-        chars.sort_unstable();
-        chars.dedup();
-        assert_eq!(chars.len(), 256);
-        assert_eq!(m[b' ' as usize].1, 'Ġ');
-        assert_eq!(m[b'\n' as usize].1, 'Ċ');
     }
 }
