@@ -11,7 +11,10 @@
 //! Loop order (FlashAttention-2): the outer, parallel loop is over (KV head, query block); each
 //! task streams the key/value tiles once for all its query rows, including the `group` query
 //! heads that share the KV head under GQA, so a decoded tile is reused by every row of the block.
-//! Tiles entirely above the causal diagonal are never loaded.
+//! Tiles entirely above the causal diagonal are never loaded; under a sliding window, neither
+//! are the tiles and chunks wholly before the first row's window (a row masks the keys of a
+//! tile that fall before its own window by weighing them 0, so its bits do not depend on where
+//! the other rows of its block start).
 //!
 //! Keys are taken in fixed chunks of absolute positions ([`key_chunk`]): each chunk produces
 //! `(m, l, acc)` for its keys, and the chunks merge in order by rescaling to the common
@@ -148,10 +151,15 @@ pub(super) fn flash_with(
     let chunk = key_chunk(hd);
     let optr = OutPtr(out.as_mut_ptr());
     let nchunks = len.div_ceil(chunk);
+    // Under a sliding window, chunks wholly before the first query's window are skipped: no
+    // row sees them, and merging a chunk a row does not see changes nothing, so the result is
+    // the same bits as computing them.
+    let c0 = s.first_visible(pos0) / chunk;
 
     // Flash-decoding: a few query rows over several key chunks compute the chunks in parallel
     // and merge them in order (the result is the same as the tiled path's, see `key_chunk`).
-    if n <= br && nchunks >= 2 {
+    if n <= br && nchunks - c0 >= 2 {
+        let nchunks = nchunks - c0;
         let rows = n * group;
         let stride = rows * (hd + 2);
         let total = s.n_head_kv * nchunks * stride;
@@ -163,7 +171,7 @@ pub(super) fn flash_with(
             .par_chunks_mut(stride)
             .enumerate()
             .for_each(|(i, part)| {
-                let (kvh, c) = (i / nchunks, i % nchunks);
+                let (kvh, c) = (i / nchunks, c0 + i % nchunks);
                 let (acc, ml) = part.split_at_mut(rows * hd);
                 let (m, l) = ml.split_at_mut(rows);
                 let span = Span {
@@ -226,6 +234,7 @@ pub(super) fn flash_with(
             let (l, l_c) = l_buf.split_at_mut(rows);
             // Keys past the block's last query are never visible to it.
             let hi = len.min(pos0 + t1);
+            let first = s.first_visible(pos0 + t0) / chunk;
             let span = |c: usize| Span {
                 kvh,
                 t0,
@@ -233,8 +242,8 @@ pub(super) fn flash_with(
                 lo: c * chunk,
                 hi: ((c + 1) * chunk).min(len),
             };
-            block(&job, span(0), acc, m, l, t);
-            for c in 1..hi.div_ceil(chunk) {
+            block(&job, span(first), acc, m, l, t);
+            for c in first + 1..hi.div_ceil(chunk) {
                 block(&job, span(c), acc_c, m_c, l_c, t);
                 for r in 0..rows {
                     let (ar, ac) = (&mut acc[r * hd..(r + 1) * hd], &acc_c[r * hd..(r + 1) * hd]);
@@ -360,7 +369,10 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
     l[..rows].fill(0.0);
     // Keys past the last query of the block are above the diagonal for every row: never read.
     let hi = span.hi.min(job.pos0 + span.t1);
-    let mut j0 = span.lo;
+    // Under a window, tiles wholly before the first row's window are never read either (tiles
+    // stay at the same absolute offsets from the chunk start).
+    let first = s.first_visible(job.pos0 + span.t0);
+    let mut j0 = span.lo + first.saturating_sub(span.lo) / bc * bc;
     while j0 < hi {
         let nb = (hi - j0).min(bc);
         // An f32 cache is read in place on the SIMD path (keys transposed straight from it,
@@ -394,14 +406,15 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
                 .decode_head(span.kvh, hd, j0, nb, &mut t.vt[..nb * hd]);
         }
         for rb in (0..rows).step_by(R) {
-            // Visible keys of this tile per row (causal: up to the row's own position).
+            // Visible keys of this tile per row: `js..jn` (causal: up to the row's own
+            // position; under a window, from its first visible key). A row that sees none of
+            // the tile has `jn == 0`.
+            let mut js = [0usize; R];
             let jn: [usize; R] = std::array::from_fn(|i| {
-                let visible = job.pos0 + span.t0 + (rb + i) / group + 1;
-                if rb + i < rows {
-                    visible.saturating_sub(j0).min(nb)
-                } else {
-                    0
-                }
+                let pos = job.pos0 + span.t0 + (rb + i) / group;
+                js[i] = s.first_visible(pos).saturating_sub(j0).min(nb);
+                let end = (pos + 1).saturating_sub(j0).min(nb);
+                if rb + i < rows && js[i] < end { end } else { 0 }
             });
             let jmax = jn.iter().copied().max().unwrap_or(0);
             if jmax == 0 {
@@ -426,7 +439,10 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
                     continue;
                 }
                 let r = rb + i;
-                let tile_max = sr[..n_i].iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                let j_s = js[i];
+                let tile_max = sr[j_s..n_i]
+                    .iter()
+                    .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
                 let m_new = m[r].max(tile_max);
                 // exp(-inf) ~ 0 on the first tile: nothing accumulated yet to rescale.
                 corr[i] = exp_approx(m[r] - m_new);
@@ -434,13 +450,15 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `fast` implies the CPU has AVX2 and FMA.
                     unsafe {
-                        super::flash_x86::exp_row(&mut sr[..n_i], m_new)
+                        super::flash_x86::exp_row(&mut sr[j_s..n_i], m_new)
                     }
                     #[cfg(not(target_arch = "x86_64"))]
                     unreachable!()
                 } else {
-                    exp_row(&mut sr[..n_i], m_new)
+                    exp_row(&mut sr[j_s..n_i], m_new)
                 };
+                // Keys outside the row's view weigh 0: adding 0 x v changes no bits.
+                sr[..j_s].fill(0.0);
                 sr[n_i..].fill(0.0);
                 l[r] = l[r] * corr[i] + sum;
                 m[r] = m_new;

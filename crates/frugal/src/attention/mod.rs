@@ -116,10 +116,7 @@ pub fn attend(
     debug_assert!(s.n_head_kv > 0 && s.n_head.is_multiple_of(s.n_head_kv));
     debug_assert!(k.len() >= pos0 + q.len() / (s.n_head * s.head_dim));
     match kind {
-        // The tiled kernel's window mask is still to come (issue 15); a windowed call takes
-        // the naive kernel, which computes the same exact attention.
         Attention::Naive => naive(s, q, k, v, pos0, out),
-        Attention::Flash if s.window.is_some() => naive(s, q, k, v, pos0, out),
         Attention::Flash => flash(s, q, k, v, pos0, out, ws),
     }
 }
