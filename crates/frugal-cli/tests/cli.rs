@@ -1133,3 +1133,10 @@ fn report_prune_writes_the_pruning_table() {
         "the recovered row has no after figures: {wanda}"
     );
 }
+
+/// `frugal fetch` takes only the models it knows, and says which those are.
+#[test]
+fn fetch_an_unknown_model_is_a_clean_error() {
+    let out = frugal(&["fetch", "llama-70b"], None);
+    assert_clean_error(&out, "smollm2-135m, gemma3-270m");
+}

@@ -1,14 +1,14 @@
 //! The SentencePiece (`tokenizer.ggml.model = llama`) path on Gemma 3 270M's 262,144-piece
 //! vocabulary, against the ids llama.cpp's tokenizer gives for the same texts.
 //!
-//! The file is found at `$FRUGAL_GEMMA_MODEL`; the test skips when it is unset (fetching Gemma
-//! through `frugal fetch` is still to come, issue 15).
+//! The file is found at `$FRUGAL_GEMMA_MODEL` or in the frugal cache (`frugal fetch
+//! gemma3-270m`); absent, the test skips, unless `FRUGAL_REQUIRE_MODEL=1` (CI).
 
 use frugal::gguf::GgufFile;
 use frugal::tokenizer::Tokenizer;
 
 fn tokenizer() -> Option<Tokenizer> {
-    let path = std::env::var_os("FRUGAL_GEMMA_MODEL")?;
+    let path = frugal::fetch::gemma_model_for_tests()?;
     let file = GgufFile::open(path).expect("Gemma GGUF opens");
     Some(Tokenizer::from_gguf(&file).expect("SentencePiece tokenizer builds"))
 }
