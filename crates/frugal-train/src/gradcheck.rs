@@ -308,6 +308,7 @@ pub(crate) fn tiny_config() -> frugal::model::Config {
         rope_base: 10_000.0,
         rope_dim: 4,
         mla: None,
+        features: Default::default(),
     }
 }
 

@@ -371,6 +371,12 @@ impl Params {
     /// Decodes every tensor of a loaded model to f32 (whatever its stored format).
     pub fn from_model(model: &Model) -> Result<Self> {
         let c = &model.config;
+        if !c.features.is_llama() {
+            return Err(TrainError::Invalid(format!(
+                "the training engine has Llama's block only; {} ({:?}) is not trainable yet",
+                c.arch, c.features
+            )));
+        }
         if let Some(m) = c.mla
             && m.v_dim > m.nope_dim + m.rope_dim
         {
@@ -575,6 +581,7 @@ mod tests {
             rope_base: 1e4,
             rope_dim: 4,
             mla: None,
+            features: Default::default(),
         };
         let mut l = LayerParams::zeros(&c, 7);
         l.renumber(2);

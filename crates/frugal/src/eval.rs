@@ -104,6 +104,19 @@ fn window_count(tokens: &[u32], n_ctx: usize) -> Result<usize> {
     Ok(windows)
 }
 
+/// The token that starts every window: BOS for a model that is meant to see it first
+/// (`tokenizer.ggml.add_bos_token`), as llama.cpp's perplexity does, so each window starts the
+/// way the model was trained (Gemma without BOS is far worse: 20.3 against 13.9 on GPL-3).
+/// Only the context changes: the scored positions are the second half of the window.
+fn window_bos(model: &Model) -> Result<Option<u32>> {
+    let f = &model.file;
+    if f.bool_opt("tokenizer.ggml.add_bos_token")? != Some(true) {
+        return Ok(None);
+    }
+    Ok(f.u32_opt("tokenizer.ggml.bos_token_id")?
+        .filter(|&b| (b as usize) < model.config.n_vocab))
+}
+
 /// Computes the perplexity of `tokens` with windows of `n_ctx` (default cache and attention).
 /// `progress(done, total)` is called after each window.
 pub fn perplexity(
@@ -145,8 +158,16 @@ pub fn perplexity_routed(
     }
     let mut sums = NllSums::default();
     let nv = model.config.n_vocab;
+    let bos = window_bos(model)?;
+    let mut window = Vec::with_capacity(n_ctx);
     for w in 0..windows {
-        let chunk = &tokens[w * n_ctx..(w + 1) * n_ctx];
+        let mut chunk = &tokens[w * n_ctx..(w + 1) * n_ctx];
+        if let Some(b) = bos {
+            window.clear();
+            window.push(b);
+            window.extend_from_slice(&chunk[1..]);
+            chunk = &window;
+        }
         kv.clear();
         let logits = model.forward(
             chunk,

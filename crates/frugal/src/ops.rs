@@ -1,5 +1,7 @@
 //! Element-wise building blocks of the forward pass.
 
+use crate::model::features::RopeStyle;
+
 /// RMSNorm: `out = x / sqrt(mean(x^2) + eps) * w`, row by row (`x` is `n x w.len()`).
 /// The mean is accumulated in f64, as ggml does.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -14,12 +16,13 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// Rotary position embedding tables: `cos`/`sin` of `pos * base^(-2i/rope_dim)` for each
-/// position and each rotated pair, computed in f64.
+/// position and each rotated pair, computed in f64; and which dimensions form the pairs.
 #[derive(Default, Debug)]
 pub struct RopeTable {
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
     half: usize,
+    pub style: RopeStyle,
 }
 
 impl RopeTable {
@@ -44,7 +47,8 @@ impl RopeTable {
     }
 
     /// Rotates the first `rope_dim` dims of each head in `x` (`n x n_heads*head_dim`) by the
-    /// angle of its row's position. GGUF Llama files rotate adjacent pairs `(2i, 2i+1)`.
+    /// angle of its row's position: pairs `(2i, 2i+1)` (GGUF Llama files) or, NeoX style,
+    /// `(i, i + rope_dim/2)`.
     pub fn apply(&self, x: &mut [f32], n_heads: usize, head_dim: usize) {
         self.apply_at(x, n_heads, head_dim, 0);
     }
@@ -59,9 +63,13 @@ impl RopeTable {
             for head in xr.chunks_exact_mut(head_dim) {
                 let head = &mut head[offset..];
                 for i in 0..self.half {
-                    let (a, b) = (head[2 * i], head[2 * i + 1]);
-                    head[2 * i] = a * cos[i] - b * sin[i];
-                    head[2 * i + 1] = a * sin[i] + b * cos[i];
+                    let (ia, ib) = match self.style {
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RopeStyle::Neox => (i, i + self.half),
+                    };
+                    let (a, b) = (head[ia], head[ib]);
+                    head[ia] = a * cos[i] - b * sin[i];
+                    head[ib] = a * sin[i] + b * cos[i];
                 }
             }
         }
@@ -85,6 +93,16 @@ pub fn rms_norm_prefix(x: &mut [f32], stride: usize, w: &[f32], eps: f32) {
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// GeGLU: `gate = gelu(gate) * up`, in place, with GELU's tanh approximation
+/// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))` (what Gemma was trained with).
+pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh()) * u;
     }
 }
 
@@ -128,6 +146,30 @@ mod tests {
         t.apply(&mut x, 1, 4);
         assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
         assert!((x[2] - 0.01f32.cos()).abs() < 1e-6 && (x[3] - 0.01f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn neox_rope_rotates_split_halves() {
+        let mut t = RopeTable {
+            style: RopeStyle::Neox,
+            ..Default::default()
+        };
+        t.fill(1, 1, 4, 10_000.0);
+        // Pair 0 is dims (0, 2) and turns by 1 rad; pair 1, dims (1, 3), by 1/100 rad.
+        let mut x = [1.0, 1.0, 0.0, 0.0];
+        t.apply(&mut x, 1, 4);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[2] - 1f32.sin()).abs() < 1e-6);
+        assert!((x[1] - 0.01f32.cos()).abs() < 1e-6 && (x[3] - 0.01f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn geglu_matches_gelu_values() {
+        // gelu_tanh(1) = 0.841192, gelu_tanh(-1) = -0.158808, gelu(0) = 0.
+        let mut g = [1.0f32, -1.0, 0.0];
+        geglu_tanh(&mut g, &[2.0, 1.0, 5.0]);
+        assert!((g[0] - 2.0 * 0.841_192).abs() < 1e-5, "{g:?}");
+        assert!((g[1] + 0.158_808).abs() < 1e-5, "{g:?}");
+        assert_eq!(g[2], 0.0);
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! Every hyperparameter of a Llama-family model, read from GGUF metadata and validated.
 
+use super::features::Features;
 use super::moe::MoeConfig;
 use crate::gguf::{GgufError, GgufFile};
 
 /// Architectures frugal runs. `llama` and `mistral` follow the Llama layout (no biases, SwiGLU,
 /// RoPE in the interleaved-pair layout); `deepseek2` is the same block with multi-head latent
-/// attention (dense FFN layers only, no query compression).
-pub const SUPPORTED_ARCHS: &[&str] = &["llama", "mistral", "deepseek2"];
+/// attention (dense FFN layers only, no query compression); `gemma3` is the Llama skeleton with
+/// the switches of [`Features`].
+pub const SUPPORTED_ARCHS: &[&str] = &["llama", "mistral", "deepseek2", "gemma3"];
 
 /// Multi-head latent attention (DeepSeek-V2's MLA, llama.cpp's `deepseek2`): each token caches
 /// one RMS-normed latent of `kv_lora_rank` values and one RoPE key of `rope_dim` values shared
@@ -53,6 +55,8 @@ pub struct Config {
     /// Routed experts in every layer's FFN (`n_ff` is then one expert's width); `None` for a
     /// dense FFN.
     pub moe: Option<MoeConfig>,
+    /// How the block differs from Llama's (all off for Llama).
+    pub features: Features,
 }
 
 impl Config {
@@ -162,7 +166,9 @@ impl Config {
         } else {
             None
         };
+        let features = Features::from_gguf(f, &arch, n_embd)?;
         Ok(Config {
+            features,
             moe,
             n_ctx_train: get("context_length")?,
             arch,

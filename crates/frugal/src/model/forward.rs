@@ -1,4 +1,5 @@
-//! The Llama forward pass, top to bottom.
+//! The Llama forward pass, top to bottom; the switches of [`super::Features`] (Gemma 3's
+//! extra norms, GELU gating, NeoX RoPE, sliding windows) are read in place.
 //!
 //! One call processes `n` new tokens at positions `kv.len() .. kv.len() + n`: a whole prompt
 //! (prefill, matrix-matrix products) or a single token (decode, matrix-vector products). Keys and
@@ -8,6 +9,7 @@
 
 use std::ops::Range;
 
+use super::features::FfnAct;
 use super::mla::{self, LatentPath};
 use super::moe::MoeScratch;
 use super::weights::{Ffn, KvProjection, Mlp};
@@ -15,7 +17,7 @@ use super::{Linear, Model};
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
 use crate::kv::{KvBatch, KvPool, KvSequence, OneSeq, PoolBatch, SeqId};
-use crate::ops::{RopeTable, add_assign, rms_norm, swiglu};
+use crate::ops::{RopeTable, add_assign, geglu_tanh, rms_norm, rms_norm_prefix, swiglu};
 use crate::quant::GgmlType;
 use crate::quant::act::{Activations, Q8Acts, WideActs};
 use crate::quant::matmul;
@@ -73,6 +75,8 @@ pub struct Scratch {
     batch_seqs: Vec<SeqId>,
     batch_lens: Vec<usize>,
     rope: RopeTable,
+    /// RoPE of the sliding-window layers, when they have their own base.
+    rope_local: RopeTable,
     acts: Q8Acts,
     /// The FFN's hidden rows, quantized for the down projection (`acts` holds its input).
     hidden_acts: Q8Acts,
@@ -356,9 +360,20 @@ impl Model {
             }
             Input::Hidden(h) => x.copy_from_slice(h),
         }
-        s.rope.fill(0, 0, c.rope_dim, c.rope_base);
-        for &(pos0, _, len) in &s.segs {
-            s.rope.extend(pos0, len, c.rope_dim, c.rope_base);
+        if let (Input::Tokens(_), Some(scale)) = (input, c.features.embd_scale) {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        let local_base = c.features.sliding.map(|sw| sw.local_rope_base);
+        for (table, base) in [
+            (&mut s.rope, Some(c.rope_base)),
+            (&mut s.rope_local, local_base),
+        ] {
+            let Some(base) = base else { continue };
+            table.style = c.features.rope;
+            table.fill(0, 0, c.rope_dim, base);
+            for &(pos0, _, len) in &s.segs {
+                table.extend(pos0, len, c.rope_dim, base);
+            }
         }
 
         let act = self.activations;
@@ -379,8 +394,20 @@ impl Model {
                     let v = sized(&mut s.v, n * kv_dim);
                     self.linear(wk, xb, xq, k);
                     self.linear(wv, xb, xq, v);
-                    s.rope.apply(q, c.n_head, c.head_dim);
-                    s.rope.apply(k, c.n_head_kv, c.head_dim);
+                    let en = &lw.extra_norms;
+                    if let (Some(qn), Some(kn)) = (&en.q, &en.k) {
+                        // Each head on its own (rows of `head_dim`).
+                        rms_norm_prefix(q, c.head_dim, qn, c.rms_eps);
+                        rms_norm_prefix(k, c.head_dim, kn, c.rms_eps);
+                    }
+                    let window = c.features.window(l_model);
+                    let rope = if window.is_some() && local_base.is_some() {
+                        &s.rope_local
+                    } else {
+                        &s.rope
+                    };
+                    rope.apply(q, c.n_head, c.head_dim);
+                    rope.apply(k, c.n_head_kv, c.head_dim);
                     // Only attention is per sequence: its own positions, its own cache.
                     for (i, &(_, r0, len)) in s.segs.iter().enumerate() {
                         let rows = r0 * kv_dim..(r0 + len) * kv_dim;
@@ -388,7 +415,7 @@ impl Model {
                     }
                     attend_segments(
                         s.attention,
-                        shape,
+                        AttnShape { window, ..shape },
                         q,
                         &*kv,
                         l,
@@ -457,6 +484,9 @@ impl Model {
             let proj = sized(&mut s.proj, n * d);
             let attq = quantize_input(act, att, attn_dim, &mut s.acts);
             self.linear(&lw.wo, att, attq, proj);
+            if let Some(w) = &lw.extra_norms.post_attn {
+                rms_norm_prefix(proj, d, w, c.rms_eps);
+            }
             add_assign(&mut s.x, proj);
 
             // Feed-forward block: norm -> SwiGLU(gate, up) -> down (one block, or the experts
@@ -475,6 +505,9 @@ impl Model {
                 Ffn::Experts(ex) => {
                     self.experts_ffn(l_model, ex, act, xb, xq, &mut s.moe, proj);
                 }
+            }
+            if let Some(w) = &lw.extra_norms.post_ffn {
+                rms_norm_prefix(proj, d, w, c.rms_eps);
             }
             add_assign(&mut s.x, proj);
             observe(&mut obs, l_model, Site::LayerOutput, &s.x, d);
@@ -530,7 +563,10 @@ impl Model {
         let up = sized(up, n * ff);
         self.linear(&w.gate, x, xq, gate);
         self.linear(&w.up, x, xq, up);
-        swiglu(gate, up);
+        match self.config.features.ffn_act {
+            FfnAct::Silu => swiglu(gate, up),
+            FfnAct::GeluTanh => geglu_tanh(gate, up),
+        }
         let hq = quantize_input(act, gate, ff, acts);
         self.linear(&w.down, gate, hq, y);
     }

@@ -1,6 +1,7 @@
 //! Llama-family models: configuration, weights (views into the GGUF map) and the forward pass.
 
 mod config;
+pub mod features;
 mod forward;
 mod mla;
 pub mod moe;
@@ -8,10 +9,11 @@ pub mod synthetic;
 mod weights;
 
 pub use config::{Config, Mla, SUPPORTED_ARCHS};
+pub use features::Features;
 pub use forward::{Input, Logits, Observer, Scratch, Segment, Site};
 pub use mla::LatentPath;
 pub use moe::{Gating, MoeConfig, RoutingStats};
-pub use weights::{Ffn, KvProjection, LayerWeights, Linear, Weights};
+pub use weights::{ExtraNorms, Ffn, KvProjection, LayerWeights, Linear, Weights};
 
 use std::path::Path;
 

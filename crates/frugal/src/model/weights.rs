@@ -75,6 +75,18 @@ pub struct LayerWeights {
     pub wo: Linear,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
+    /// The norms some families add (`Features::qk_norm`, `Features::post_norms`).
+    pub extra_norms: ExtraNorms,
+}
+
+/// Gemma's extra RMSNorm weights: per query/key head (`head_dim`), and after attention and the
+/// FFN (`n_embd`). `None` where the family has none.
+#[derive(Clone, Debug, Default)]
+pub struct ExtraNorms {
+    pub q: Option<Vec<f32>>,
+    pub k: Option<Vec<f32>>,
+    pub post_attn: Option<Vec<f32>>,
+    pub post_ffn: Option<Vec<f32>>,
 }
 
 /// A block's feed-forward part: one SwiGLU block, or routed experts (`Config::moe`).
@@ -212,6 +224,18 @@ impl Weights {
                         down: linear(file, &name("ffn_down"), c.n_embd, c.n_ff)?,
                     }),
                     Some(m) => Ffn::Experts(experts(file, c, &m, i)?),
+                },
+                extra_norms: {
+                    let f = c.features;
+                    let opt = |on: bool, s: &str, n: usize| {
+                        on.then(|| vector(file, &name(s), n)).transpose()
+                    };
+                    ExtraNorms {
+                        q: opt(f.qk_norm, "attn_q_norm", c.head_dim)?,
+                        k: opt(f.qk_norm, "attn_k_norm", c.head_dim)?,
+                        post_attn: opt(f.post_norms, "post_attention_norm", c.n_embd)?,
+                        post_ffn: opt(f.post_norms, "post_ffw_norm", c.n_embd)?,
+                    }
                 },
             });
         }

@@ -1,0 +1,141 @@
+//! How a family's block differs from Llama's, as switches the one forward pass reads.
+//!
+//! Llama (and Mistral, and DeepSeek's latent-attention block) use the defaults. Gemma 3
+//! (`gemma3`) turns on the rest: RoPE on split halves, RMSNorm of each query and key head,
+//! norms after attention and after the FFN (before each residual add), GELU gating, the
+//! embedding scaled by √d, and sliding-window attention in five of every six layers (with their
+//! own RoPE base). Everything else — GQA, the quantized products, the caches, the kernels — is
+//! shared.
+
+use crate::gguf::{GgufError, GgufFile};
+
+/// Which dimensions of a head RoPE rotates together.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`: GGUF Llama files (their Q and K rows are permuted to it).
+    #[default]
+    Interleaved,
+    /// Split halves `(i, i + rope_dim/2)`: GPT-NeoX's layout, Gemma's.
+    Neox,
+}
+
+/// The gate's nonlinearity in `down(act(gate x) * up x)`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FfnAct {
+    /// SwiGLU: `silu(g) = g / (1 + e^-g)`.
+    #[default]
+    Silu,
+    /// GeGLU with GELU's tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// Sliding-window attention in a periodic pattern of layers: layer `l` is local when
+/// `l % period < period - 1`, so the last layer of each period is global (Gemma 3: five local
+/// layers of window 512, then one global).
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Sliding {
+    /// Keys a query of a local layer sees, itself included.
+    pub window: usize,
+    pub period: usize,
+    /// RoPE base of the local layers (the global ones use `Config::rope_base`).
+    pub local_rope_base: f32,
+}
+
+/// The switches, all off for Llama.
+#[derive(Copy, Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Features {
+    pub rope: RopeStyle,
+    /// RMSNorm over each query and key head after the projections, before RoPE.
+    pub qk_norm: bool,
+    /// RMSNorm of the attention output and of the FFN output before their residual adds.
+    pub post_norms: bool,
+    pub ffn_act: FfnAct,
+    /// Factor on the token embeddings entering the first layer.
+    pub embd_scale: Option<f32>,
+    pub sliding: Option<Sliding>,
+}
+
+/// Gemma 3's local RoPE base (llama.cpp's `rope_freq_base_train_swa` for the family; the files
+/// carry only the global one).
+const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+/// Gemma 3's layer pattern when the file does not give one.
+const GEMMA3_PERIOD: usize = 6;
+
+impl Features {
+    /// The switches for `arch`, reading what the file gives (`n_embd` for the embedding scale).
+    pub fn from_gguf(f: &GgufFile, arch: &str, n_embd: usize) -> Result<Self, GgufError> {
+        if arch != "gemma3" {
+            return Ok(Features::default());
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        let bad = |k: &str, reason: String| GgufError::BadValue {
+            key: key(k),
+            reason,
+        };
+        let window = f
+            .u32_opt(&key("attention.sliding_window"))?
+            .ok_or_else(|| bad("attention.sliding_window", "missing".into()))?
+            as usize;
+        if window == 0 {
+            return Err(bad("attention.sliding_window", "must be positive".into()));
+        }
+        let period = f
+            .u32_opt(&key("attention.sliding_window_pattern"))?
+            .map_or(GEMMA3_PERIOD, |v| v as usize);
+        if period == 0 {
+            return Err(bad(
+                "attention.sliding_window_pattern",
+                "must be positive".into(),
+            ));
+        }
+        Ok(Features {
+            rope: RopeStyle::Neox,
+            qk_norm: true,
+            post_norms: true,
+            ffn_act: FfnAct::GeluTanh,
+            embd_scale: Some((n_embd as f32).sqrt()),
+            sliding: Some(Sliding {
+                window,
+                period,
+                local_rope_base: GEMMA3_LOCAL_ROPE_BASE,
+            }),
+        })
+    }
+
+    /// Whether these are Llama's block (what every part of frugal handles, the training engine
+    /// and surgery included).
+    pub fn is_llama(&self) -> bool {
+        *self == Features::default()
+    }
+
+    /// Layer `l`'s window, `None` for full attention.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        self.sliding
+            .filter(|s| l % s.period < s.period - 1)
+            .map(|s| s.window)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemma_pattern_makes_every_sixth_layer_global() {
+        let f = Features {
+            sliding: Some(Sliding {
+                window: 512,
+                period: 6,
+                local_rope_base: 10_000.0,
+            }),
+            ..Default::default()
+        };
+        let global: Vec<usize> = (0..18).filter(|&l| f.window(l).is_none()).collect();
+        assert_eq!(global, [5, 11, 17]);
+        assert_eq!(f.window(0), Some(512));
+        assert!(Features::default().window(3).is_none());
+        assert!(Features::default().is_llama() && !f.is_llama());
+    }
+}
