@@ -70,7 +70,7 @@ enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API: continuous batching, prefix caching,
     /// admission control, Prometheus metrics.
     Serve(commands::serve::Args),
-    /// Download the default model (SmolLM2-135M-Instruct, Q4_1) into the cache.
+    /// Download a known model into the cache: smollm2-135m (the default, SmolLM2-135M-Instruct Q4_1) or gemma3-270m
     Fetch(commands::fetch::Args),
 }
 
