@@ -628,7 +628,8 @@ impl Scheduler {
             for (i, s) in self.running.iter().enumerate() {
                 let rest = s.tokens.len() - s.computed;
                 if rest > 1 && budget > 0 {
-                    let n = rest.min(budget);
+                    // A sliding-window ring takes at most one chunk per pass.
+                    let n = rest.min(budget).min(self.pool.max_chunk());
                     plan.push((i, n));
                     budget -= n;
                 }

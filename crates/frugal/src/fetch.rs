@@ -83,6 +83,30 @@ pub fn known_model(name: &str) -> Option<&'static KnownModel> {
     KNOWN_MODELS.into_iter().find(|m| m.name == name)
 }
 
+/// What a model argument names: an existing file as given, else a known model's short name
+/// (`gemma3-270m`) as its place in the cache, else the path as given (opening it then says what
+/// is wrong). A file in the working folder wins over a name, so a path always works.
+pub fn resolve_model_arg(arg: &Path) -> PathBuf {
+    if arg.exists() {
+        return arg.to_path_buf();
+    }
+    match arg.to_str().and_then(known_model) {
+        Some(m) => m.path(),
+        None => arg.to_path_buf(),
+    }
+}
+
+/// `path`, fetching it first when it is a known model's place in the cache and is missing
+/// (what `-m gemma3-270m` resolves to before its first fetch).
+pub fn ensure_model_path(path: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    if !path.exists()
+        && let Some(m) = KNOWN_MODELS.into_iter().find(|m| m.path() == path)
+    {
+        return m.ensure(log);
+    }
+    Ok(path.to_path_buf())
+}
+
 impl KnownModel {
     /// Where the model lives once fetched.
     pub fn path(&self) -> PathBuf {

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::attention::Attention;
 use crate::error::{Error, Result};
-use crate::kv::{KvOptions, SeqCache};
+use crate::kv::{KvOptions, KvSequence, SeqCache};
 use crate::model::{Logits, Model, RoutingStats, Scratch};
 use crate::sample::{Sampler, SamplerParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -156,6 +156,12 @@ impl<'m> Session<'m> {
             reusable_prefix(&self.cached, prompt)
         } else {
             0
+        };
+        // A sliding-window ring cannot go back past what it still holds: then start over.
+        let keep = if keep < self.kv.rewind_floor() {
+            0
+        } else {
+            keep
         };
         self.kv.truncate(keep);
         self.cached.truncate(keep);

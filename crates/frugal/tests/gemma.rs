@@ -82,3 +82,68 @@ fn gemma_perplexity_matches_llama_cpp() {
         p.ppl
     );
 }
+
+/// The sliding-window layers' rings (15 of 18 layers keep 512 + 15 + 512 positions) give the
+/// same bits as caches that keep every position, for a prompt longer than the ring (prefilled
+/// in passes of at most 512) and the decode steps after it, on both layouts; and the contiguous
+/// cache holds less: at 1,166 positions the local layers hold 1,039 each.
+#[test]
+fn gemma_window_rings_change_memory_not_logits() {
+    use frugal::kv::{KvLayout, KvSequence, Rings, SeqCache};
+    use frugal::model::{Logits, Scratch};
+    let Some(path) = frugal::fetch::gemma_model_for_tests() else {
+        return;
+    };
+    let model = Model::load(path).expect("Gemma loads");
+    let c = &model.config;
+    let rings = model.cache_rings();
+    assert_eq!(rings.rows(0), Some(512 + 15 + 512));
+    assert_eq!(rings.rows(5), None);
+    // A deterministic stream of ordinary token ids.
+    let prompt: Vec<u32> = (0..1150u32).map(|i| 1000 + (i * 7919) % 50_000).collect();
+    let ctx = 1200;
+    for layout in [KvLayout::Contiguous, KvLayout::default()] {
+        let opts = KvOptions {
+            layout,
+            ..KvOptions::default()
+        };
+        let mut ring = model.new_seq_cache(ctx, &opts).unwrap();
+        let mut full =
+            SeqCache::new(c.n_layers, c.cache_shape(), ctx, &opts, Rings::none()).unwrap();
+        let (mut s1, mut s2) = (
+            Scratch::new(Attention::Flash),
+            Scratch::new(Attention::Flash),
+        );
+        let a = model
+            .forward(&prompt, &mut ring, &mut s1, Logits::Last)
+            .unwrap()
+            .to_vec();
+        let b = model
+            .forward(&prompt, &mut full, &mut s2, Logits::Last)
+            .unwrap();
+        assert_eq!(a, b, "{layout:?}: prefill logits differ");
+        let mut next = 17u32;
+        for step in 0..16 {
+            let a = model
+                .forward(&[next], &mut ring, &mut s1, Logits::Last)
+                .unwrap()
+                .to_vec();
+            let b = model
+                .forward(&[next], &mut full, &mut s2, Logits::Last)
+                .unwrap();
+            assert_eq!(a, b, "{layout:?}: decode step {step} differs");
+            next = a
+                .iter()
+                .enumerate()
+                .max_by(|x, y| x.1.total_cmp(y.1))
+                .unwrap()
+                .0 as u32;
+        }
+        assert_eq!(ring.len(), 1166);
+        if layout == KvLayout::Contiguous {
+            let row = 2 * 256 * 4; // one f32 key and value row of the one KV head
+            assert_eq!(ring.bytes_in_use(), (3 * 1166 + 15 * 1039) * row);
+            assert_eq!(full.bytes_in_use(), 18 * 1166 * row);
+        }
+    }
+}

@@ -23,6 +23,7 @@ fn spec(ty: GgmlType) -> SyntheticSpec {
         seed: 3,
         mla: None,
         moe: None,
+        gemma: None,
     }
 }
 

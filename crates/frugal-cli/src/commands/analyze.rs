@@ -19,7 +19,8 @@ pub enum AnalyzeCommand {
 
 #[derive(clap::Args, Debug)]
 pub struct QuantArgs {
-    /// The GGUF model [default: --model, else the default model]
+    /// The GGUF model or a known model's name [default: --model, else the default model]
+    #[arg(value_parser = common::model_arg)]
     pub path: Option<PathBuf>,
     /// Record activations on this text and report the dominant channels
     #[arg(long)]

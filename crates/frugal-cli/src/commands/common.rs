@@ -15,8 +15,9 @@ use frugal::tokenizer::Tokenizer;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// GGUF model file [default: SmolLM2-135M-Instruct Q4_1, fetched into $FRUGAL_HOME or ~/.cache/frugal]
-    #[arg(short = 'm', long = "model")]
+    /// GGUF model file, or a known model's name (smollm2-135m, gemma3-270m), fetched on first
+    /// use [default: smollm2-135m, SmolLM2-135M-Instruct Q4_1, in $FRUGAL_HOME or ~/.cache/frugal]
+    #[arg(short = 'm', long = "model", value_parser = model_arg)]
     pub model: Option<PathBuf>,
     /// Activation precision in products with block-quantized weights: q8 (8 bits per block of
     /// 32 and integer kernels, as llama.cpp runs quantized files; the output head stays f32),
@@ -233,11 +234,28 @@ pub fn speculator<'m>(
         .with_context(|| format!("setting up speculative decoding ({:?})", spec.method))
 }
 
-/// The model path given, or the default model (fetched if missing).
+/// Parses a model argument: a path, or a known model's short name resolved to its place in
+/// the cache (`-m gemma3-270m`). Use as `#[arg(value_parser = model_arg)]`.
+pub fn model_arg(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("empty model path".into());
+    }
+    Ok(frugal::fetch::resolve_model_arg(Path::new(s)))
+}
+
+/// The model path given (a known model fetched if it is not in the cache yet), or the default
+/// model (fetched if missing).
 pub fn model_path(args: &ModelArgs) -> Result<PathBuf> {
-    match &args.model {
-        Some(p) => Ok(p.clone()),
-        None => Ok(frugal::fetch::ensure_default_model(|m| eprintln!("{m}"))?),
+    input_model(args.model.as_deref())
+}
+
+/// A model a command reads: the path given (fetched first when it names a known model not yet
+/// in the cache), or the default model.
+pub fn input_model(path: Option<&Path>) -> Result<PathBuf> {
+    let mut log = |m: &str| eprintln!("{m}");
+    match path {
+        Some(p) => Ok(frugal::fetch::ensure_model_path(p, &mut log)?),
+        None => Ok(frugal::fetch::ensure_default_model(log)?),
     }
 }
 

@@ -14,6 +14,7 @@ use super::common::human_bytes;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The model to read (GGUF, a Llama-family GQA or MHA model)
+    #[arg(value_parser = super::common::model_arg)]
     pub input: PathBuf,
     /// The GGUF file to write
     pub output: PathBuf,
@@ -78,7 +79,8 @@ fn parse_mla(s: &str, factorization: Factorization) -> Result<Option<MlaTarget>>
     }))
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
+    a.input = super::common::input_model(Some(&a.input))?;
     anyhow::ensure!(
         a.input != a.output,
         "the output would overwrite the input ({}); choose another path",

@@ -36,7 +36,7 @@ pub struct PerplexityArgs {
     /// A reference model (e.g. the F32 file from `frugal quantize --type f32`): both are scored in
     /// the same pass, and the KL divergence of the model's next-token distribution from the
     /// reference's and their top-1 agreement are reported (as llama.cpp's --kl-divergence)
-    #[arg(long = "reference", value_name = "BASE.gguf")]
+    #[arg(long = "reference", value_name = "BASE.gguf", value_parser = common::model_arg)]
     pub reference: Option<PathBuf>,
     /// A mixture-of-experts model: also print, per layer, how the router sent the scored text's
     /// tokens to experts (as `generate --moe-stats`)
@@ -93,7 +93,7 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
             "--kld and --reference both name what to compare against: give one"
         );
         bar.set_message("perplexity + KL");
-        let base = common::load_model(reference, None)?;
+        let base = common::load_model(&common::input_model(Some(reference))?, None)?;
         return compare(
             &a,
             (&model, &opts),

@@ -12,7 +12,8 @@ use super::common::human_bytes;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The GGUF file [default: the default model]
+    /// The GGUF file, or a known model's name [default: the default model]
+    #[arg(value_parser = super::common::model_arg)]
     pub model: Option<PathBuf>,
     /// Print one JSON object instead of text
     #[arg(long)]
@@ -23,10 +24,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let path = match a.model {
-        Some(p) => p,
-        None => frugal::fetch::ensure_default_model(|m| eprintln!("{m}"))?,
-    };
+    let path = super::common::input_model(a.model.as_deref())?;
     let f = GgufFile::open(&path)?;
     let n_params: u64 = f.tensors().iter().map(|t| t.n_elements()).sum();
     let mut by_type: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();

@@ -12,6 +12,7 @@ use frugal::surgery::moe::{self, MoeReport, MoefyTarget, RouterInit, Split};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The dense model (GGUF, a Llama-family model)
+    #[arg(value_parser = super::common::model_arg)]
     pub input: PathBuf,
     /// The GGUF file to write
     pub output: PathBuf,
@@ -49,7 +50,8 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
+    a.input = super::common::input_model(Some(&a.input))?;
     ensure!(
         a.input != a.output,
         "the output would overwrite the input ({}); choose another path",

@@ -17,6 +17,7 @@ use super::common::{CalibrationArgs, human_bytes};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The model to prune (GGUF, a Llama-family model)
+    #[arg(value_parser = super::common::model_arg)]
     pub input: PathBuf,
     /// The GGUF file to write
     pub output: PathBuf,
@@ -64,7 +65,8 @@ fn write(a: &Args, w: &GgufWriter) -> Result<()> {
     std::fs::rename(&tmp, &a.output).with_context(|| format!("writing {}", a.output.display()))
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
+    a.input = super::common::input_model(Some(&a.input))?;
     ensure!(
         a.input != a.output,
         "the output would overwrite the input ({}); choose another path",

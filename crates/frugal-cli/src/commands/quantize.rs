@@ -12,6 +12,7 @@ use super::common::human_bytes;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The model to read (GGUF)
+    #[arg(value_parser = super::common::model_arg)]
     pub input: PathBuf,
     /// The GGUF file to write
     pub output: PathBuf,
@@ -29,7 +30,8 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
+    a.input = super::common::input_model(Some(&a.input))?;
     let target: Target = a.ty.parse()?;
     let rules = a
         .keep

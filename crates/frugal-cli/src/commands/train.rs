@@ -125,7 +125,7 @@ pub struct TrainCmd {
 #[derive(clap::Args, Debug)]
 pub struct DistillCmd {
     /// Teacher model (repeatable: several teachers are an ensemble, their distributions averaged)
-    #[arg(long = "teacher", required = true)]
+    #[arg(long = "teacher", required = true, value_parser = super::common::model_arg)]
     pub teachers: Vec<PathBuf>,
     /// Weight of each teacher in the ensemble (one per --teacher) [default: equal]
     #[arg(long = "teacher-weight")]

@@ -530,45 +530,15 @@ pub(super) fn exp_row(s: &mut [f32], max: f32) -> f32 {
     sum
 }
 
-/// `e^x` for `x <= 0` within 2 ulp, branch-free so that loops over it vectorize (a libm call
-/// per score cost a quarter of prefill attention). Range reduction `x = n ln2 + r` with ln2 in
-/// two parts (Cody-Waite), then Cephes' degree-6 polynomial for `e^r` on |r| <= ln2/2, then
-/// `2^n` through the exponent bits. Inputs below -87 return e^-87 (~1.6e-38): as a softmax
-/// weight next to the row maximum's 1, indistinguishable from 0.
+/// `e^x` for `x <= 0` ([`crate::ops::exp_poly`]; inputs below -87 give e^-87, as a softmax
+/// weight next to the row maximum's 1 indistinguishable from 0).
 #[inline(always)]
 pub(super) fn exp_approx(x: f32) -> f32 {
-    let x = x.clamp(EXP_MIN, 0.0);
-    let t = x * EXP_LOG2E + EXP_ROUND;
-    let n = t - EXP_ROUND;
-    let r = x - n * EXP_LN2_HI - n * EXP_LN2_LO;
-    let p = EXP_POLY[1..].iter().fold(EXP_POLY[0], |p, &c| p * r + c);
-    let er = p * r * r + r + 1.0;
-    // t's low mantissa bits are n (its ulp is 1 between 2^23 and 2^24): 2^n without a
-    // float-to-int conversion.
-    er * f32::from_bits(
-        t.to_bits()
-            .wrapping_sub(EXP_ROUND.to_bits())
-            .wrapping_add(127)
-            << 23,
-    )
+    crate::ops::exp_poly(x.min(0.0))
 }
 
 /// Constants of [`exp_approx`] (shared with its AVX2 twin, which must compute the same bits).
-pub(super) const EXP_MIN: f32 = -87.0;
-pub(super) const EXP_LOG2E: f32 = std::f32::consts::LOG2_E;
-pub(super) const EXP_LN2_HI: f32 = 0.693_359_4;
-pub(super) const EXP_LN2_LO: f32 = -2.121_944_4e-4;
-/// Adding and subtracting 1.5 * 2^23 rounds to the nearest integer in any vector unit.
-pub(super) const EXP_ROUND: f32 = 12_582_912.0;
-/// Cephes' expf polynomial, highest degree first.
-pub(super) const EXP_POLY: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_2e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5,
-];
+pub(super) use crate::ops::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND};
 
 /// `s[i][j] = q_i . k_j` for `R` query rows (`q` is `R x hd`) and keys `0..jn` of a tile stored
 /// transposed (`kt[c * bc + j]`), into `s` (`R x bc`). Eight keys by `R` rows at a time, their

@@ -53,6 +53,13 @@ impl AttnShape {
     }
 }
 
+/// Keys before a sliding window's first that a kernel may read (and weigh 0): flash starts at
+/// the key tile holding the first visible key. A cache that drops keys older than a window
+/// must keep this many more.
+pub fn window_lookback(head_dim: usize) -> usize {
+    key_tile(head_dim) - 1
+}
+
 /// Which implementation computes attention.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

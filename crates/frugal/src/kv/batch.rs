@@ -20,6 +20,8 @@ pub trait KvBatch {
     fn append(&mut self, seg: usize, layer: usize, k: &[f32], v: &[f32]);
     fn commit(&mut self, seg: usize, n: usize);
     fn layer(&self, seg: usize, layer: usize) -> (KvView<'_>, KvView<'_>);
+    /// Most positions one reserve may take for any segment (see [`KvSequence::max_chunk`]).
+    fn max_chunk(&self) -> usize;
 }
 
 /// A batch of one sequence.
@@ -47,6 +49,9 @@ impl KvBatch for OneSeq<'_> {
     }
     fn layer(&self, _: usize, layer: usize) -> (KvView<'_>, KvView<'_>) {
         self.0.layer(layer)
+    }
+    fn max_chunk(&self) -> usize {
+        self.0.max_chunk()
     }
 }
 
@@ -79,5 +84,8 @@ impl KvBatch for PoolBatch<'_> {
     }
     fn layer(&self, seg: usize, layer: usize) -> (KvView<'_>, KvView<'_>) {
         self.pool.layer(self.seqs[seg], layer)
+    }
+    fn max_chunk(&self) -> usize {
+        self.pool.max_chunk()
     }
 }

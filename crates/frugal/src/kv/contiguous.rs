@@ -1,8 +1,12 @@
 //! The contiguous cache: per layer, one `[position][kv_head][head_dim]` array for K and one for
 //! V, in their stored formats. Storage is reserved for the whole context up front but only pages
 //! that hold tokens are touched, so resident memory grows with the tokens actually cached.
+//!
+//! A sliding-window layer ([`Rings`]) reserves only its ring: position `j` goes to row
+//! `j % rows`, overwriting a position no query can see any more, so its memory stops growing
+//! at the ring's size whatever the context.
 
-use super::{CacheShape, KvError, KvFormat, KvSequence, KvType, KvView};
+use super::{CacheShape, KvError, KvFormat, KvSequence, KvType, KvView, Rings};
 
 #[derive(Debug)]
 pub struct KvCache {
@@ -17,6 +21,12 @@ pub struct KvCache {
     pending: usize,
     k: Vec<Vec<u8>>,
     v: Vec<Vec<u8>>,
+    /// Sliding-window layers' rings.
+    rings: Rings,
+    /// Positions appended to each layer (committed or pending): its view's length.
+    appended: Vec<usize>,
+    /// Most positions ever written (a ring's slots hold the last `rows` of them).
+    high: usize,
 }
 
 /// Checks that a head of `head_dim` values can be stored (and decoded on its own) as `ty`.
@@ -51,6 +61,18 @@ impl KvCache {
         capacity: usize,
         format: KvFormat,
     ) -> Result<Self, KvError> {
+        Self::with_rings(n_layers, shape, capacity, format, Rings::none())
+    }
+
+    /// As [`with_format`](Self::with_format), the layers with a ring in `rings` keeping only
+    /// their last positions.
+    pub fn with_rings(
+        n_layers: usize,
+        shape: CacheShape,
+        capacity: usize,
+        format: KvFormat,
+        rings: Rings,
+    ) -> Result<Self, KvError> {
         let head_dim = shape.head_dim;
         let (kv_dim, v_dim) = (shape.k_dim(), shape.v_dim());
         let err = |reason: String| KvError::Reserve {
@@ -72,10 +94,11 @@ impl KvCache {
         let (kb, vb) = (format.k.bytes(kv_dim), format.v.bytes(v_dim));
         let mut k = Vec::new();
         let mut v = Vec::new();
-        for _ in 0..n_layers {
+        for l in 0..n_layers {
+            let rows = rings.held(l, capacity);
             for (side, rb) in [(&mut k, kb), (&mut v, vb)] {
                 let mut buf: Vec<u8> = Vec::new();
-                buf.try_reserve_exact(capacity * rb)
+                buf.try_reserve_exact(rows * rb)
                     .map_err(|e| err(e.to_string()))?;
                 side.push(buf);
             }
@@ -90,7 +113,20 @@ impl KvCache {
             pending: 0,
             k,
             v,
+            rings,
+            appended: vec![0; n_layers],
+            high: 0,
         })
+    }
+
+    /// The layers' rings (none unless the cache was made with some).
+    pub fn rings(&self) -> &Rings {
+        &self.rings
+    }
+
+    /// A ring layer's storage when it holds fewer rows than the context (else a plain array).
+    fn ring_rows(&self, layer: usize) -> Option<usize> {
+        self.rings.rows(layer).filter(|&r| r < self.capacity)
     }
 
     pub fn format(&self) -> KvFormat {
@@ -132,16 +168,29 @@ impl KvCache {
         self.layer(layer).1
     }
 
-    /// Drops every position from `n` on (used to rewind or reuse a cache).
+    /// Drops every position from `n` on (used to rewind or reuse a cache). Under rings, `n`
+    /// must be 0 or at least [`KvSequence::rewind_floor`]: below it a ring no longer holds the
+    /// positions the next pass reads, and the whole cache is dropped instead.
     pub fn truncate(&mut self, n: usize) {
-        let n = n.min(self.len);
+        let mut n = n.min(self.len);
+        if n > 0 && n < self.rings.floor(self.high) {
+            debug_assert!(false, "truncating to {n}, below the rings' floor");
+            n = 0;
+        }
         let (kb, vb) = (
             self.format.k.bytes(self.kv_dim),
             self.format.v.bytes(self.v_dim),
         );
         for l in 0..self.n_layers {
-            self.k[l].truncate(n * kb);
-            self.v[l].truncate(n * vb);
+            // A full ring keeps its rows (the stale ones are overwritten before they are read;
+            // `high` stays, so the floor stays conservative); else exactly the positions.
+            let rows = self.ring_rows(l).map_or(n, |r| n.min(r));
+            self.k[l].truncate(rows * kb);
+            self.v[l].truncate(rows * vb);
+            self.appended[l] = n;
+        }
+        if n == 0 {
+            self.high = 0;
         }
         self.len = n;
         self.pending = 0;
@@ -151,9 +200,17 @@ impl KvCache {
         self.truncate(0);
     }
 
-    /// Bytes holding cached keys and values right now.
+    /// Bytes holding cached keys and values right now (a ring layer's at most its ring's).
     pub fn bytes_in_use(&self) -> usize {
-        self.len * self.shape().bytes_per_token(self.n_layers, self.format)
+        self.bytes_at(self.len)
+    }
+
+    /// Bytes the cache holds when `len` positions are cached.
+    fn bytes_at(&self, len: usize) -> usize {
+        let row = self.format.k.bytes(self.kv_dim) + self.format.v.bytes(self.v_dim);
+        (0..self.n_layers)
+            .map(|l| self.rings.held(l, len.min(self.capacity)) * row)
+            .sum()
     }
 
     /// Bytes actually written into the cache's buffers: the allocation's measure of what
@@ -170,27 +227,38 @@ impl KvCache {
         shape: CacheShape,
         format: KvFormat,
     ) -> Result<usize, KvError> {
-        let mut kv = KvCache::with_format(n_layers, shape, 1, format)?;
-        kv.reserve(1)?;
-        let (k, v) = (vec![0f32; shape.k_dim()], vec![0f32; shape.v_dim()]);
-        for layer in 0..n_layers {
-            kv.append(layer, &k, &v);
+        Self::measured_bytes_at(n_layers, shape, format, Rings::none(), 1)
+    }
+
+    /// Bytes a cache of this shape, format and rings holds at `len` positions, measured: a
+    /// cache is allocated, `len` rows are stored in every layer, and its buffers are counted
+    /// (what `frugal info` quotes per context, next to `frugal estimate`'s arithmetic).
+    pub fn measured_bytes_at(
+        n_layers: usize,
+        shape: CacheShape,
+        format: KvFormat,
+        rings: Rings,
+        len: usize,
+    ) -> Result<usize, KvError> {
+        let mut kv = KvCache::with_rings(n_layers, shape, len, format, rings)?;
+        let max = kv.max_chunk();
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(max);
+            kv.reserve(n)?;
+            let (k, v) = (vec![0f32; n * shape.k_dim()], vec![0f32; n * shape.v_dim()]);
+            for layer in 0..n_layers {
+                kv.append(layer, &k, &v);
+            }
+            kv.commit(n);
+            done += n;
         }
-        kv.commit(1);
         Ok(kv.bytes_stored())
     }
 
     /// Bytes the cache would hold at full context.
     pub fn bytes_at_capacity(&self) -> usize {
-        self.capacity * self.shape().bytes_per_token(self.n_layers, self.format)
-    }
-
-    fn shape(&self) -> CacheShape {
-        CacheShape {
-            n_head_kv: 1,
-            head_dim: self.kv_dim,
-            separate_values: self.v_dim > 0,
-        }
+        self.bytes_at(self.capacity)
     }
 }
 
@@ -207,6 +275,26 @@ fn push_encoded(buf: &mut Vec<u8>, ty: KvType, kv_dim: usize, src: &[f32]) {
     }
 }
 
+/// Stores the rows of positions `pos0..` into a ring of `rows` rows (row `j % rows`), growing
+/// the buffer until it holds the whole ring (within the capacity reserved: never reallocates).
+fn ring_encoded(
+    buf: &mut Vec<u8>,
+    rows: usize,
+    pos0: usize,
+    ty: KvType,
+    kv_dim: usize,
+    src: &[f32],
+) {
+    let rb = ty.bytes(kv_dim);
+    for (i, row) in src.chunks_exact(kv_dim).enumerate() {
+        let at = (pos0 + i) % rows * rb;
+        if at == buf.len() {
+            buf.resize(at + rb, 0);
+        }
+        ty.encode(row, &mut buf[at..at + rb]);
+    }
+}
+
 impl KvSequence for KvCache {
     fn len(&self) -> usize {
         self.len
@@ -214,6 +302,10 @@ impl KvSequence for KvCache {
 
     fn reserve(&mut self, n: usize) -> Result<(), KvError> {
         self.check_room(n)?;
+        let max = self.rings.max_chunk();
+        if n > max {
+            return Err(KvError::ChunkTooLong { adding: n, max });
+        }
         self.pending = n;
         Ok(())
     }
@@ -221,29 +313,54 @@ impl KvSequence for KvCache {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
         debug_assert_eq!(k.len(), self.pending * self.kv_dim);
         debug_assert_eq!(v.len(), self.pending * self.v_dim);
-        push_encoded(&mut self.k[layer], self.format.k, self.kv_dim, k);
-        if self.v_dim > 0 {
-            push_encoded(&mut self.v[layer], self.format.v, self.v_dim, v);
+        match self.ring_rows(layer) {
+            None => {
+                push_encoded(&mut self.k[layer], self.format.k, self.kv_dim, k);
+                if self.v_dim > 0 {
+                    push_encoded(&mut self.v[layer], self.format.v, self.v_dim, v);
+                }
+            }
+            Some(rows) => {
+                let (pos0, f) = (self.len, self.format);
+                ring_encoded(&mut self.k[layer], rows, pos0, f.k, self.kv_dim, k);
+                if self.v_dim > 0 {
+                    ring_encoded(&mut self.v[layer], rows, pos0, f.v, self.v_dim, v);
+                }
+            }
         }
+        self.appended[layer] = self.len + self.pending;
     }
 
     fn commit(&mut self, n: usize) {
         self.len += n;
         self.pending = 0;
-        let kb = self.format.k.bytes(self.kv_dim);
-        debug_assert!(self.k.iter().all(|l| l.len() == self.len * kb));
+        self.high = self.high.max(self.len);
+        debug_assert!(self.appended.iter().all(|&a| a == self.len));
     }
 
     fn layer(&self, layer: usize) -> (KvView<'_>, KvView<'_>) {
+        let ring = self.ring_rows(layer).unwrap_or(0);
+        let len = self.appended[layer];
         let kb = self.format.k.bytes(self.kv_dim);
-        let k = &self.k[layer];
-        let keys = KvView::contiguous(self.format.k, kb, k.len() / kb, k);
+        let keys = KvView::contiguous(self.format.k, kb, len, &self.k[layer]).with_ring(ring);
         if self.v_dim == 0 {
             return (keys, keys);
         }
         let vb = self.format.v.bytes(self.v_dim);
-        let v = &self.v[layer];
-        (keys, KvView::contiguous(self.format.v, vb, v.len() / vb, v))
+        let values = KvView::contiguous(self.format.v, vb, len, &self.v[layer]).with_ring(ring);
+        (keys, values)
+    }
+
+    fn max_chunk(&self) -> usize {
+        self.rings.max_chunk()
+    }
+
+    fn room(&self) -> usize {
+        self.capacity - self.len
+    }
+
+    fn rewind_floor(&self) -> usize {
+        self.rings.floor(self.high)
     }
 }
 

@@ -19,6 +19,7 @@ mod contiguous;
 mod format;
 mod paged;
 pub mod prefix;
+mod ring_blocks;
 
 pub use batch::{KvBatch, OneSeq, PoolBatch};
 pub use contiguous::KvCache;
@@ -63,6 +64,119 @@ pub enum KvError {
     BlockSize,
     #[error("no sequence {0} in the KV pool")]
     NoSequence(u32),
+    #[error(
+        "a pass of {adding} positions exceeds the {max} a sliding-window ring holds room for (split it)"
+    )]
+    ChunkTooLong { adding: usize, max: usize },
+}
+
+/// Positions one forward pass may add to a cache with sliding-window rings: the headroom each
+/// ring keeps beyond its window. Longer passes are split (the forward does it; the rows come
+/// out the same bits, see `attention::key_chunk`). llama.cpp's equivalent is its micro-batch,
+/// 512 by default.
+pub const RING_CHUNK: usize = 512;
+
+/// Which layers keep only their most recent positions (sliding-window attention) and how many:
+/// a layer whose queries see at most `window` keys, read by kernels that may start up to
+/// `lookback` keys earlier (a key tile's alignment), needs the `window - 1 + lookback` positions
+/// before a pass plus the pass's own, so its ring holds `window + lookback + RING_CHUNK`
+/// positions and older ones are overwritten. Full-attention layers keep all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rings {
+    layers: Vec<Option<Ring>>,
+}
+
+/// One layer's ring.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Ring {
+    /// Positions stored; position `j` in row `j % rows`.
+    pub rows: usize,
+    /// Positions before a pass's first that it may read (`window - 1 + lookback`).
+    pub reach: usize,
+}
+
+impl Ring {
+    /// The first position a cache may be truncated to (0 aside) once positions up to `high`
+    /// were written: the next pass must still find its `reach` earlier positions.
+    fn floor(&self, high: usize) -> usize {
+        if high <= self.rows {
+            0
+        } else {
+            high - self.rows + self.reach
+        }
+    }
+}
+
+impl Rings {
+    /// No ring: every layer keeps every position.
+    pub fn none() -> Self {
+        Rings::default()
+    }
+
+    /// Rings for the layers with a window (`windows[l]`), kernels reading up to `lookback`
+    /// positions before a window.
+    pub fn for_windows(windows: impl IntoIterator<Item = Option<usize>>, lookback: usize) -> Self {
+        Rings {
+            layers: windows
+                .into_iter()
+                .map(|w| {
+                    w.map(|w| Ring {
+                        rows: ring_rows(w, lookback),
+                        reach: (w + lookback).saturating_sub(1),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Layer `layer`'s ring, `None` when it keeps every position.
+    pub fn ring(&self, layer: usize) -> Option<Ring> {
+        self.layers.get(layer).copied().flatten()
+    }
+
+    /// Layer `layer`'s ring size in positions, `None` when it keeps every position.
+    pub fn rows(&self, layer: usize) -> Option<usize> {
+        self.ring(layer).map(|r| r.rows)
+    }
+
+    /// Whether any layer has a ring.
+    pub fn any(&self) -> bool {
+        self.layers.iter().any(Option::is_some)
+    }
+
+    /// The rings of layers `range` (a cache holding only those layers, as an early-exit
+    /// draft's).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Self {
+        Rings {
+            layers: range.map(|l| self.ring(l)).collect(),
+        }
+    }
+
+    /// Most positions one pass may add.
+    pub fn max_chunk(&self) -> usize {
+        if self.any() { RING_CHUNK } else { usize::MAX }
+    }
+
+    /// Positions layer `layer` holds when `len` are cached.
+    pub fn held(&self, layer: usize, len: usize) -> usize {
+        self.rows(layer).map_or(len, |r| len.min(r))
+    }
+
+    /// The first length (0 aside) the cache can be truncated to once positions up to `high`
+    /// were written, every ring still holding what the next pass reads.
+    pub fn floor(&self, high: usize) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|r| r.floor(high))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Positions a ring keeps for a window of `window` keys read with up to `lookback` extra.
+pub fn ring_rows(window: usize, lookback: usize) -> usize {
+    window.saturating_add(lookback).saturating_add(RING_CHUNK)
 }
 
 /// What one position of one layer holds: `n_head_kv` keys of `head_dim` values each and, unless
@@ -161,6 +275,18 @@ pub trait KvSequence {
     fn commit(&mut self, n: usize);
     /// Keys and values of `layer`: every committed position plus those appended since.
     fn layer(&self, layer: usize) -> (KvView<'_>, KvView<'_>);
+    /// Most positions one [`reserve`](Self::reserve) may take (a sliding-window ring's
+    /// headroom; unbounded otherwise): the forward pass splits longer inputs.
+    fn max_chunk(&self) -> usize {
+        usize::MAX
+    }
+    /// Positions that can still be added (the context left).
+    fn room(&self) -> usize;
+    /// The shortest length (0 aside) truncation keeps exact: a ring has overwritten the
+    /// positions a pass from any earlier point would read. 0 when any length is.
+    fn rewind_floor(&self) -> usize {
+        0
+    }
 }
 
 /// Read access to the cached keys (or values) of one layer, whatever the layout: rows are
@@ -173,6 +299,9 @@ pub struct KvView<'a> {
     data: &'a [u8],
     /// Physical block of each logical block, and the block size, for a paged cache.
     table: Option<(&'a [u32], usize)>,
+    /// A ring of this many rows (a sliding-window layer): position `j` lives in row
+    /// `j % ring`, so only the last `ring` positions are readable. 0: no ring.
+    ring: usize,
 }
 
 impl<'a> KvView<'a> {
@@ -185,6 +314,7 @@ impl<'a> KvView<'a> {
             len,
             data,
             table: None,
+            ring: 0,
         }
     }
 
@@ -204,7 +334,15 @@ impl<'a> KvView<'a> {
             len,
             data,
             table: Some((table, block_size)),
+            ring: 0,
         }
+    }
+
+    /// The same view over a ring of `rows` rows: position `j` is stored at row `j % rows` (of
+    /// the contiguous data, or of the block table's blocks taken in order).
+    pub fn with_ring(mut self, rows: usize) -> Self {
+        self.ring = rows;
+        self
     }
 
     /// A view of plain f32 rows (`len x kv_dim`), for tests and benchmarks.
@@ -235,7 +373,20 @@ impl<'a> KvView<'a> {
     #[inline]
     pub fn run(&self, start: usize, max: usize) -> (&'a [u8], usize) {
         debug_assert!(start < self.len);
-        let max = max.min(self.len - start);
+        debug_assert!(
+            self.ring == 0 || start + self.ring >= self.len,
+            "position {start} is no longer in a ring of {} ending at {}",
+            self.ring,
+            self.len
+        );
+        let mut max = max.min(self.len - start);
+        let start = if self.ring > 0 {
+            let slot = start % self.ring;
+            max = max.min(self.ring - slot);
+            slot
+        } else {
+            start
+        };
         match self.table {
             None => (
                 &self.data[start * self.row_bytes..(start + max) * self.row_bytes],
@@ -307,23 +458,27 @@ pub enum SeqCache {
 }
 
 impl SeqCache {
-    /// A cache for up to `capacity` positions of a model with these dimensions.
+    /// A cache for up to `capacity` positions of a model with these dimensions, its
+    /// sliding-window layers keeping only their `rings`.
     pub fn new(
         n_layers: usize,
         shape: CacheShape,
         capacity: usize,
         opts: &KvOptions,
+        rings: Rings,
     ) -> Result<Self, KvError> {
         match opts.layout {
-            KvLayout::Contiguous => Ok(SeqCache::Contiguous(KvCache::with_format(
+            KvLayout::Contiguous => Ok(SeqCache::Contiguous(KvCache::with_rings(
                 n_layers,
                 shape,
                 capacity,
                 opts.format,
+                rings,
             )?)),
             KvLayout::Paged { block_size } => {
                 let blocks = capacity.div_ceil(block_size.max(1));
-                let mut pool = KvPool::new(n_layers, shape, opts.format, block_size, blocks)?;
+                let mut pool =
+                    KvPool::with_rings(n_layers, shape, opts.format, block_size, blocks, rings)?;
                 let seq = pool.add_sequence(capacity);
                 Ok(SeqCache::Paged {
                     pool: Box::new(pool),
@@ -391,6 +546,21 @@ impl KvSequence for SeqCache {
         match self {
             SeqCache::Contiguous(c) => c.layer(layer),
             SeqCache::Paged { pool, seq } => pool.layer(*seq, layer),
+        }
+    }
+    fn room(&self) -> usize {
+        self.capacity() - self.len()
+    }
+    fn max_chunk(&self) -> usize {
+        match self {
+            SeqCache::Contiguous(c) => c.max_chunk(),
+            SeqCache::Paged { pool, .. } => pool.max_chunk(),
+        }
+    }
+    fn rewind_floor(&self) -> usize {
+        match self {
+            SeqCache::Contiguous(c) => c.rewind_floor(),
+            SeqCache::Paged { pool, seq } => pool.rewind_floor(*seq),
         }
     }
 }

@@ -21,12 +21,18 @@
 //! and computes only the rest. Allocation takes never-cached blocks first, then evicts the least
 //! recently used cached one, so cached blocks count as free. A registered block is never written
 //! again: a sequence that must write into one (after truncating into it) copies it first.
+//!
+//! Sliding-window layers ([`Rings`]) keep their positions in a separate space of blocks
+//! ([`super::ring_blocks`]), a ring of them per sequence, so they stop growing past their
+//! window; the main blocks then hold only the global layers. Such a pool caches no prefixes
+//! (a ring no longer holds a prompt's early positions).
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::contiguous::check_format;
 use super::prefix::BlockHash;
-use super::{CacheShape, KvError, KvFormat, KvSequence, KvView};
+use super::ring_blocks::RingBlocks;
+use super::{CacheShape, KvError, KvFormat, KvSequence, KvView, RING_CHUNK, Rings};
 
 /// Positions per block unless asked otherwise (as vLLM): small enough that the unused tail of
 /// the last block wastes little, large enough that a table lookup covers many rows.
@@ -49,6 +55,10 @@ struct Seq {
     len: usize,
     pending: usize,
     max_len: usize,
+    /// The ring blocks of the windowed layers (empty without rings).
+    ring: Vec<u32>,
+    /// Most positions ever committed (what the ring has overwritten follows from it).
+    high: usize,
 }
 
 #[derive(Debug)]
@@ -77,6 +87,9 @@ pub struct KvPool {
     /// Blocks materialized so far; the rest of the pool is reserved address space only.
     fresh: usize,
     seqs: Vec<Option<Seq>>,
+    /// The windowed layers' rings, and the blocks that hold them.
+    rings: Rings,
+    ring: Option<RingBlocks>,
 }
 
 impl KvPool {
@@ -87,6 +100,19 @@ impl KvPool {
         format: KvFormat,
         block_size: usize,
         n_blocks: usize,
+    ) -> Result<Self, KvError> {
+        Self::with_rings(n_layers, shape, format, block_size, n_blocks, Rings::none())
+    }
+
+    /// As [`new`](Self::new), the windowed layers of `rings` in rings of blocks of their own
+    /// (as many as the main blocks: a sequence's ring never needs more than its main blocks).
+    pub fn with_rings(
+        n_layers: usize,
+        shape: CacheShape,
+        format: KvFormat,
+        block_size: usize,
+        n_blocks: usize,
+        rings: Rings,
     ) -> Result<Self, KvError> {
         if block_size == 0 {
             return Err(KvError::BlockSize);
@@ -114,13 +140,17 @@ impl KvPool {
             .ok_or_else(|| err("the size overflows".into()))?;
         // No value rows when attention reads the values from the keys (`v_row` 0).
         let (k_row, v_row) = (format.k.bytes(kv_dim), format.v.bytes(shape.v_dim()));
+        let ring = RingBlocks::new(&rings, n_layers, block_size, n_blocks, (k_row, v_row), &err)?;
         let mut k = Vec::with_capacity(n_layers);
         let mut v = Vec::with_capacity(n_layers);
-        for _ in 0..n_layers {
+        for l in 0..n_layers {
+            let windowed = ring.as_ref().is_some_and(|r| r.windowed[l]);
             for (side, rb) in [(&mut k, k_row), (&mut v, v_row)] {
                 let mut buf: Vec<u8> = Vec::new();
-                buf.try_reserve_exact(rows * rb)
-                    .map_err(|e| err(e.to_string()))?;
+                if !windowed {
+                    buf.try_reserve_exact(rows * rb)
+                        .map_err(|e| err(e.to_string()))?;
+                }
                 side.push(buf);
             }
         }
@@ -143,7 +173,14 @@ impl KvPool {
             clock: 0,
             fresh: 0,
             seqs: Vec::new(),
+            rings,
+            ring,
         })
+    }
+
+    /// Whether layer `l` keeps its positions in a ring.
+    fn windowed(&self, l: usize) -> bool {
+        self.ring.as_ref().is_some_and(|r| r.windowed[l])
     }
 
     pub fn format(&self) -> KvFormat {
@@ -177,14 +214,23 @@ impl KvPool {
         self.total_blocks - self.free_blocks()
     }
 
-    /// Bytes of one block across all layers, keys and values.
+    /// Bytes of one block across all layers, keys and values (what a position costs at
+    /// most: with rings, the windowed layers' part stops growing at the ring).
     pub fn block_bytes(&self) -> usize {
         self.block_size * self.n_layers * (self.k_row + self.v_row)
     }
 
-    /// Bytes of the blocks held by sequences (shared blocks counted once).
+    /// Bytes of the blocks held by sequences (shared blocks counted once), ring blocks
+    /// included.
     pub fn bytes_in_use(&self) -> usize {
-        self.blocks_in_use() * self.block_bytes()
+        match &self.ring {
+            None => self.blocks_in_use() * self.block_bytes(),
+            Some(r) => {
+                let global = self.n_layers - r.windowed.iter().filter(|&&w| w).count();
+                let main = self.block_size * global * (self.k_row + self.v_row);
+                self.blocks_in_use() * main + r.in_use() * r.block_bytes()
+            }
+        }
     }
 
     /// Starts an empty sequence that may grow to `max_len` positions.
@@ -194,6 +240,8 @@ impl KvPool {
             len: 0,
             pending: 0,
             max_len,
+            ring: Vec::new(),
+            high: 0,
         };
         self.insert(seq)
     }
@@ -237,6 +285,21 @@ impl KvPool {
         // Room for the whole table now, so the fork's decode loop never reallocates it.
         let want = s.max_len.div_ceil(self.block_size);
         s.table.reserve_exact(want.saturating_sub(s.table.len()));
+        if let Some(r) = &mut self.ring {
+            // Rings are not shared: the fork gets its own copy.
+            if s.ring.len() > r.free_blocks() {
+                return Err(KvError::PoolExhausted {
+                    needed: s.ring.len(),
+                    free: r.free_blocks(),
+                    total: self.total_blocks,
+                });
+            }
+            for b in &mut s.ring {
+                let new = r.alloc();
+                r.copy(*b, new);
+                *b = new;
+            }
+        }
         for &b in &s.table {
             self.refs[b as usize] += 1;
         }
@@ -249,6 +312,9 @@ impl KvPool {
         let s = self.seqs[id.0 as usize].take().expect("checked above");
         for b in s.table {
             self.release(b);
+        }
+        if let Some(r) = &mut self.ring {
+            r.release(s.ring);
         }
         Ok(())
     }
@@ -266,22 +332,50 @@ impl KvPool {
         self.seq(id).max_len
     }
 
+    /// Most positions one reserve may take (see [`KvSequence::max_chunk`]).
+    pub fn max_chunk(&self) -> usize {
+        self.rings.max_chunk()
+    }
+
+    /// See [`KvSequence::rewind_floor`].
+    pub fn rewind_floor(&self, id: SeqId) -> usize {
+        self.rings.floor(self.seq(id).high)
+    }
+
     /// Physical block of each logical block of the sequence.
     pub fn block_table(&self, id: SeqId) -> &[u32] {
         &self.seq(id).table
     }
 
-    /// Drops positions from `n` on; blocks no longer needed return to the pool.
+    /// Drops positions from `n` on; blocks no longer needed return to the pool. Under rings,
+    /// `n` must be 0 or at least [`rewind_floor`](Self::rewind_floor) (below it the whole
+    /// sequence is dropped: a ring no longer holds what the next pass would read).
     pub fn truncate(&mut self, id: SeqId, n: usize) {
         let bs = self.block_size;
+        let floor = self.rewind_floor(id);
         let s = self.seq_mut(id);
-        let n = n.min(s.len);
+        let mut n = n.min(s.len);
+        if n > 0 && n < floor {
+            debug_assert!(false, "truncating to {n}, below the rings' floor {floor}");
+            n = 0;
+        }
         s.len = n;
         s.pending = 0;
         let keep = n.div_ceil(bs);
         let dropped: Vec<u32> = s.table.drain(keep..).collect();
+        // A ring keeps its blocks (stale rows are overwritten before they are read) unless
+        // the sequence empties.
+        let ring: Vec<u32> = if n == 0 {
+            s.high = 0;
+            std::mem::take(&mut s.ring)
+        } else {
+            Vec::new()
+        };
         for b in dropped {
             self.release(b);
+        }
+        if let Some(r) = &mut self.ring {
+            r.release(ring);
         }
     }
 
@@ -320,6 +414,9 @@ impl KvPool {
                 self.fresh += 1;
                 let rows = self.fresh * self.block_size;
                 for l in 0..self.n_layers {
+                    if self.windowed(l) {
+                        continue; // its rows live in the ring blocks
+                    }
                     // Within the reserved capacity: no reallocation.
                     self.k[l].resize(rows * self.k_row, 0);
                     self.v[l].resize(rows * self.v_row, 0);
@@ -347,6 +444,26 @@ impl KvPool {
                 capacity: s.max_len,
             });
         }
+        let ring_needed = match &self.ring {
+            None => 0,
+            Some(_) if n > RING_CHUNK => {
+                return Err(KvError::ChunkTooLong {
+                    adding: n,
+                    max: RING_CHUNK,
+                });
+            }
+            Some(r) => {
+                let needed = r.needed(s.len + n).saturating_sub(s.ring.len());
+                if needed > r.free_blocks() {
+                    return Err(KvError::PoolExhausted {
+                        needed,
+                        free: r.free_blocks(),
+                        total: self.total_blocks,
+                    });
+                }
+                needed
+            }
+        };
         let partial = !s.len.is_multiple_of(bs) && n > 0;
         let cow = partial && {
             let b = s.table[s.len / bs] as usize;
@@ -365,6 +482,9 @@ impl KvPool {
             let old = s.table[i] as usize;
             let new = self.alloc();
             for l in 0..self.n_layers {
+                if self.windowed(l) {
+                    continue;
+                }
                 let (kr, vr) = (bs * self.k_row, bs * self.v_row);
                 self.k[l].copy_within(old * kr..(old + 1) * kr, new as usize * kr);
                 self.v[l].copy_within(old * vr..(old + 1) * vr, new as usize * vr);
@@ -376,6 +496,12 @@ impl KvPool {
             let b = self.alloc();
             self.seq_mut(id).table.push(b);
         }
+        if let Some(r) = &mut self.ring {
+            let s = self.seqs[id.0 as usize].as_mut().expect("checked above");
+            for _ in 0..ring_needed {
+                s.ring.push(r.alloc());
+            }
+        }
         self.seq_mut(id).pending = n;
         Ok(())
     }
@@ -383,6 +509,9 @@ impl KvPool {
     /// Registers logical block `block` of `id`, which must be full and committed, under `hash`
     /// (see [`super::prefix::block_hashes`]). A hash already registered keeps its block.
     pub fn register_block(&mut self, id: SeqId, block: usize, hash: BlockHash) {
+        if self.ring.is_some() {
+            return; // no prefix caching under rings
+        }
         let s = self.seq(id);
         assert!(
             (block + 1) * self.block_size <= s.len,
@@ -399,6 +528,9 @@ impl KvPool {
     /// How many of `hashes` (a prompt's chained block hashes, in order) are cached, from the
     /// first on.
     pub fn cached_prefix(&self, hashes: &[BlockHash]) -> usize {
+        if self.ring.is_some() {
+            return 0;
+        }
         hashes
             .iter()
             .take_while(|h| self.by_hash.contains_key(h))
@@ -441,10 +573,15 @@ impl KvPool {
         debug_assert_eq!(k.len(), s.pending * kv_dim);
         let with_values = self.v_row > 0;
         debug_assert_eq!(v.len(), if with_values { k.len() } else { 0 });
-        let (kd, vd) = (&mut self.k[layer], &mut self.v[layer]);
+        // A windowed layer writes into its ring: logical block `pos / bs` cycles through the
+        // sequence's `per_seq` ring blocks.
+        let (kd, vd, table, per_seq) = match self.ring.as_mut().filter(|r| r.windowed[layer]) {
+            Some(r) => (&mut r.k[layer], &mut r.v[layer], &s.ring, r.per_seq),
+            None => (&mut self.k[layer], &mut self.v[layer], &s.table, usize::MAX),
+        };
         for (i, kr) in k.chunks_exact(kv_dim).enumerate() {
             let pos = s.len + i;
-            let row = s.table[pos / bs] as usize * bs + pos % bs;
+            let row = table[(pos / bs) % per_seq] as usize * bs + pos % bs;
             self.format
                 .k
                 .encode(kr, &mut kd[row * self.k_row..(row + 1) * self.k_row]);
@@ -462,34 +599,24 @@ impl KvPool {
         let s = self.seq_mut(id);
         s.len += n;
         s.pending = 0;
+        s.high = s.high.max(s.len);
     }
 
     /// Keys and values of `layer` for `id`, read through its block table.
     pub fn layer(&self, id: SeqId, layer: usize) -> (KvView<'_>, KvView<'_>) {
         let s = self.seq(id);
         let n = s.len + s.pending;
-        let keys = KvView::paged(
-            self.format.k,
-            self.k_row,
-            n,
-            &self.k[layer],
-            &s.table,
-            self.block_size,
-        );
+        let (kd, vd, table, ring) = match self.ring.as_ref().filter(|r| r.windowed[layer]) {
+            Some(r) => (&r.k[layer], &r.v[layer], &s.ring, r.rows()),
+            None => (&self.k[layer], &self.v[layer], &s.table, 0),
+        };
+        let bs = self.block_size;
+        let keys = KvView::paged(self.format.k, self.k_row, n, kd, table, bs).with_ring(ring);
         if self.v_row == 0 {
             return (keys, keys);
         }
-        (
-            keys,
-            KvView::paged(
-                self.format.v,
-                self.v_row,
-                n,
-                &self.v[layer],
-                &s.table,
-                self.block_size,
-            ),
-        )
+        let values = KvView::paged(self.format.v, self.v_row, n, vd, table, bs).with_ring(ring);
+        (keys, values)
     }
 
     /// The sequence `id` as something the forward pass can run on.
@@ -520,6 +647,15 @@ impl KvSequence for PagedSeq<'_> {
     }
     fn layer(&self, layer: usize) -> (KvView<'_>, KvView<'_>) {
         self.pool.layer(self.id, layer)
+    }
+    fn room(&self) -> usize {
+        self.pool.max_len(self.id) - self.pool.seq_len(self.id)
+    }
+    fn max_chunk(&self) -> usize {
+        self.pool.max_chunk()
+    }
+    fn rewind_floor(&self) -> usize {
+        self.pool.rewind_floor(self.id)
     }
 }
 

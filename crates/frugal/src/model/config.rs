@@ -109,6 +109,12 @@ impl Config {
                 n_embd / n_head
             }
         };
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(bad(
+                "attention.key_length",
+                format!("head dimension {head_dim} must be even and positive"),
+            ));
+        }
         // (MLA's absorbed value is the latent, shorter than its key: checked in `read_mla`.)
         if arch != "deepseek2"
             && let Some(v) = f.u32_opt(&key("attention.value_length"))?
@@ -117,12 +123,6 @@ impl Config {
             return Err(bad(
                 "attention.value_length",
                 format!("{v} differs from key length {head_dim}"),
-            ));
-        }
-        if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(bad(
-                "attention.key_length",
-                format!("head dimension {head_dim} must be even and positive"),
             ));
         }
         let rope_dim = match f.u32_opt(&key("rope.dimension_count"))? {

@@ -65,6 +65,17 @@ const GEMMA3_PERIOD: usize = 6;
 
 impl Features {
     /// The switches for `arch`, reading what the file gives (`n_embd` for the embedding scale).
+    ///
+    /// For `gemma3`, `attention.sliding_window` is required (llama.cpp requires it too) and must
+    /// be positive, and `attention.sliding_window_pattern`, when present, must be positive (in
+    /// llama.cpp's `set_swa_pattern` a period of 0 means "every layer local", which no Gemma
+    /// writes; refused here rather than guessed). Deliberately accepted, as the arithmetic stays
+    /// well defined and llama.cpp's window mask and layer rule give the same result:
+    /// - a window at least the training context (or any context used): every local layer then
+    ///   sees every earlier key, i.e. attends as a global one;
+    /// - a period of 1: every layer global;
+    /// - a period above the layer count: no layer global, every one local (a sliding window
+    ///   throughout, as in Mistral 7B).
     pub fn from_gguf(f: &GgufFile, arch: &str, n_embd: usize) -> Result<Self, GgufError> {
         if arch != "gemma3" {
             return Ok(Features::default());
@@ -74,10 +85,7 @@ impl Features {
             key: key(k),
             reason,
         };
-        let window = f
-            .u32_opt(&key("attention.sliding_window"))?
-            .ok_or_else(|| bad("attention.sliding_window", "missing".into()))?
-            as usize;
+        let window = f.u32(&key("attention.sliding_window"))? as usize;
         if window == 0 {
             return Err(bad("attention.sliding_window", "must be positive".into()));
         }

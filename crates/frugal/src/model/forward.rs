@@ -178,17 +178,82 @@ impl Model {
         want: Logits,
         obs: Option<&mut dyn Observer>,
     ) -> Result<&'s [f32], Error> {
-        let n = tokens.len();
-        let first = match want {
+        let all = 0..self.config.n_layers;
+        let rows = self.run_one(Input::Tokens(tokens), all, kv, s, Some(want), obs)?;
+        Ok(&s.logits[..rows * self.config.n_vocab])
+    }
+
+    /// One sequence's pass, split into passes the cache can take at once (a sliding-window
+    /// ring holds one pass beyond its window; the rows come out the same bits however a
+    /// sequence is split, see `attention::key_chunk`). Fails before changing anything when the
+    /// input does not fit the context or has a bad token.
+    fn run_one(
+        &self,
+        input: Input,
+        layers: Range<usize>,
+        kv: &mut dyn KvSequence,
+        s: &mut Scratch,
+        want: Option<Logits>,
+        mut obs: Option<&mut dyn Observer>,
+    ) -> Result<usize, Error> {
+        let (d, nv) = (self.config.n_embd, self.config.n_vocab);
+        let n = match input {
+            Input::Tokens(t) => t.len(),
+            Input::Hidden(h) => h.len() / d,
+        };
+        let first = want.map(|w| match w {
             Logits::Last => n.saturating_sub(1),
             Logits::All => 0,
             Logits::From(i) => i.min(n.saturating_sub(1)),
-        };
+        });
+        let max = kv.max_chunk().max(1);
+        if n <= max {
+            s.logit_rows.clear();
+            if let Some(first) = first {
+                s.logit_rows.extend(first..n);
+            }
+            return self.run(input, layers, &[n], &mut OneSeq(kv), s, obs);
+        }
+        if n > kv.room() {
+            return Err(crate::kv::KvError::ContextFull {
+                len: kv.len(),
+                adding: n,
+                capacity: kv.len() + kv.room(),
+            }
+            .into());
+        }
+        if let Input::Tokens(t) = input
+            && let Some(&bad) = t.iter().find(|&&t| t as usize >= nv)
+        {
+            return Err(Error::BadToken {
+                id: bad,
+                n_vocab: nv,
+            });
+        }
+        let (mut logits, mut hidden) = (Vec::new(), Vec::with_capacity(n * d));
+        for c0 in (0..n).step_by(max) {
+            let c1 = (c0 + max).min(n);
+            s.logit_rows.clear();
+            if let Some(first) = first.filter(|&f| f < c1) {
+                s.logit_rows.extend(first.max(c0) - c0..c1 - c0);
+            }
+            let part = match input {
+                Input::Tokens(t) => Input::Tokens(&t[c0..c1]),
+                Input::Hidden(h) => Input::Hidden(&h[c0 * d..c1 * d]),
+            };
+            let one = &mut OneSeq(&mut *kv);
+            let o = obs.as_mut().map(|o| &mut **o as &mut dyn Observer);
+            let rows = self.run(part, layers.clone(), &[c1 - c0], one, s, o)?;
+            logits.extend_from_slice(&s.logits[..rows * nv]);
+            hidden.extend_from_slice(&s.x[..(c1 - c0) * d]);
+        }
         s.logit_rows.clear();
-        s.logit_rows.extend(first..n);
-        let all = 0..self.config.n_layers;
-        let rows = self.run(Input::Tokens(tokens), all, &[n], &mut OneSeq(kv), s, obs)?;
-        Ok(&s.logits[..rows * self.config.n_vocab])
+        if let Some(first) = first {
+            s.logit_rows.extend(first..n);
+        }
+        s.logits = logits;
+        s.x = hidden;
+        Ok(s.logit_rows.len())
     }
 
     /// Runs the layers `layers` only, from `input`, over a cache that holds just those layers
@@ -205,21 +270,7 @@ impl Model {
         s: &'s mut Scratch,
         want: Option<Logits>,
     ) -> Result<&'s [f32], Error> {
-        let d = self.config.n_embd;
-        let n = match input {
-            Input::Tokens(t) => t.len(),
-            Input::Hidden(h) => h.len() / d,
-        };
-        s.logit_rows.clear();
-        if let Some(want) = want {
-            let first = match want {
-                Logits::Last => n.saturating_sub(1),
-                Logits::All => 0,
-                Logits::From(i) => i.min(n.saturating_sub(1)),
-            };
-            s.logit_rows.extend(first..n);
-        }
-        let rows = self.run(input, layers, &[n], &mut OneSeq(kv), s, None)?;
+        let rows = self.run_one(input, layers, kv, s, want, None)?;
         Ok(&s.logits[..rows * self.config.n_vocab])
     }
 

@@ -18,7 +18,7 @@ pub use weights::{ExtraNorms, Ffn, KvProjection, LayerWeights, Linear, Weights};
 use std::path::Path;
 
 use crate::gguf::{GgufError, GgufFile};
-use crate::kv::{KvCache, KvError, KvFormat, KvOptions, KvPool, SeqCache};
+use crate::kv::{KvCache, KvError, KvFormat, KvOptions, KvPool, Rings, SeqCache};
 use crate::quant::act::Activations;
 use crate::quant::packed::PackedMatrix;
 use crate::quant::sparse_matrix::{self, SparseMatrix};
@@ -56,13 +56,14 @@ impl Model {
         })
     }
 
-    /// An empty contiguous f32 KV cache for `ctx` positions.
+    /// An empty contiguous f32 KV cache for `ctx` positions (sliding-window layers in rings).
     pub fn new_cache(&self, ctx: usize) -> Result<KvCache, KvError> {
-        KvCache::with_format(
+        KvCache::with_rings(
             self.config.n_layers,
             self.config.cache_shape(),
             ctx,
             KvFormat::default(),
+            self.cache_rings(),
         )
     }
 
@@ -152,13 +153,27 @@ impl Model {
             .sum()
     }
 
-    /// An empty KV cache for `ctx` positions with the given formats and layout.
+    /// An empty KV cache for `ctx` positions with the given formats and layout (its
+    /// sliding-window layers keeping only their rings).
     pub fn new_seq_cache(&self, ctx: usize, opts: &KvOptions) -> Result<SeqCache, KvError> {
         let c = &self.config;
-        SeqCache::new(c.n_layers, c.cache_shape(), ctx, opts)
+        SeqCache::new(c.n_layers, c.cache_shape(), ctx, opts, self.cache_rings())
     }
 
-    /// A pool of `n_blocks` blocks of `block_size` positions, for many sequences at once.
+    /// The rings the sliding-window layers' caches keep: each window, plus the keys before it
+    /// a flash kernel's tile may start at, plus one pass ([`crate::kv::Rings`]). None for a
+    /// model without windows.
+    pub fn cache_rings(&self) -> Rings {
+        let c = &self.config;
+        if c.features.sliding.is_none() {
+            return Rings::none();
+        }
+        let lookback = crate::attention::window_lookback(c.head_dim);
+        Rings::for_windows((0..c.n_layers).map(|l| c.features.window(l)), lookback)
+    }
+
+    /// A pool of `n_blocks` blocks of `block_size` positions, for many sequences at once (the
+    /// sliding-window layers in rings of blocks of their own).
     pub fn new_kv_pool(
         &self,
         format: KvFormat,
@@ -166,7 +181,15 @@ impl Model {
         n_blocks: usize,
     ) -> Result<KvPool, KvError> {
         let c = &self.config;
-        KvPool::new(c.n_layers, c.cache_shape(), format, block_size, n_blocks)
+        let rings = self.cache_rings();
+        KvPool::with_rings(
+            c.n_layers,
+            c.cache_shape(),
+            format,
+            block_size,
+            n_blocks,
+            rings,
+        )
     }
 
     /// Total number of weights.

@@ -1,5 +1,7 @@
 //! Small random Llama models written as real GGUF files, so tests can exercise every head layout
-//! (MHA, GQA, MQA) and storage format end to end without downloading anything.
+//! (MHA, GQA, MQA) and storage format end to end without downloading anything. The same block
+//! can be written as a `deepseek2` file (latent attention), with routed experts, or as a
+//! `gemma3` file (Gemma 3's extra norms, windows and head width).
 //!
 //! The vocabulary is the 256 byte-level tokens plus two control tokens, with no merges: every
 //! byte of text is one token, which keeps tokenization predictable in tests.
@@ -30,6 +32,39 @@ pub struct SyntheticSpec {
     pub mla: Option<Mla>,
     /// Routed experts in every layer (`n_ff` is then each expert's width).
     pub moe: Option<SyntheticMoe>,
+    /// Gemma 3's block: a `gemma3` file (not combinable with `mla`).
+    pub gemma: Option<SyntheticGemma>,
+}
+
+/// What a `gemma3` file carries beyond a Llama one: the metadata llama.cpp's converter writes
+/// (`attention.key_length` / `value_length`, `attention.sliding_window`, and no
+/// `rope.dimension_count`), and per layer `attn_q_norm` / `attn_k_norm` (`head_dim`) and
+/// `post_attention_norm` / `post_ffw_norm` (`n_embd`). The output is tied unless
+/// [`SyntheticSpec::untied_output`] says otherwise, as in Gemma's files. Norm weights are
+/// stored around 1, as the converter stores them (it adds Gemma's `1 +` to the checkpoint).
+#[derive(Clone, Debug)]
+pub struct SyntheticGemma {
+    /// Width of each query, key and value head (Gemma 3 270M: 256 with `n_embd` 640 and four
+    /// heads), independent of `n_embd / n_head`.
+    pub head_dim: usize,
+    /// `attention.sliding_window`: keys a query of a local layer sees, itself included.
+    pub window: usize,
+    /// `attention.sliding_window_pattern`; `None` leaves the key out (llama.cpp's converter does
+    /// not write it; readers take 6).
+    pub period: Option<usize>,
+    /// `rope.freq_base`: the global layers' RoPE base (the local ones use 10000).
+    pub rope_base: f32,
+}
+
+impl Default for SyntheticGemma {
+    fn default() -> Self {
+        SyntheticGemma {
+            head_dim: 32,
+            window: 5,
+            period: Some(3),
+            rope_base: 1_000_000.0,
+        }
+    }
 }
 
 /// The experts of a synthetic MoE model (a `llama` file in llama.cpp's MoE layout).
@@ -58,6 +93,7 @@ impl Default for SyntheticSpec {
             seed: 1,
             mla: None,
             moe: None,
+            gemma: None,
         }
     }
 }
@@ -79,14 +115,21 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
         state ^= state << 17;
         (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     };
-    let hd = spec.n_embd / spec.n_head;
+    assert!(
+        spec.gemma.is_none() || spec.mla.is_none(),
+        "a synthetic model is gemma3 or deepseek2, not both"
+    );
+    let hd = spec
+        .gemma
+        .as_ref()
+        .map_or(spec.n_embd / spec.n_head, |g| g.head_dim);
     let mut w = GgufWriter::new();
     let s = |v: &str| Value::String(v.into());
     let u = |v: usize| Value::U32(v as u32);
-    let arch = if spec.mla.is_some() {
-        "deepseek2"
-    } else {
-        "llama"
+    let arch = match (&spec.mla, &spec.gemma) {
+        (Some(_), _) => "deepseek2",
+        (None, Some(_)) => "gemma3",
+        (None, None) => "llama",
     };
     let key = |k: &str| format!("{arch}.{k}");
     w.set("general.architecture", s(arch));
@@ -96,14 +139,25 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
     w.set(&key("embedding_length"), u(spec.n_embd));
     w.set(&key("feed_forward_length"), u(spec.n_ff));
     w.set(&key("attention.head_count"), u(spec.n_head));
-    w.set(&key("rope.freq_base"), Value::F32(10_000.0));
-    w.set(&key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
-    match spec.mla {
-        None => {
+    let rope_base = spec.gemma.as_ref().map_or(10_000.0, |g| g.rope_base);
+    w.set(&key("rope.freq_base"), Value::F32(rope_base));
+    let eps = if spec.gemma.is_some() { 1e-6 } else { 1e-5 };
+    w.set(&key("attention.layer_norm_rms_epsilon"), Value::F32(eps));
+    match (&spec.mla, &spec.gemma) {
+        (None, Some(g)) => {
+            w.set(&key("attention.head_count_kv"), u(spec.n_head_kv));
+            w.set(&key("attention.key_length"), u(hd));
+            w.set(&key("attention.value_length"), u(hd));
+            w.set(&key("attention.sliding_window"), u(g.window));
+            if let Some(p) = g.period {
+                w.set(&key("attention.sliding_window_pattern"), u(p));
+            }
+        }
+        (None, None) => {
             w.set(&key("attention.head_count_kv"), u(spec.n_head_kv));
             w.set(&key("rope.dimension_count"), u(hd));
         }
-        Some(m) => {
+        (Some(m), _) => {
             // What llama.cpp's converter writes for a dense model without query compression.
             w.set(&key("attention.head_count_kv"), u(1));
             w.set(&key("attention.kv_lora_rank"), u(m.kv_lora_rank));
@@ -187,7 +241,16 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
                 push(name("attn_q"), vec![d, q], spec.ty, std_in(d), 0.0);
                 push(name("attn_k"), vec![d, kv], spec.ty, std_in(d), 0.0);
                 push(name("attn_v"), vec![d, kv], spec.ty, std_in(d), 0.0);
+                if spec.gemma.is_some() {
+                    let h = hd as u64;
+                    push(name("attn_q_norm"), vec![h], GgmlType::F32, 0.2, 1.0);
+                    push(name("attn_k_norm"), vec![h], GgmlType::F32, 0.2, 1.0);
+                }
                 push(name("attn_output"), vec![q, d], spec.ty, std_in(q), 0.0);
+                if spec.gemma.is_some() {
+                    let n = name("post_attention_norm");
+                    push(n, vec![d], GgmlType::F32, 0.2, 1.0);
+                }
             }
             Some(m) => {
                 let (rank, h) = (m.kv_lora_rank as u64, spec.n_head as u64);
@@ -211,6 +274,9 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
             }
         }
         push(name("ffn_norm"), vec![d], GgmlType::F32, 0.2, 1.0);
+        if spec.gemma.is_some() {
+            push(name("post_ffw_norm"), vec![d], GgmlType::F32, 0.2, 1.0);
+        }
         match &spec.moe {
             None => {
                 push(name("ffn_gate"), vec![d, ff], spec.ty, std_in(d), 0.0);

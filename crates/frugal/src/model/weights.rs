@@ -193,8 +193,8 @@ impl Weights {
             let name = |s: &str| format!("blk.{i}.{s}.weight");
             let kv = match c.mla {
                 None => KvProjection::Heads {
-                    wk: linear(file, &name("attn_k"), c.kv_dim(), c.n_embd)?,
-                    wv: linear(file, &name("attn_v"), c.kv_dim(), c.n_embd)?,
+                    wk: head_linear(file, c, &name("attn_k"), true, false)?,
+                    wv: head_linear(file, c, &name("attn_v"), true, false)?,
                 },
                 Some(m) => KvProjection::Latent {
                     kv_a: linear(file, &name("attn_kv_a_mqa"), m.row_dim(), c.n_embd)?,
@@ -213,9 +213,12 @@ impl Weights {
             };
             layers.push(LayerWeights {
                 attn_norm: vector(file, &name("attn_norm"), c.n_embd)?,
-                wq: linear(file, &name("attn_q"), c.q_dim(), c.n_embd)?,
+                wq: head_linear(file, c, &name("attn_q"), false, false)?,
                 kv,
-                wo: linear(file, &name("attn_output"), c.n_embd, c.attn_dim())?,
+                wo: match c.mla {
+                    None => head_linear(file, c, &name("attn_output"), false, true)?,
+                    Some(_) => linear(file, &name("attn_output"), c.n_embd, c.attn_dim())?,
+                },
                 ffn_norm: vector(file, &name("ffn_norm"), c.n_embd)?,
                 ffn: match c.moe {
                     None => Ffn::Dense(Mlp {
@@ -261,6 +264,57 @@ fn shape_error(name: &str, offset: u64, want: &[u64], got: &[u64]) -> GgufError 
         offset,
         reason: format!("shape {got:?}, expected {want:?}"),
     }
+}
+
+/// A projection to (`transposed`: from) the query heads, or with `kv` the KV heads, of
+/// `c.head_dim` values each: `linear`, with a shape error that names the metadata the expected
+/// shape came from, since a head count or `attention.key_length` that disagrees with the
+/// tensors is a likelier mistake than a damaged tensor.
+fn head_linear(
+    file: &GgufFile,
+    c: &Config,
+    name: &str,
+    kv: bool,
+    transposed: bool,
+) -> Result<Linear, GgufError> {
+    let (heads, count) = if kv {
+        (c.n_head_kv, "attention.head_count_kv")
+    } else {
+        (c.n_head, "attention.head_count")
+    };
+    let width = heads * c.head_dim;
+    let (rows, cols) = if transposed {
+        (c.n_embd, width)
+    } else {
+        (width, c.n_embd)
+    };
+    linear(file, name, rows, cols).map_err(|e| match e {
+        GgufError::BadTensor {
+            tensor,
+            offset,
+            reason,
+        } if reason.starts_with("shape") => {
+            let arch = &c.arch;
+            // Where the head width came from (under MLA a query head is `key_length_mla` wide).
+            let dim = if c.mla.is_some() {
+                format!("{arch}.attention.key_length_mla")
+            } else if file.get(&format!("{arch}.attention.key_length")).is_some() {
+                format!("{arch}.attention.key_length")
+            } else {
+                format!("{arch}.embedding_length / {arch}.attention.head_count")
+            };
+            GgufError::BadTensor {
+                tensor,
+                offset,
+                reason: format!(
+                    "{reason}, from {arch}.{count} = {heads}, {dim} = {} and \
+                     {arch}.embedding_length = {}",
+                    c.head_dim, c.n_embd
+                ),
+            }
+        }
+        e => e,
+    })
 }
 
 fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {

@@ -43,14 +43,17 @@ impl<'m> Target<'m> {
                 c.n_layers
             )));
         }
-        let cache = |layers| SeqCache::new(layers, c.cache_shape(), ctx, kv);
+        let rings = model.cache_rings();
+        let cache = |layers: std::ops::Range<usize>| {
+            SeqCache::new(layers.len(), c.cache_shape(), ctx, kv, rings.slice(layers))
+        };
         let upper = match split < c.n_layers {
-            true => Some(cache(c.n_layers - split)?),
+            true => Some(cache(split..c.n_layers)?),
             false => None,
         };
         Ok(Target {
             model,
-            lower: cache(split)?,
+            lower: cache(0..split)?,
             upper,
             split,
             scratch: Scratch::new(attention),

@@ -32,6 +32,7 @@ fn model(n_layers: usize, seed: u64) -> Model {
         seed,
         mla: None,
         moe: None,
+        gemma: None,
     };
     let mut m = Model::from_file(GgufFile::from_bytes(build(&spec)).unwrap()).unwrap();
     m.set_activations(Activations::Q8);
