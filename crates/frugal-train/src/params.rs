@@ -373,8 +373,10 @@ impl Params {
         let c = &model.config;
         if !c.features.is_llama() {
             return Err(TrainError::Invalid(format!(
-                "the training engine has Llama's block only; {} ({:?}) is not trainable yet",
-                c.arch, c.features
+                "the training engine has Llama's block only; {}'s (q/k norms, norms after \
+                 attention and FFN, GELU gating, scaled embedding, sliding windows) has no \
+                 backward pass yet, so it cannot be trained or distilled",
+                c.arch
             )));
         }
         if let Some(m) = c.mla

@@ -63,7 +63,16 @@ pub fn run(a: Args) -> Result<()> {
         .model
         .as_deref()
         .ok_or_else(|| anyhow!("give a model name, a GGUF file or a config.json (or --list)"))?;
-    let desc = estimate::desc::resolve(spec)?;
+    // A model frugal fetches by name (`gemma3-270m`) is estimated from its GGUF file.
+    let fetched = match frugal::fetch::known_model(spec) {
+        Some(_) if !std::path::Path::new(spec).exists() => Some(
+            super::common::input_model(Some(&frugal::fetch::resolve_model_arg(spec.as_ref())))?
+                .display()
+                .to_string(),
+        ),
+        _ => None,
+    };
+    let desc = estimate::desc::resolve(fetched.as_deref().unwrap_or(spec))?;
     let mut devices = Vec::new();
     for d in &a.device {
         devices.push(Device::preset(d)?);
@@ -193,14 +202,22 @@ fn print_text(e: &Estimate) {
     println!("  per token     {}", e.kv_formula);
     println!("                = {}", bytes(e.kv_bytes_per_token));
     if e.kv_window_layers > 0 {
-        let w = d.sliding_window.as_ref().map_or(0, |w| w.window);
+        let (w, cached) = d
+            .sliding_window
+            .as_ref()
+            .map_or((0, 0), |w| (w.window, w.cached));
         println!(
-            "  per sequence  sliding window of {} positions on {}: those layers hold min({}, {}) = {} positions",
+            "  per sequence  sliding window of {} positions on {}: those layers hold min({}, {}) = {} positions{}",
             grouped(w as u128),
             d.sliding_window.as_ref().map_or("", |w| w.pattern.as_str()),
             grouped(e.context as u128),
-            grouped(w as u128),
-            grouped(e.kv_window_positions as u128)
+            grouped(cached as u128),
+            grouped(e.kv_window_positions as u128),
+            if cached != w {
+                " (frugal's ring: see the note below)"
+            } else {
+                ""
+            }
         );
         println!(
             "                = {} elements x {} B per layer and position x ({} full layers x {} + {} windowed layers x {})",

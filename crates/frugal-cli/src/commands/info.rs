@@ -13,8 +13,14 @@ use super::common::human_bytes;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The GGUF file, or a known model's name [default: the default model]
-    #[arg(value_parser = super::common::model_arg)]
+    #[arg(value_parser = super::common::model_arg, conflicts_with = "model_flag")]
     pub model: Option<PathBuf>,
+    /// The same, as a flag (as the other commands take it)
+    #[arg(short = 'm', long = "model", value_parser = super::common::model_arg)]
+    pub model_flag: Option<PathBuf>,
+    /// Context for the KV-cache figures [default: the model's training context]
+    #[arg(short = 'c', long = "context")]
+    pub context: Option<usize>,
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
@@ -24,7 +30,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let path = super::common::input_model(a.model.as_deref())?;
+    let path = super::common::input_model(a.model.as_deref().or(a.model_flag.as_deref()))?;
     let f = GgufFile::open(&path)?;
     let n_params: u64 = f.tensors().iter().map(|t| t.n_elements()).sum();
     let mut by_type: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();
@@ -60,15 +66,27 @@ pub fn run(a: Args) -> Result<()> {
         KvCache::measured_bytes_per_token(c.n_layers, c.cache_shape(), KvFormat::both(ty))
             .map(|b| b as u64)
     };
+    // At a context: what the cache holds, sliding-window layers only their rings.
+    let at = |c: &Config, ty: KvType, ctx: usize| {
+        frugal::kv::bytes_at(
+            c.n_layers,
+            c.cache_shape(),
+            KvFormat::both(ty),
+            &c.cache_rings(),
+            ctx,
+        ) as u64
+    };
     let kv = match &config {
         Ok(c) => {
             let (b32, b16) = (measure(c, KvType::F32)?, measure(c, KvType::F16)?);
+            let ctx = a.context.unwrap_or(c.n_ctx_train);
+            anyhow::ensure!(ctx > 0, "--context must be at least 1");
             Some((
                 c.kv_elements_per_token() as u64,
                 b32,
                 b16,
-                b16 * c.n_ctx_train as u64,
-                c.n_ctx_train,
+                at(c, KvType::F16, ctx),
+                ctx,
             ))
         }
         Err(_) => None,
@@ -120,6 +138,8 @@ pub fn run(a: Args) -> Result<()> {
                 out["kv_cache"] = serde_json::json!({
                     "elements_per_token": elems, "bytes_per_token_f32": b32, "bytes_per_token_f16": b16,
                     "context": ctx, "bytes_at_context_f16": full16, "bytes_at_context_f32": full16 * 2,
+                    "window_ring_positions": (0..c.n_layers).filter_map(|l| c.cache_rings().rows(l)).max(),
+                    "windowed_layers": (0..c.n_layers).filter(|&l| c.features.window(l).is_some()).count(),
                 });
             }
             (Err(e), _) => out["config_error"] = e.to_string().into(),
@@ -219,9 +239,26 @@ pub fn run(a: Args) -> Result<()> {
             println!(
                 "  per token, as a cache of this shape stores it: {b32} B in f32, {b16} B in f16"
             );
+            if let Some(sw) = c.features.sliding {
+                let rings = c.cache_rings();
+                let windowed = (0..c.n_layers).filter(|&l| rings.rows(l).is_some()).count();
+                let ring = (0..c.n_layers)
+                    .filter_map(|l| rings.rows(l))
+                    .max()
+                    .unwrap_or(0);
+                println!(
+                    "  sliding window {}: {windowed} of {} layers keep at most {ring} positions \
+                     (a ring: the window, {} keys a flash tile may start before it, one pass of {})",
+                    sw.window,
+                    c.n_layers,
+                    ring - sw.window - frugal::kv::RING_CHUNK,
+                    frugal::kv::RING_CHUNK
+                );
+            }
             println!(
-                "  at the full context of {ctx}: {} in f16, {} in f32",
+                "  at a context of {ctx}: {} in f16 ({} B per token), {} in f32",
                 human_bytes(full16),
+                full16 / ctx as u64,
                 human_bytes(full16 * 2)
             );
         }

@@ -258,6 +258,7 @@ impl Catalog {
                     window: w,
                     layers,
                     pattern,
+                    cached: w,
                 })
             }
         };

@@ -116,6 +116,11 @@ pub struct SlidingWindow {
     pub layers: u64,
     /// Which layers, in words (e.g. "all 32 layers", "every other layer (even indices)").
     pub pattern: String,
+    /// Positions a windowed layer's cache holds: the window itself in the published
+    /// arithmetic (catalog, config.json); for a GGUF file frugal runs, frugal's ring (the
+    /// window, the keys a flash tile may start before it, and one pass of up to 512 tokens),
+    /// so the figures are what `frugal info` and the cache itself give.
+    pub cached: u64,
 }
 
 /// Mixture of experts: each MoE layer holds `experts` FFNs of width `expert_ff` and runs

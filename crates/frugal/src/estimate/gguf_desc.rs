@@ -208,10 +208,26 @@ pub fn from_gguf(f: &GgufFile, path: &str) -> Result<ModelDesc> {
                     (n_layers, format!("all {n_layers} layers (assumed)"))
                 }
             };
+            // A file frugal runs is estimated as frugal caches it: each windowed layer in a
+            // ring a little longer than its window (see `kv::Rings`).
+            let cached = if crate::model::SUPPORTED_ARCHS.contains(&arch.as_str()) {
+                let lookback = crate::attention::window_lookback(head_dim as usize);
+                let ring = crate::kv::ring_rows(w as usize, lookback) as u64;
+                notes.push(format!(
+                    "frugal's cache: each windowed layer holds at most {ring} positions (the \
+                     window of {w}, {lookback} before it that a flash tile may start at, and one \
+                     pass of up to {} tokens)",
+                    crate::kv::RING_CHUNK
+                ));
+                ring
+            } else {
+                w
+            };
             Some(SlidingWindow {
                 window: w,
                 layers,
                 pattern,
+                cached,
             })
         }
     };

@@ -713,6 +713,7 @@ fn sliding_window(
         window: w,
         layers,
         pattern,
+        cached: w,
     }))
 }
 

@@ -197,7 +197,7 @@ pub fn bytes_per_element_text(f: Format) -> String {
 /// (layers holding every position, windowed layers, positions a windowed layer holds).
 pub fn split_layers(desc: &ModelDesc, context: u64) -> (u64, u64, u64) {
     match &desc.sliding_window {
-        Some(w) => (desc.n_layers - w.layers, w.layers, context.min(w.window)),
+        Some(w) => (desc.n_layers - w.layers, w.layers, context.min(w.cached)),
         None => (desc.n_layers, 0, 0),
     }
 }
@@ -226,7 +226,7 @@ pub fn crossover_context(
     }
     // While below the window, every layer grows by one position per token.
     let c = target / grow_all + 1;
-    let window = desc.sliding_window.as_ref().map(|w| w.window);
+    let window = desc.sliding_window.as_ref().map(|w| w.cached);
     match window {
         Some(w) if c as u64 > w || c > u64::MAX as u128 => {
             // Past the window only the full layers keep growing.

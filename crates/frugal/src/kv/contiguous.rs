@@ -207,10 +207,13 @@ impl KvCache {
 
     /// Bytes the cache holds when `len` positions are cached.
     fn bytes_at(&self, len: usize) -> usize {
-        let row = self.format.k.bytes(self.kv_dim) + self.format.v.bytes(self.v_dim);
-        (0..self.n_layers)
-            .map(|l| self.rings.held(l, len.min(self.capacity)) * row)
-            .sum()
+        let shape = CacheShape {
+            n_head_kv: 1,
+            head_dim: self.kv_dim,
+            separate_values: self.v_dim > 0,
+        };
+        let len = len.min(self.capacity);
+        super::bytes_at(self.n_layers, shape, self.format, &self.rings, len) as usize
     }
 
     /// Bytes actually written into the cache's buffers: the allocation's measure of what
@@ -407,6 +410,26 @@ mod tests {
         k.decode_head(0, 8, 0, 2, &mut a);
         v.decode_head(0, 8, 0, 2, &mut b);
         assert_eq!((a, b), ([0.5; 16], [0.5; 16]));
+    }
+
+    /// What a cache with rings stores, measured, is the arithmetic `info` and `estimate` use.
+    #[test]
+    fn ring_bytes_measured_match_the_arithmetic() {
+        let rings = Rings::for_windows([Some(20), None, Some(20)], 3);
+        let shape = CacheShape::new(1, 32);
+        for len in [1, 100, 535, 536, 1500] {
+            for f in [KvFormat::default(), KvFormat::both(KvType::Q8_0)] {
+                let m = KvCache::measured_bytes_at(3, shape, f, rings.clone(), len).unwrap();
+                assert_eq!(
+                    m as u128,
+                    super::super::bytes_at(3, shape, f, &rings, len),
+                    "{len}"
+                );
+            }
+        }
+        // Past the ring (20 + 3 + 512 rows) the windowed layers stop growing.
+        let at = |len| super::super::bytes_at(3, shape, KvFormat::default(), &rings, len);
+        assert_eq!(at(2000) - at(1000), 1000 * 2 * 32 * 4);
     }
 
     #[test]

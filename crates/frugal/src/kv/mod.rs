@@ -174,6 +174,22 @@ impl Rings {
     }
 }
 
+/// Bytes a cache of rows shaped `shape` in `format` holds for `len` positions of `n_layers`
+/// layers, the windowed ones keeping only their `rings` (the arithmetic [`KvCache`] allocates
+/// by, and `frugal info` and `frugal estimate` quote).
+pub fn bytes_at(
+    n_layers: usize,
+    shape: CacheShape,
+    format: KvFormat,
+    rings: &Rings,
+    len: usize,
+) -> u128 {
+    let row = (format.k.bytes(shape.k_dim()) + format.v.bytes(shape.v_dim())) as u128;
+    (0..n_layers)
+        .map(|l| rings.held(l, len) as u128 * row)
+        .sum()
+}
+
 /// Positions a ring keeps for a window of `window` keys read with up to `lookback` extra.
 pub fn ring_rows(window: usize, lookback: usize) -> usize {
     window.saturating_add(lookback).saturating_add(RING_CHUNK)

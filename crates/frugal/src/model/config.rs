@@ -213,6 +213,20 @@ impl Config {
         }
     }
 
+    /// The rings the sliding-window layers' caches keep (see [`crate::kv::Rings`]): each
+    /// window, the keys before it a flash tile may start at, and one pass. None without
+    /// windows.
+    pub fn cache_rings(&self) -> crate::kv::Rings {
+        if self.features.sliding.is_none() {
+            return crate::kv::Rings::none();
+        }
+        let lookback = crate::attention::window_lookback(self.head_dim);
+        crate::kv::Rings::for_windows(
+            (0..self.n_layers).map(|l| self.features.window(l)),
+            lookback,
+        )
+    }
+
     /// KV-cache elements per token over all layers, as the cache stores them.
     pub fn kv_elements_per_token(&self) -> usize {
         let s = self.cache_shape();

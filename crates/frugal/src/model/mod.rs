@@ -164,12 +164,7 @@ impl Model {
     /// a flash kernel's tile may start at, plus one pass ([`crate::kv::Rings`]). None for a
     /// model without windows.
     pub fn cache_rings(&self) -> Rings {
-        let c = &self.config;
-        if c.features.sliding.is_none() {
-            return Rings::none();
-        }
-        let lookback = crate::attention::window_lookback(c.head_dim);
-        Rings::for_windows((0..c.n_layers).map(|l| c.features.window(l)), lookback)
+        self.config.cache_rings()
     }
 
     /// A pool of `n_blocks` blocks of `block_size` positions, for many sequences at once (the

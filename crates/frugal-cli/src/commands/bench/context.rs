@@ -47,15 +47,23 @@ pub fn run(a: Args) -> Result<()> {
         let mut col = Vec::new();
         for &ctx in &ctxs {
             let blocks = ctx.div_ceil(a.kv_block);
-            let mut pool = KvPool::new(
+            let mut pool = KvPool::with_rings(
                 c.n_layers,
                 c.cache_shape(),
                 KvFormat::both(t),
                 a.kv_block,
                 blocks,
+                c.cache_rings(),
             )?;
             let id = pool.add_sequence(ctx);
-            pool.reserve(id, ctx)?;
+            // In passes a sliding-window ring can take (it then stops growing).
+            let mut held = 0;
+            while held < ctx {
+                let n = (ctx - held).min(pool.max_chunk());
+                pool.reserve(id, n)?;
+                pool.commit(id, n);
+                held += n;
+            }
             col.push(pool.bytes_in_use());
         }
         table.push(col);
@@ -67,9 +75,29 @@ pub fn run(a: Args) -> Result<()> {
                 .bytes_per_token(c.n_layers, KvFormat::both(t))
         })
         .collect();
-    let crossing: Vec<f64> = per_token
+    // Where the cache (windowed layers capped at their rings) first outgrows the weights;
+    // infinite when it never does.
+    let rings = c.cache_rings();
+    let crossing: Vec<f64> = types
         .iter()
-        .map(|&b| weights as f64 / b as f64)
+        .map(|&t| {
+            let at = |n: usize| {
+                frugal::kv::bytes_at(c.n_layers, c.cache_shape(), KvFormat::both(t), &rings, n)
+            };
+            let (mut lo, mut hi) = (0usize, 1usize << 40);
+            if at(hi) <= weights as u128 {
+                return f64::INFINITY;
+            }
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if at(mid) > weights as u128 {
+                    hi = mid
+                } else {
+                    lo = mid
+                }
+            }
+            hi as f64
+        })
         .collect();
     if a.output.json {
         let cols: serde_json::Map<String, serde_json::Value> = types
@@ -137,7 +165,7 @@ pub fn run(a: Args) -> Result<()> {
         .map(|(t, col)| Series {
             name: format!(
                 "KV cache, {t} (> weights from {:.0} tokens)",
-                weights as f64 / per_token[types.iter().position(|x| x == t).unwrap_or(0)] as f64
+                crossing[types.iter().position(|x| x == t).unwrap_or(0)]
             ),
             points: ctxs
                 .iter()
