@@ -528,6 +528,15 @@ fn bad_gemma_metadata_is_refused_naming_the_key() {
             "gemma3.attention.head_count",
             edited(|w| w.set("gemma3.attention.head_count", u(8))),
         ),
+        // Gemma 3 4B-27B scale their global layers' positions (linear, factor 8): not
+        // implemented, so refused rather than run with positions off by 8.
+        (
+            "gemma3.rope.scaling.type",
+            edited(|w| {
+                w.set("gemma3.rope.scaling.type", Value::String("linear".into()));
+                w.set("gemma3.rope.scaling.factor", Value::F32(8.0));
+            }),
+        ),
     ];
     for (key, bytes) in cases {
         let e = load_err(bytes);

@@ -159,6 +159,20 @@ impl Config {
                 format!("eps {rms_eps} or rope base {rope_base} out of range"),
             ));
         }
+        // Position scaling (linear, YaRN: Gemma 3 4B-27B's global layers, long-context Llama
+        // files) is not implemented: such a file would run with positions off by the factor.
+        let scaling = f.str_opt(&key("rope.scaling.type"))?;
+        let factor = f.f32_opt(&key("rope.scaling.factor"))?;
+        if scaling.is_some_and(|t| t != "none") || factor.is_some_and(|x| x != 0.0 && x != 1.0) {
+            return Err(bad(
+                "rope.scaling.type",
+                format!(
+                    "RoPE scaling {:?} with factor {:?} is not supported (positions would be wrong)",
+                    scaling.unwrap_or("(unset)"),
+                    factor
+                ),
+            ));
+        }
         // Experts in a latent-attention file would sit behind `leading_dense_block_count`,
         // which `read_mla` refuses below the layer count.
         let moe = if mla.is_none() {
