@@ -150,3 +150,33 @@ fn gemma_quantized_copy_is_scored_against_the_original() {
     assert!(kl > 0.0 && kl < 0.1, "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The measuring commands read the file: the outlier analysis of its weights (every matrix,
+/// the 262k-row embedding included) and the KV-cache benchmark's decode steps.
+#[test]
+fn gemma_analysis_and_kv_bench_run_on_the_file() {
+    if !have_gemma() {
+        return;
+    }
+    let a = json(&["analyze", "quant", "gemma3-270m", "--json"]);
+    // 18 layers x 7 matrices + the embedding.
+    assert_eq!(
+        a["tensors"].as_array().map(Vec::len),
+        Some(127),
+        "{}",
+        a["model"]
+    );
+    let b = json(&[
+        "bench",
+        "kv",
+        "-m",
+        "gemma3-270m",
+        "--points",
+        "16,32",
+        "--reps",
+        "1",
+        "--no-plot",
+        "--json",
+    ]);
+    assert!(b.is_object(), "{b}");
+}
