@@ -93,13 +93,18 @@ pub fn rms_norm_prefix(x: &mut [f32], stride: usize, w: &[f32], eps: f32) {
 
 /// SwiGLU: `gate = silu(gate) * up`, in place.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    gated_in_chunks(gate, up, |g, u| {
+        for (g, &u) in g.iter_mut().zip(u) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    });
+}
+
+/// Runs `f` on matching chunks of `gate` and `up` in parallel.
+fn gated_in_chunks(gate: &mut [f32], up: &[f32], f: impl Fn(&mut [f32], &[f32]) + Sync) {
     gate.par_chunks_mut(ELEMENTWISE_CHUNK)
         .zip(up.par_chunks(ELEMENTWISE_CHUNK))
-        .for_each(|(g, u)| {
-            for (g, &u) in g.iter_mut().zip(u) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-        });
+        .for_each(|(g, u)| f(g, u));
 }
 
 /// Values per parallel task of an element-wise operation: big enough that a task outweighs
@@ -116,16 +121,14 @@ pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     let fast =
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
-    gate.par_chunks_mut(ELEMENTWISE_CHUNK)
-        .zip(up.par_chunks(ELEMENTWISE_CHUNK))
-        .for_each(|(g, u)| {
-            #[cfg(target_arch = "x86_64")]
-            if fast {
-                // SAFETY: the CPU has AVX2 and FMA (checked above).
-                return unsafe { geglu_tanh_avx2(g, u) };
-            }
-            geglu_tanh_portable(g, u);
-        });
+    gated_in_chunks(gate, up, |g, u| {
+        #[cfg(target_arch = "x86_64")]
+        if fast {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            return unsafe { geglu_tanh_avx2(g, u) };
+        }
+        geglu_tanh_portable(g, u);
+    });
 }
 
 /// [`geglu_tanh`] on one chunk; the portable build is the scalar twin of the AVX2 one (the

@@ -64,15 +64,15 @@ pub fn run(a: Args) -> Result<()> {
         .as_deref()
         .ok_or_else(|| anyhow!("give a model name, a GGUF file or a config.json (or --list)"))?;
     // A model frugal fetches by name (`gemma3-270m`) is estimated from its GGUF file.
-    let fetched = match frugal::fetch::known_model(spec) {
-        Some(_) if !std::path::Path::new(spec).exists() => Some(
-            super::common::input_model(Some(&frugal::fetch::resolve_model_arg(spec.as_ref())))?
-                .display()
-                .to_string(),
-        ),
-        _ => None,
+    let resolved = frugal::fetch::resolve_model_arg(Path::new(spec));
+    let spec = if resolved != Path::new(spec) {
+        super::common::input_model(Some(&resolved))?
+            .display()
+            .to_string()
+    } else {
+        spec.to_string()
     };
-    let desc = estimate::desc::resolve(fetched.as_deref().unwrap_or(spec))?;
+    let desc = estimate::desc::resolve(&spec)?;
     let mut devices = Vec::new();
     for d in &a.device {
         devices.push(Device::preset(d)?);

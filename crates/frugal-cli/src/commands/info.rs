@@ -138,8 +138,8 @@ pub fn run(a: Args) -> Result<()> {
                 out["kv_cache"] = serde_json::json!({
                     "elements_per_token": elems, "bytes_per_token_f32": b32, "bytes_per_token_f16": b16,
                     "context": ctx, "bytes_at_context_f16": full16, "bytes_at_context_f32": full16 * 2,
-                    "window_ring_positions": (0..c.n_layers).filter_map(|l| c.cache_rings().rows(l)).max(),
-                    "windowed_layers": (0..c.n_layers).filter(|&l| c.features.window(l).is_some()).count(),
+                    "window_ring_positions": c.cache_rings().summary().1,
+                    "windowed_layers": c.cache_rings().summary().0,
                 });
             }
             (Err(e), _) => out["config_error"] = e.to_string().into(),
@@ -239,19 +239,15 @@ pub fn run(a: Args) -> Result<()> {
             println!(
                 "  per token, as a cache of this shape stores it: {b32} B in f32, {b16} B in f16"
             );
-            if let Some(sw) = c.features.sliding {
-                let rings = c.cache_rings();
-                let windowed = (0..c.n_layers).filter(|&l| rings.rows(l).is_some()).count();
-                let ring = (0..c.n_layers)
-                    .filter_map(|l| rings.rows(l))
-                    .max()
-                    .unwrap_or(0);
+            if let (Some(sw), (windowed, Some(ring))) =
+                (c.features.sliding, c.cache_rings().summary())
+            {
                 println!(
                     "  sliding window {}: {windowed} of {} layers keep at most {ring} positions \
                      (a ring: the window, {} keys a flash tile may start before it, one pass of {})",
                     sw.window,
                     c.n_layers,
-                    ring - sw.window - frugal::kv::RING_CHUNK,
+                    frugal::attention::window_lookback(c.head_dim),
                     frugal::kv::RING_CHUNK
                 );
             }

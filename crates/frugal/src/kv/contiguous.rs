@@ -119,11 +119,6 @@ impl KvCache {
         })
     }
 
-    /// The layers' rings (none unless the cache was made with some).
-    pub fn rings(&self) -> &Rings {
-        &self.rings
-    }
-
     /// A ring layer's storage when it holds fewer rows than the context (else a plain array).
     fn ring_rows(&self, layer: usize) -> Option<usize> {
         self.rings.rows(layer).filter(|&r| r < self.capacity)
@@ -305,10 +300,7 @@ impl KvSequence for KvCache {
 
     fn reserve(&mut self, n: usize) -> Result<(), KvError> {
         self.check_room(n)?;
-        let max = self.rings.max_chunk();
-        if n > max {
-            return Err(KvError::ChunkTooLong { adding: n, max });
-        }
+        self.rings.check_pass(n)?;
         self.pending = n;
         Ok(())
     }

@@ -144,6 +144,12 @@ impl Rings {
         self.layers.iter().any(Option::is_some)
     }
 
+    /// How many layers have a ring, and the largest ring's positions.
+    pub fn summary(&self) -> (usize, Option<usize>) {
+        let rows = self.layers.iter().flatten().map(|r| r.rows);
+        (rows.clone().count(), rows.max())
+    }
+
     /// The rings of layers `range` (a cache holding only those layers, as an early-exit
     /// draft's).
     pub fn slice(&self, range: std::ops::Range<usize>) -> Self {
@@ -155,6 +161,15 @@ impl Rings {
     /// Most positions one pass may add.
     pub fn max_chunk(&self) -> usize {
         if self.any() { RING_CHUNK } else { usize::MAX }
+    }
+
+    /// Refuses a pass of `n` positions the rings have no room for.
+    pub fn check_pass(&self, n: usize) -> Result<(), KvError> {
+        let max = self.max_chunk();
+        if n > max {
+            return Err(KvError::ChunkTooLong { adding: n, max });
+        }
+        Ok(())
     }
 
     /// Positions layer `layer` holds when `len` are cached.

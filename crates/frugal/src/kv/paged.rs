@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::contiguous::check_format;
 use super::prefix::BlockHash;
 use super::ring_blocks::RingBlocks;
-use super::{CacheShape, KvError, KvFormat, KvSequence, KvView, RING_CHUNK, Rings};
+use super::{CacheShape, KvError, KvFormat, KvSequence, KvView, Rings};
 
 /// Positions per block unless asked otherwise (as vLLM): small enough that the unused tail of
 /// the last block wastes little, large enough that a table lookup covers many rows.
@@ -240,7 +240,7 @@ impl KvPool {
             len: 0,
             pending: 0,
             max_len,
-            ring: Vec::new(),
+            ring: Vec::with_capacity(self.ring.as_ref().map_or(0, |r| r.per_seq)),
             high: 0,
         };
         self.insert(seq)
@@ -444,14 +444,9 @@ impl KvPool {
                 capacity: s.max_len,
             });
         }
+        self.rings.check_pass(n)?;
         let ring_needed = match &self.ring {
             None => 0,
-            Some(_) if n > RING_CHUNK => {
-                return Err(KvError::ChunkTooLong {
-                    adding: n,
-                    max: RING_CHUNK,
-                });
-            }
             Some(r) => {
                 let needed = r.needed(s.len + n).saturating_sub(s.ring.len());
                 if needed > r.free_blocks() {
