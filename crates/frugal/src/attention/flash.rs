@@ -392,9 +392,25 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
         } else {
             job.k
                 .decode_head(span.kvh, hd, j0, nb, &mut t.kraw[..nb * hd]);
-            for j in 0..nb {
-                for c in 0..hd {
-                    t.kt[c * bc + j] = t.kraw[j * hd + c];
+            if fast {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                unsafe {
+                    super::flash_x86::transpose_rows(
+                        f32_bytes(&t.kraw[..nb * hd]),
+                        4 * hd,
+                        nb,
+                        hd,
+                        &mut t.kt,
+                        bc,
+                        0,
+                    )
+                };
+            } else {
+                for j in 0..nb {
+                    for c in 0..hd {
+                        t.kt[c * bc + j] = t.kraw[j * hd + c];
+                    }
                 }
             }
         }

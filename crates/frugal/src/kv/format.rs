@@ -119,9 +119,28 @@ impl KvType {
         }
     }
 
-    /// Decodes `out.len()` values from `src` (`src.len() == self.bytes(out.len())`).
+    /// Decodes `out.len()` values from `src` (`src.len() == self.bytes(out.len())`), with the
+    /// vector decoders where the CPU has them (the same bits as [`KvType::decode_scalar`]).
     #[inline]
     pub fn decode(self, src: &[u8], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self != KvType::F32 && super::format_x86::available() {
+            // SAFETY: `available` checked AVX2 and F16C; the decoders check the lengths.
+            unsafe {
+                match self {
+                    KvType::F16 => super::format_x86::decode_f16(src, out),
+                    KvType::Bf16 => super::format_x86::decode_bf16(src, out),
+                    KvType::Q8_0 => super::format_x86::decode_q8_0(src, out),
+                    KvType::F32 => unreachable!(),
+                }
+            }
+            return;
+        }
+        self.decode_scalar(src, out);
+    }
+
+    /// The portable decoder: the reference the vector ones are tested against.
+    pub fn decode_scalar(self, src: &[u8], out: &mut [f32]) {
         debug_assert_eq!(src.len(), self.bytes(out.len()));
         match self {
             KvType::F32 => {
@@ -220,6 +239,45 @@ mod tests {
             for (a, b) in x.iter().zip(&y) {
                 let scale = if t == KvType::Q8_0 { amax } else { a.abs() };
                 assert!((a - b).abs() <= tol * scale + 1e-7, "{t}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// The vector decoders give the scalar decoder's bits, on lengths that are not multiples
+    /// of the vector width, on extreme values (subnormals, infinities, the largest finite f16)
+    /// and on NaNs (compared as NaN: a conversion may quiet a signalling payload).
+    #[test]
+    fn vector_decoders_match_the_scalar_one() {
+        let mut x = sample(200);
+        x.extend([
+            65504.0,
+            -65504.0,
+            1e-7,
+            -3e-8,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+        ]);
+        x.extend([1e30, -1e-30, f32::MIN_POSITIVE, 123.456]);
+        x.truncate(192 + 8);
+        for t in KvType::ALL {
+            let n = if t == KvType::Q8_0 { 192 } else { x.len() - 3 };
+            let mut bytes = vec![0u8; t.bytes(n)];
+            t.encode(&x[..n], &mut bytes);
+            if t == KvType::F16 || t == KvType::Bf16 {
+                // A NaN with a payload in the middle of the row.
+                let nan: u16 = if t == KvType::F16 { 0x7c01 } else { 0x7f81 };
+                bytes[20..22].copy_from_slice(&nan.to_le_bytes());
+            }
+            let (mut fast, mut slow) = (vec![0f32; n], vec![0f32; n]);
+            t.decode(&bytes, &mut fast);
+            t.decode_scalar(&bytes, &mut slow);
+            for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{t} value {i}: {a} vs {b}"
+                );
             }
         }
     }

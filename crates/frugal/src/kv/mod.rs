@@ -17,6 +17,8 @@
 mod batch;
 mod contiguous;
 mod format;
+#[cfg(target_arch = "x86_64")]
+mod format_x86;
 mod paged;
 pub mod prefix;
 mod ring_blocks;

@@ -495,9 +495,11 @@ impl Interleaved for WidePairActs {
 }
 
 /// [`matmul_packed`] two tokens per instruction: the rows of `x`, interleaved two by two in
-/// `pairs`, in calls of 8, 4 and 1 pairs (more pairs per call share each unit's unpacked weights
-/// more widely: 8 measured 10-15% faster than 4 at 16 tokens); an odd last row runs through the
-/// one-token kernel. Every output is the same bits as the one-token kernel gives.
+/// `pairs`, in calls of 8, 4, 2 and 1 pairs (more pairs per call share each unit's unpacked
+/// weights more widely: 8 measured 10-15% faster than 4 at 16 tokens). An odd last row rides in
+/// a pair with a copy of itself, whose output is dropped: a verification pass of three rows
+/// then unpacks the weights once, not once for a pair and again for a one-token pass. Every
+/// output is the same bits as the one-token kernel gives.
 fn matmul_pairs<X: PackedActs, I: Interleaved>(
     isa: kernels::Isa,
     w: &PackedMatrix,
@@ -514,26 +516,26 @@ fn matmul_pairs<X: PackedActs, I: Interleaved>(
             let group = w.group(r0 / GROUP + gi);
             let mut p = 0;
             while p + 8 <= np {
-                pair_call::<I, 8>(isa, w.ty, group, &rows, p, gi, out);
+                pair_call::<I, 8>(isa, w.ty, group, &rows, p, gi, n, out);
                 p += 8;
             }
             while p + 4 <= np {
-                pair_call::<I, 4>(isa, w.ty, group, &rows, p, gi, out);
+                pair_call::<I, 4>(isa, w.ty, group, &rows, p, gi, n, out);
                 p += 4;
             }
-            for p in p..np {
-                pair_call::<I, 1>(isa, w.ty, group, &rows, p, gi, out);
+            while p + 2 <= np {
+                pair_call::<I, 2>(isa, w.ty, group, &rows, p, gi, n, out);
+                p += 2;
             }
-            if n % 2 == 1 {
-                let mut o = [[0f32; GROUP]; 1];
-                X::dot(isa, w.ty, group, &[x.row(n - 1)], &mut o);
-                out.put(n - 1, gi * GROUP, &o[0]);
+            for p in p..np {
+                pair_call::<I, 1>(isa, w.ty, group, &rows, p, gi, n, out);
             }
         }
     });
 }
 
-/// One two-token kernel call on pairs `p..p + P` of group `gi`, written into `out`.
+/// One two-token kernel call on pairs `p..p + P` of group `gi`, written into `out` for the
+/// tokens below `n` (the copy that pads an odd last pair is dropped).
 #[allow(clippy::too_many_arguments)]
 fn pair_call<I: Interleaved, const P: usize>(
     isa: kernels::Isa,
@@ -542,14 +544,19 @@ fn pair_call<I: Interleaved, const P: usize>(
     rows: &[I::Row<'_>],
     p: usize,
     gi: usize,
+    n: usize,
     out: &mut super::matmul::RowsOut,
 ) {
     let xs: &[_; P] = rows[p..p + P].try_into().expect("P pairs");
     let mut o = [[[0f32; GROUP]; 2]; P];
     I::dot(isa, ty, group, xs, &mut o);
     for (i, op) in o.iter().enumerate() {
-        out.put(2 * (p + i), gi * GROUP, &op[0]);
-        out.put(2 * (p + i) + 1, gi * GROUP, &op[1]);
+        for (j, oj) in op.iter().enumerate() {
+            let t = 2 * (p + i) + j;
+            if t < n {
+                out.put(t, gi * GROUP, oj);
+            }
+        }
     }
 }
 
@@ -700,7 +707,7 @@ mod tests {
             }
             let data = crate::quant::quantize(ty, &wf).unwrap();
             let p = PackedMatrix::pack(&WeightMatrix::new(ty, rows, cols, &data).unwrap()).unwrap();
-            for n in [2, 3, 9, 16] {
+            for n in [2, 3, 5, 6, 9, 16, 17] {
                 let x: Vec<f32> = (0..n * cols)
                     .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0 + (i % 3) as f32 * 0.1)
                     .collect();
@@ -735,7 +742,7 @@ mod tests {
         let data = crate::quant::quantize(GgmlType::Q8_0, &wf).unwrap();
         let p = PackedMatrix::pack(&WeightMatrix::new(GgmlType::Q8_0, rows, cols, &data).unwrap())
             .unwrap();
-        for n in [2, 5, 10] {
+        for n in [2, 3, 5, 10, 17] {
             let x: Vec<f32> = (0..n * cols)
                 .map(|i| ((i * 13 % 29) as f32 - 14.0) / 4.0 + (i % 5) as f32 * 0.03)
                 .collect();
