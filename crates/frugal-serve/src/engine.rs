@@ -31,7 +31,7 @@ use frugal::kv::{KvPool, SeqId};
 use frugal::model::{Model, RoutingStats, Scratch, Segment};
 use frugal::ops::log_sum_exp;
 use frugal::sample::{Sampler, SamplerParams};
-use frugal::speculate::{DEFAULT_ROW_COST, DraftLength, ngram, rule};
+use frugal::speculate::{DEFAULT_ROW_COST, ngram, rule};
 use frugal::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
@@ -171,7 +171,7 @@ struct Seq {
     /// admission queue already.
     admitted_before: bool,
     /// With speculation: the draft length policy, and this step's draft.
-    draft_len: Option<DraftLength>,
+    draft_len: Option<ngram::Lookup>,
     draft: Vec<u32>,
 }
 
@@ -315,7 +315,7 @@ impl Scheduler {
                 draft_len: self
                     .cfg
                     .speculate
-                    .map(|(_, k)| DraftLength::new(k, true, 0.0, DEFAULT_ROW_COST)),
+                    .map(|(n, k)| ngram::Lookup::new(n, k, true, DEFAULT_ROW_COST)),
                 draft: Vec::new(),
             });
         }
@@ -546,9 +546,9 @@ impl Scheduler {
     /// Prompt lookup for every decoding sequence, while the batch is small enough for drafts
     /// to pay; none before `min_tokens` (masked sampling is not what the rule checks).
     fn draft(&mut self) {
-        let Some((n, _)) = self.cfg.speculate else {
+        if self.cfg.speculate.is_none() {
             return;
-        };
+        }
         let ctx = self.cfg.ctx;
         let decoding = self
             .running
@@ -568,8 +568,7 @@ impl Scheduler {
             }
             let room = ctx.saturating_sub(s.tokens.len());
             let wanted = s.shared.max_tokens.saturating_sub(s.generated + 1);
-            let k = len.next_k().min(room).min(wanted);
-            ngram::lookup(&s.tokens, n, k, &mut s.draft);
+            len.propose(&s.tokens, room.min(wanted), &mut s.draft);
         }
     }
 

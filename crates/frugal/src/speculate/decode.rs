@@ -23,9 +23,8 @@ use crate::tokenizer::Tokenizer;
 
 /// Where draft tokens come from.
 pub enum Drafter {
-    Ngram {
-        n: usize,
-    },
+    /// Prompt lookup, with its own draft length per match length.
+    Ngram(ngram::Lookup),
     /// The target's own first layers (the split lives in the target's caches).
     EarlyExit,
     Model(Box<DraftModel>),
@@ -96,10 +95,13 @@ impl DraftLength {
         }
     }
 
-    /// The chance that draft token `j` is kept once those before it were (a prior of one kept
-    /// and one rejected token: 0.5 before any evidence).
-    fn alpha(&self, j: usize) -> f64 {
-        ((self.kept[j] + 1.0) / (self.tried[j] + 2.0)).min(0.999)
+    /// The chance that draft token `j` is kept once those before it were, given `prior`, the
+    /// previous position's estimate (0.5 for the first): two pseudo-tokens at it, so a
+    /// position not tried yet is expected to do as well as the one before it: a run of kept
+    /// copies lengthens the draft by more than one token per pass, where a prior of 0.5 at
+    /// every position would hold it back until each position had been tried on its own.
+    fn alpha(&self, j: usize, prior: f64) -> f64 {
+        ((self.kept[j] + 2.0 * prior) / (self.tried[j] + 2.0)).min(0.999)
     }
 
     /// The draft length for the next pass.
@@ -108,9 +110,10 @@ impl DraftLength {
             return self.k_max;
         }
         let (mut best, mut best_rate) = (0, 1.0);
-        let (mut expected, mut run) = (1.0, 1.0);
+        let (mut expected, mut run, mut a) = (1.0, 1.0, 0.5);
         for k in 1..=self.k_max {
-            run *= self.alpha(k - 1);
+            a = self.alpha(k - 1, a);
+            run *= a;
             expected += run;
             let rate = expected / (1.0 + k as f64 * (self.draft_cost + self.row_cost));
             if rate > best_rate {
@@ -176,7 +179,15 @@ impl<'m> Speculator<'m> {
     ) -> Result<Self> {
         let mut opts = opts.clone();
         let (drafter, exit) = match (&opts.method, draft) {
-            (Method::Ngram { n }, None) => (Drafter::Ngram { n: *n }, None),
+            (Method::Ngram { n }, None) => (
+                Drafter::Ngram(ngram::Lookup::new(
+                    *n,
+                    opts.k,
+                    opts.adaptive,
+                    DEFAULT_ROW_COST,
+                )),
+                None,
+            ),
             (Method::EarlyExit { layers }, None) => {
                 let n_layers = model.config.n_layers;
                 if *layers >= n_layers {
@@ -259,7 +270,7 @@ impl<'m> Speculator<'m> {
         let c = &target.config;
         let full = macs_per_token(c, c.n_layers, c.n_vocab);
         match &self.drafter {
-            Drafter::Ngram { .. } => 0.0,
+            Drafter::Ngram(_) => 0.0,
             Drafter::EarlyExit => match self.opts.method {
                 Method::EarlyExit { layers } => macs_per_token(c, layers, c.n_vocab) / full,
                 _ => 1.0,
@@ -324,7 +335,12 @@ impl<'m> Speculator<'m> {
             // Draft at most what fits in the context and what max_tokens can still use.
             let room = self.ctx().saturating_sub(self.target.len() + 1);
             let wanted = opts.max_tokens.saturating_sub(out.generated().len() + 1);
-            let k = adapt.next_k().min(room).min(wanted);
+            let cap = self.opts.k.min(room).min(wanted);
+            // Prompt lookup chooses its length from the match it finds (see `ngram::Lookup`).
+            let k = match self.drafter {
+                Drafter::Ngram(_) => cap,
+                _ => adapt.next_k().min(cap),
+            };
             let td = Instant::now();
             let stochastic = self.draft(
                 out.history(),
@@ -361,7 +377,10 @@ impl<'m> Speculator<'m> {
             spec.drafted += draft.len();
             spec.accepted += v.accepted;
             spec.drafted_passes += usize::from(!draft.is_empty());
-            adapt.record(draft.len(), v.accepted);
+            match &mut self.drafter {
+                Drafter::Ngram(l) => l.record(draft.len(), v.accepted),
+                _ => adapt.record(draft.len(), v.accepted),
+            }
             stats.decode_steps += 1;
             stats.decode_tokens += 1 + v.accepted;
             for &t in &draft[..v.accepted] {
@@ -403,8 +422,8 @@ impl<'m> Speculator<'m> {
         }
         let sampled = sampler.params.temperature > 0.0;
         match &mut self.drafter {
-            Drafter::Ngram { n } => {
-                ngram::lookup(context, *n, k, draft);
+            Drafter::Ngram(l) => {
+                l.propose(context, k, draft);
                 Ok(false)
             }
             Drafter::Model(d) => {

@@ -7,13 +7,16 @@
 //! likeliest to be continued (apoorvumang/prompt-lookup-decoding; vLLM's and llama.cpp's n-gram
 //! drafters work the same way).
 
+use super::decode::DraftLength;
+
 /// Up to `k` tokens that followed the most recent earlier occurrence of the longest suffix of
-/// `context` of at most `n_max` tokens; empty when no suffix occurred before.
-pub fn lookup(context: &[u32], n_max: usize, k: usize, out: &mut Vec<u32>) {
+/// `context` of at most `n_max` tokens; empty when no suffix occurred before. Returns the length
+/// of the suffix matched (0: none).
+pub fn lookup(context: &[u32], n_max: usize, k: usize, out: &mut Vec<u32>) -> usize {
     out.clear();
     let len = context.len();
     if k == 0 {
-        return;
+        return 0;
     }
     for n in (1..=n_max.min(len.saturating_sub(1))).rev() {
         let suffix = &context[len - n..];
@@ -24,8 +27,55 @@ pub fn lookup(context: &[u32], n_max: usize, k: usize, out: &mut Vec<u32>) {
                 let from = start + n;
                 let take = k.min(len - from);
                 out.extend_from_slice(&context[from..from + take]);
-                return;
+                return n;
             }
+        }
+    }
+    0
+}
+
+/// Prompt lookup with its draft length chosen per matched suffix length. A draft continuing a
+/// four-token match is a copy in progress and is mostly kept; one continuing a single-token
+/// match is a guess and mostly rejected. One acceptance estimate for both would draft too
+/// little during copies and too much elsewhere, so each match length keeps its own
+/// [`DraftLength`], and a pass records its outcome under the length that drafted it.
+#[derive(Clone, Debug)]
+pub struct Lookup {
+    n_max: usize,
+    /// Index `m - 1`: the draft length for matches of `m` tokens.
+    lengths: Vec<DraftLength>,
+    /// The match length of the latest proposal (0: it drafted nothing).
+    last: usize,
+}
+
+impl Lookup {
+    /// Suffixes of up to `n_max` tokens, drafts of up to `k_max`; `row_cost` is the cost of one
+    /// more verified row relative to a decode step (prompt lookup itself costs nothing).
+    pub fn new(n_max: usize, k_max: usize, adaptive: bool, row_cost: f64) -> Self {
+        Lookup {
+            n_max,
+            lengths: (0..n_max.max(1))
+                .map(|_| DraftLength::new(k_max, adaptive, 0.0, row_cost))
+                .collect(),
+            last: 0,
+        }
+    }
+
+    /// Fills `out` with the draft for the next pass: at most `cap` tokens, as many as the
+    /// acceptance seen after matches of this length makes worth verifying.
+    pub fn propose(&mut self, context: &[u32], cap: usize, out: &mut Vec<u32>) {
+        let m = lookup(context, self.n_max, cap, out);
+        self.last = m;
+        if m > 0 {
+            let k = self.lengths[m - 1].next_k();
+            out.truncate(k);
+        }
+    }
+
+    /// The latest proposal's `drafted` tokens had their first `kept` accepted.
+    pub fn record(&mut self, drafted: usize, kept: usize) {
+        if self.last > 0 {
+            self.lengths[self.last - 1].record(drafted, kept);
         }
     }
 }
@@ -56,5 +106,34 @@ mod tests {
         assert!(out.is_empty());
         lookup(&[1], 3, 4, &mut out);
         assert!(out.is_empty());
+        // The matched length is returned.
+        assert_eq!(lookup(&[1, 2, 3, 4, 5, 9, 1, 2, 3], 3, 2, &mut out), 3);
+        assert_eq!(lookup(&[7, 1, 8, 7, 1, 6, 7, 1], 3, 1, &mut out), 2);
+        assert_eq!(lookup(&[1, 2, 3], 3, 4, &mut out), 0);
+    }
+
+    /// Each match length learns its own draft length: long matches that keep being copied
+    /// draft the whole cap, one-token matches that keep being rejected stop drafting.
+    #[test]
+    fn lookup_drafts_by_match_length() {
+        let mut l = Lookup::new(3, 8, true, 0.1);
+        let copy: Vec<u32> = (0..20).chain(0..4).collect(); // ends in a 3-token match
+        let guess: Vec<u32> = vec![9, 1, 5, 7, 1]; // ends in a 1-token match
+        let mut out = Vec::new();
+        for _ in 0..30 {
+            l.propose(&copy, 8, &mut out);
+            let n = out.len();
+            l.record(n, n); // every drafted token kept
+            l.propose(&guess, 8, &mut out);
+            l.record(out.len(), 0); // the first drafted token rejected
+        }
+        l.propose(&copy, 8, &mut out);
+        assert_eq!(out, (4..12).collect::<Vec<u32>>());
+        l.propose(&guess, 8, &mut out);
+        assert!(out.is_empty(), "one-token matches still draft {out:?}");
+        // A non-adaptive lookup drafts the cap whatever the outcome.
+        let mut fixed = Lookup::new(3, 2, false, 0.2);
+        fixed.propose(&guess, 2, &mut out);
+        assert_eq!(out, [5, 7]);
     }
 }
