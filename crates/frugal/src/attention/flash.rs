@@ -373,8 +373,18 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
     // stay at the same absolute offsets from the chunk start).
     let first = s.first_visible(job.pos0 + span.t0);
     let mut j0 = span.lo + first.saturating_sub(span.lo) / bc * bc;
+    // The cache rows of the first tile, then each next tile's while this one is computed.
+    let prefetch = |from: usize| {
+        if from < hi {
+            let n = (hi - from).min(bc);
+            job.k.prefetch_head(span.kvh, hd, from, n);
+            job.v.prefetch_head(span.kvh, hd, from, n);
+        }
+    };
+    prefetch(j0);
     while j0 < hi {
         let nb = (hi - j0).min(bc);
+        prefetch(j0 + nb);
         // An f32 cache is read in place on the SIMD path (keys transposed straight from it,
         // values weighted where they lie); any other format is decoded a tile at a time.
         let in_place = fast && job.k.ty() == KvType::F32;

@@ -452,6 +452,38 @@ impl<'a> KvView<'a> {
         (&bytes[head * self.ty.bytes(head_dim)..], self.row_bytes, m)
     }
 
+    /// Asks the CPU to start loading head `head` of rows `start..start+n` into its caches. A
+    /// decode step reads each cached row once, a few hundred bytes at a stride of a whole row
+    /// (all heads), in blocks that lie anywhere in the pool: the hardware prefetcher loses
+    /// that stream at every page and block boundary, and attention then waits on memory
+    /// latency rather than bandwidth. A hint only: nothing is read or changed.
+    #[inline]
+    pub fn prefetch_head(&self, head: usize, head_dim: usize, start: usize, n: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let hb = self.ty.bytes(head_dim);
+            let mut done = 0;
+            while done < n {
+                let (bytes, stride, m) = self.head_run(head, head_dim, start + done, n - done);
+                for r in 0..m {
+                    let row = &bytes[r * stride..][..hb];
+                    for line in (0..hb).step_by(64) {
+                        // SAFETY: prefetching is a hint that never faults; the address is
+                        // inside `row` anyway.
+                        unsafe {
+                            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                                row.as_ptr().add(line).cast(),
+                            )
+                        };
+                    }
+                }
+                done += m;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (head, head_dim, start, n);
+    }
+
     /// Decodes head `head` (of `head_dim` values) of rows `start..start+n` into `out`
     /// (`n x head_dim`, row-major): how attention reads a cache in a format it cannot use in
     /// place, a tile at a time, straight from the stored format.
