@@ -170,8 +170,8 @@ struct Seq {
     /// Admitted before (it is back in the queue after a preemption): its request has left the
     /// admission queue already.
     admitted_before: bool,
-    /// With speculation: the draft length policy, and this step's draft.
-    draft_len: Option<ngram::Lookup>,
+    /// With speculation: prompt lookup with its draft length policy, and this step's draft.
+    lookup: Option<ngram::Lookup>,
     draft: Vec<u32>,
 }
 
@@ -312,7 +312,7 @@ impl Scheduler {
                 last_token_at: None,
                 stop_hit: false,
                 admitted_before: false,
-                draft_len: self
+                lookup: self
                     .cfg
                     .speculate
                     .map(|(n, k)| ngram::Lookup::new(n, k, true, DEFAULT_ROW_COST)),
@@ -557,7 +557,7 @@ impl Scheduler {
             .count();
         for s in &mut self.running {
             s.draft.clear();
-            let Some(len) = &mut s.draft_len else {
+            let Some(lookup) = &mut s.lookup else {
                 continue;
             };
             if decoding > SPECULATE_MAX_BATCH
@@ -568,7 +568,7 @@ impl Scheduler {
             }
             let room = ctx.saturating_sub(s.tokens.len());
             let wanted = s.shared.max_tokens.saturating_sub(s.generated + 1);
-            len.propose(&s.tokens, room.min(wanted), &mut s.draft);
+            lookup.propose(&s.tokens, room.min(wanted), &mut s.draft);
         }
     }
 
@@ -590,8 +590,8 @@ impl Scheduler {
             &mut s.sampler,
             &mut self.verify_ws,
         );
-        if let Some(len) = &mut s.draft_len {
-            len.record(draft.len(), verdict.accepted);
+        if let Some(lookup) = &mut s.lookup {
+            lookup.record(draft.len(), verdict.accepted);
         }
         let id = s.kv.expect("running");
         s.computed += 1;

@@ -126,13 +126,20 @@ impl KvType {
         #[cfg(target_arch = "x86_64")]
         if self != KvType::F32 && super::format_x86::available() {
             // SAFETY: `available` checked AVX2 and F16C; the decoders check the lengths.
-            unsafe {
+            let done = unsafe {
                 match self {
                     KvType::F16 => super::format_x86::decode_f16(src, out),
                     KvType::Bf16 => super::format_x86::decode_bf16(src, out),
-                    KvType::Q8_0 => super::format_x86::decode_q8_0(src, out),
+                    KvType::Q8_0 => {
+                        super::format_x86::decode_q8_0(src, out);
+                        out.len()
+                    }
                     KvType::F32 => unreachable!(),
                 }
+            };
+            // Values past the last whole vector (none for Q8_0, whose blocks are whole).
+            if done < out.len() {
+                self.decode_scalar(&src[self.bytes(done)..], &mut out[done..]);
             }
             return;
         }

@@ -12,50 +12,50 @@ pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
 }
 
-/// `out[i] = f16 value i of src` (`src.len() == 2 * out.len()`).
+/// Decodes the leading multiple of eight f16 values of `src` into `out`
+/// (`src.len() == 2 * out.len()`) and returns how many it decoded; the caller finishes the
+/// rest with the scalar decoder.
 ///
 /// # Safety
 /// The CPU has AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn decode_f16(src: &[u8], out: &mut [f32]) {
-    assert_eq!(src.len(), 2 * out.len(), "f16 decode lengths");
-    let n = out.len();
-    let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
-    let mut i = 0;
-    // SAFETY: reads 16 bytes at 2i and writes 8 f32s at i with i + 8 <= n (checked lengths).
-    unsafe {
-        while i + 8 <= n {
-            let h = _mm_loadu_si128(sp.add(2 * i).cast());
-            _mm256_storeu_ps(op.add(i), _mm256_cvtph_ps(h));
-            i += 8;
-        }
-    }
-    for j in i..n {
-        out[j] = half::f16::from_bits(u16::from_le_bytes([src[2 * j], src[2 * j + 1]])).to_f32();
-    }
+pub(super) unsafe fn decode_f16(src: &[u8], out: &mut [f32]) -> usize {
+    // SAFETY: forwarded; the widening is one F16C conversion of eight halves.
+    unsafe { widen_halves(src, out, |h| _mm256_cvtph_ps(h)) }
 }
 
-/// `out[i] = bf16 value i of src`: the top half of an f32, widened by a shift.
+/// [`decode_f16`] for bf16: the top half of an f32, widened by a shift.
 ///
 /// # Safety
 /// The CPU has AVX2.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn decode_bf16(src: &[u8], out: &mut [f32]) {
-    assert_eq!(src.len(), 2 * out.len(), "bf16 decode lengths");
-    let n = out.len();
-    let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
-    let mut i = 0;
-    // SAFETY: as in `decode_f16`.
+pub(super) unsafe fn decode_bf16(src: &[u8], out: &mut [f32]) -> usize {
+    // SAFETY: forwarded; the widening is an integer shift into the top half of each lane.
     unsafe {
-        while i + 8 <= n {
-            let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(sp.add(2 * i).cast()));
-            _mm256_storeu_si256(op.add(i).cast(), _mm256_slli_epi32::<16>(h));
-            i += 8;
+        widen_halves(src, out, |h| {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        })
+    }
+}
+
+/// Widens eight 16-bit values at a time with `widen` over the whole vectors of `out`; returns
+/// how many values that was.
+///
+/// # Safety
+/// The CPU has AVX2 (and whatever `widen` uses).
+#[inline(always)]
+unsafe fn widen_halves(src: &[u8], out: &mut [f32], widen: impl Fn(__m128i) -> __m256) -> usize {
+    assert_eq!(src.len(), 2 * out.len(), "16-bit decode lengths");
+    let whole = out.len() / 8 * 8;
+    let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
+    // SAFETY: reads 16 bytes at 2i and writes 8 f32s at i with i + 8 <= whole <= out.len(),
+    // inside the checked lengths.
+    unsafe {
+        for i in (0..whole).step_by(8) {
+            _mm256_storeu_ps(op.add(i), widen(_mm_loadu_si128(sp.add(2 * i).cast())));
         }
     }
-    for j in i..n {
-        out[j] = f32::from_bits(u32::from(u16::from_le_bytes([src[2 * j], src[2 * j + 1]])) << 16);
-    }
+    whole
 }
 
 /// Q8_0 blocks (an f16 scale, 32 signed bytes) to f32: `d * q` per value.

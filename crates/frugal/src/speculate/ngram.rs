@@ -35,7 +35,7 @@ pub fn lookup(context: &[u32], n_max: usize, k: usize, out: &mut Vec<u32>) -> us
 }
 
 /// Prompt lookup with its draft length chosen per matched suffix length. A draft continuing a
-/// four-token match is a copy in progress and is mostly kept; one continuing a single-token
+/// three-token match is a copy in progress and is mostly kept; one continuing a single-token
 /// match is a guess and mostly rejected. One acceptance estimate for both would draft too
 /// little during copies and too much elsewhere, so each match length keeps its own
 /// [`DraftLength`], and a pass records its outcome under the length that drafted it.
