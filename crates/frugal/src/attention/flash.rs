@@ -112,7 +112,9 @@ pub fn flash(
 fn simd_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -309,14 +311,14 @@ fn grow(v: &mut Vec<f32>, n: usize) {
 fn block(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f32], t: &mut Tiles) {
     #[cfg(target_arch = "x86_64")]
     if job.simd {
-        // SAFETY: `simd` is only set when the CPU has AVX2 and FMA.
+        // SAFETY: `simd` is only set when the CPU has AVX2, FMA and F16C.
         return unsafe { block_avx2(job, span, acc, m, l, t) };
     }
     block_body(job, span, acc, m, l, t)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block_avx2(
     job: &Job,
     span: Span,
@@ -385,17 +387,33 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
     while j0 < hi {
         let nb = (hi - j0).min(bc);
         prefetch(j0 + nb);
-        // An f32 cache is read in place on the SIMD path (keys transposed straight from it,
-        // values weighted where they lie); any other format is decoded a tile at a time.
-        let in_place = fast && job.k.ty() == KvType::F32;
-        if in_place {
+        // An f32, f16 or bf16 cache is read in place on the SIMD path (keys transposed straight
+        // from it, values weighted where they lie, widened as they are loaded); Q8_0 is decoded
+        // a tile at a time.
+        #[cfg(target_arch = "x86_64")]
+        let (k_in_place, v_fmt_in_place) = (
+            fast && super::flash_x86::reads_in_place(job.k.ty()),
+            fast && super::flash_x86::reads_in_place(job.v.ty()),
+        );
+        #[cfg(not(target_arch = "x86_64"))]
+        let (k_in_place, v_fmt_in_place) = (false, false);
+        if k_in_place {
             let mut j = 0;
             while j < nb {
                 let (bytes, stride, m) = job.k.head_run(span.kvh, hd, j0 + j, nb - j);
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                 unsafe {
-                    super::flash_x86::transpose_rows(bytes, stride, m, hd, &mut t.kt, bc, j)
+                    super::flash_x86::transpose_rows(
+                        bytes,
+                        stride,
+                        job.k.ty(),
+                        m,
+                        hd,
+                        &mut t.kt,
+                        bc,
+                        j,
+                    )
                 };
                 j += m;
             }
@@ -404,11 +422,12 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
                 .decode_head(span.kvh, hd, j0, nb, &mut t.kraw[..nb * hd]);
             if fast {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                 unsafe {
                     super::flash_x86::transpose_rows(
                         f32_bytes(&t.kraw[..nb * hd]),
                         4 * hd,
+                        KvType::F32,
                         nb,
                         hd,
                         &mut t.kt,
@@ -426,7 +445,7 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
         }
         // Values in place only for a few rows (decode): more rows re-read the tile once per
         // R of them, which a decoded tile serves from L1. The bits are the same either way.
-        let v_in_place = fast && job.v.ty() == KvType::F32 && rows <= 2 * R;
+        let v_in_place = v_fmt_in_place && rows <= 2 * R;
         if !v_in_place {
             job.v
                 .decode_head(span.kvh, hd, j0, nb, &mut t.vt[..nb * hd]);
@@ -450,7 +469,7 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
             let qb = &t.q[rb * hd..(rb + R) * hd];
             if fast {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                 unsafe {
                     super::flash_x86::scores(qb, &t.kt, bc, jmax, sb)
                 };
@@ -474,7 +493,7 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
                 corr[i] = exp_approx(m[r] - m_new);
                 let sum = if fast {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                    // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                     unsafe {
                         super::flash_x86::exp_row(&mut sr[j_s..n_i], m_new)
                     }
@@ -498,13 +517,14 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
                 while j < jmax {
                     let (bytes, stride, m) = job.v.head_run(span.kvh, hd, j0 + j, jmax - j);
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                    // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                     unsafe {
                         super::flash_x86::weighted_values(
                             &sb[j..],
                             bc,
                             bytes,
                             stride,
+                            job.v.ty(),
                             hd,
                             m,
                             pv,
@@ -515,13 +535,14 @@ fn block_body(job: &Job, span: Span, acc: &mut [f32], m: &mut [f32], l: &mut [f3
                 }
             } else if fast {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `fast` implies the CPU has AVX2 and FMA.
+                // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                 unsafe {
                     super::flash_x86::weighted_values(
                         sb,
                         bc,
                         f32_bytes(&t.vt[..nb * hd]),
                         4 * hd,
+                        KvType::F32,
                         hd,
                         jmax,
                         pv,

@@ -2,8 +2,15 @@
 //! scores against a transposed key tile, the exponentials of a score row, and the weighted sum
 //! of value rows. Their scalar twins are the portable functions in `flash`; `tests` compares the
 //! two.
+//!
+//! The key transpose and the weighted values read cached rows in place when the cache holds
+//! f32, f16 or bf16: each load of eight stored values widens them to f32 lanes (F16C, or a
+//! shift for bf16), so a 16-bit cache costs no separate decode pass and half the memory
+//! traffic. The widening is exact, so the bits are those of decoding the tile first.
 
 use std::arch::x86_64::*;
+
+use crate::kv::KvType;
 
 use super::flash::{
     EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, R, exp_approx,
@@ -128,17 +135,93 @@ pub(super) unsafe fn exp_row(s: &mut [f32], max: f32) -> f32 {
     sum
 }
 
+/// Eight stored values widened to f32 lanes: how the in-place loops read each format.
+trait Lanes {
+    /// Bytes per stored value.
+    const BYTES: usize;
+    /// The eight values at `p` (unaligned).
+    ///
+    /// # Safety
+    /// `p` points at `8 * BYTES` readable bytes, and the caller runs with AVX2 and F16C.
+    unsafe fn load8(p: *const u8) -> __m256;
+}
+
+struct F32Lanes;
+struct F16Lanes;
+struct Bf16Lanes;
+
+impl Lanes for F32Lanes {
+    const BYTES: usize = 4;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: forwarded to the caller.
+        unsafe { _mm256_loadu_ps(p.cast()) }
+    }
+}
+
+impl Lanes for F16Lanes {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: forwarded to the caller.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
+impl Lanes for Bf16Lanes {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                _mm_loadu_si128(p.cast()),
+            )))
+        }
+    }
+}
+
+/// Whether the in-place loops read a cache of type `ty` (every format but Q8_0, whose blocks
+/// are decoded a tile at a time).
+pub(super) fn reads_in_place(ty: KvType) -> bool {
+    matches!(ty, KvType::F32 | KvType::F16 | KvType::Bf16)
+}
+
 /// `pv[i] (+)= sum_j p[i][j] * v_j` for `R` rows and keys `0..jn`: `p` is `R x bc` (row `i` at
-/// `i * bc`), value row `j` is `hd` f32s (a multiple of 16) at byte `j * stride` of `v` (a
-/// decoded tile, or the cache itself read in place). Sixteen outputs by `R` rows in registers,
-/// each loaded value vector serving `R` rows. With `accumulate` the sums continue from `pv`, so
-/// a tile taken in several runs (a paged cache's blocks) gives the same bits as in one.
+/// `i * bc`), value row `j` is `hd` values of type `ty` (f32, f16 or bf16; `hd` a multiple of
+/// 16) at byte `j * stride` of `v` (a decoded tile, or the cache itself read in place).
+/// Sixteen outputs by `R` rows in registers, each loaded value vector serving `R` rows. With
+/// `accumulate` the sums continue from `pv`, so a tile taken in several runs (a paged cache's
+/// blocks) gives the same bits as in one.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA.
+/// The CPU has AVX2, FMA and F16C.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn weighted_values(
+    p: &[f32],
+    bc: usize,
+    v: &[u8],
+    stride: usize,
+    ty: KvType,
+    hd: usize,
+    jn: usize,
+    pv: &mut [f32],
+    accumulate: bool,
+) {
+    // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
+    unsafe {
+        match ty {
+            KvType::F32 => weighted::<F32Lanes>(p, bc, v, stride, hd, jn, pv, accumulate),
+            KvType::F16 => weighted::<F16Lanes>(p, bc, v, stride, hd, jn, pv, accumulate),
+            KvType::Bf16 => weighted::<Bf16Lanes>(p, bc, v, stride, hd, jn, pv, accumulate),
+            KvType::Q8_0 => panic!("flash weighted values: q8_0 rows are decoded first"),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weighted<L: Lanes>(
     p: &[f32],
     bc: usize,
     v: &[u8],
@@ -153,14 +236,14 @@ pub(super) unsafe fn weighted_values(
             && jn >= 1
             && jn <= bc
             && p.len() >= (R - 1) * bc + jn
-            && v.len() >= (jn - 1) * stride + 4 * hd
+            && v.len() >= (jn - 1) * stride + L::BYTES * hd
             && pv.len() >= R * hd,
         "flash weighted values: tile shapes"
     );
     let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), pv.as_mut_ptr());
-    // SAFETY: reads 16 f32s at byte j * stride + 4 * d0 of v with j < jn, d0 + 16 <= hd, and
-    // p[i * bc + j] with i < R, j < jn; reads and writes pv[i * hd + d0 ..+16]: all inside the
-    // checked lengths (unaligned loads: the cache's bytes carry no f32 alignment).
+    // SAFETY: reads 16 values at byte j * stride + BYTES * d0 of v with j < jn, d0 + 16 <= hd,
+    // and p[i * bc + j] with i < R, j < jn; reads and writes pv[i * hd + d0 ..+16]: all inside
+    // the checked lengths (unaligned loads: the cache's bytes carry no alignment).
     unsafe {
         for d0 in (0..hd).step_by(16) {
             let mut a = [[_mm256_setzero_ps(); 2]; R];
@@ -171,9 +254,9 @@ pub(super) unsafe fn weighted_values(
                 }
             }
             for j in 0..jn {
-                let row = vp.add(j * stride).cast::<f32>();
-                let v0 = _mm256_loadu_ps(row.add(d0));
-                let v1 = _mm256_loadu_ps(row.add(d0 + 8));
+                let row = vp.add(j * stride + L::BYTES * d0);
+                let v0 = L::load8(row);
+                let v1 = L::load8(row.add(8 * L::BYTES));
                 for (i, ai) in a.iter_mut().enumerate() {
                     let pj = _mm256_broadcast_ss(&*pp.add(i * bc + j));
                     ai[0] = _mm256_fmadd_ps(pj, v0, ai[0]);
@@ -188,15 +271,37 @@ pub(super) unsafe fn weighted_values(
     }
 }
 
-/// `kt[c * bc + j0 + j] = row_j[c]` for `m` rows of `hd` f32s (a multiple of 8) at byte
-/// `j * stride` of `src`: the transposed key tile `scores` reads, filled eight rows by eight
-/// columns at a time with in-register 8x8 transposes, straight from the cache when it holds
-/// f32 (the scalar twin is the element loop in `flash::block_body`).
+/// `kt[c * bc + j0 + j] = row_j[c]` for `m` rows of `hd` values of type `ty` (f32, f16 or
+/// bf16; `hd` a multiple of 8) at byte `j * stride` of `src`: the transposed key tile `scores`
+/// reads, filled eight rows by eight columns at a time with in-register 8x8 transposes, straight
+/// from the cache (the scalar twin is the element loop in `flash::block_body`).
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU has AVX2, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn transpose_rows(
+    src: &[u8],
+    stride: usize,
+    ty: KvType,
+    m: usize,
+    hd: usize,
+    kt: &mut [f32],
+    bc: usize,
+    j0: usize,
+) {
+    // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
+    unsafe {
+        match ty {
+            KvType::F32 => transpose::<F32Lanes>(src, stride, m, hd, kt, bc, j0),
+            KvType::F16 => transpose::<F16Lanes>(src, stride, m, hd, kt, bc, j0),
+            KvType::Bf16 => transpose::<Bf16Lanes>(src, stride, m, hd, kt, bc, j0),
+            KvType::Q8_0 => panic!("flash key transpose: q8_0 rows are decoded first"),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose<L: Lanes>(
     src: &[u8],
     stride: usize,
     m: usize,
@@ -210,19 +315,20 @@ pub(super) unsafe fn transpose_rows(
             && m >= 1
             && j0 + m <= bc
             && kt.len() >= hd * bc
-            && src.len() >= (m - 1) * stride + 4 * hd,
+            && src.len() >= (m - 1) * stride + L::BYTES * hd,
         "flash key transpose: tile shapes"
     );
     let (sp, kp) = (src.as_ptr(), kt.as_mut_ptr());
-    // SAFETY: reads 8 f32s at byte (j + i) * stride + 4 * c0 with j + i < m and c0 + 8 <= hd,
-    // or one at (jj * stride + 4 * c); writes kt[(c0 + c) * bc + j0 + j ..+8] with
-    // j0 + j + 8 <= j0 + m <= bc: all inside the checked lengths.
+    // SAFETY: reads 8 values at byte (j + i) * stride + BYTES * c0 with j + i < m and
+    // c0 + 8 <= hd; writes kt[(c0 + c) * bc + j0 + j ..+8] with j0 + j + 8 <= j0 + m <= bc; the
+    // tail reads the row's first hd values into a local: all inside the checked lengths.
     unsafe {
-        let row = |j: usize| sp.add(j * stride).cast::<f32>();
+        let row = |j: usize| sp.add(j * stride);
         let mut j = 0;
         while j + 8 <= m {
             for c0 in (0..hd).step_by(8) {
-                let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(row(j + i).add(c0)));
+                let r: [__m256; 8] =
+                    std::array::from_fn(|i| L::load8(row(j + i).add(L::BYTES * c0)));
                 let t: [__m256; 8] = std::array::from_fn(|i| {
                     let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
                     if i % 2 == 0 {
@@ -252,9 +358,14 @@ pub(super) unsafe fn transpose_rows(
             }
             j += 8;
         }
+        // The last rows one at a time, eight columns per load, scattered down the columns.
+        let mut lanes = [0f32; 8];
         for jj in j..m {
-            for c in 0..hd {
-                *kp.add(c * bc + j0 + jj) = std::ptr::read_unaligned(row(jj).add(c));
+            for c0 in (0..hd).step_by(8) {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), L::load8(row(jj).add(L::BYTES * c0)));
+                for (c, &x) in lanes.iter().enumerate() {
+                    *kp.add((c0 + c) * bc + j0 + jj) = x;
+                }
             }
         }
     }

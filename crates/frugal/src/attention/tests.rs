@@ -233,7 +233,10 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 fn simd_flash_loops_match_the_portable_ones() {
     use super::flash::{R, exp_row, scores, weighted_values};
     use super::flash_x86;
-    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c"))
+    {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -272,7 +275,9 @@ fn simd_flash_loops_match_the_portable_ones() {
             weighted_values(&p, bc, &v, hd, jn, &mut pa);
             let vb = f32_bytes(&v);
             // SAFETY: as above.
-            unsafe { flash_x86::weighted_values(&p, bc, &vb, 4 * hd, hd, jn, &mut pb, false) };
+            unsafe {
+                flash_x86::weighted_values(&p, bc, &vb, 4 * hd, KvType::F32, hd, jn, &mut pb, false)
+            };
             for (x, y) in pa.iter().zip(&pb) {
                 assert!(
                     (x - y).abs() <= jn as f32 * 2.0 * f32::EPSILON,
@@ -293,13 +298,24 @@ fn simd_flash_loops_match_the_portable_ones() {
             // SAFETY: as above.
             unsafe {
                 if split > 0 {
-                    flash_x86::weighted_values(&p, bc, at(0), stride, hd, split, &mut pc, false);
+                    flash_x86::weighted_values(
+                        &p,
+                        bc,
+                        at(0),
+                        stride,
+                        KvType::F32,
+                        hd,
+                        split,
+                        &mut pc,
+                        false,
+                    );
                 }
                 flash_x86::weighted_values(
                     &p[split..],
                     bc,
                     at(split),
                     stride,
+                    KvType::F32,
                     hd,
                     jn - split,
                     &mut pc,
@@ -312,11 +328,21 @@ fn simd_flash_loops_match_the_portable_ones() {
             // SAFETY: as above.
             unsafe {
                 if split > 0 {
-                    flash_x86::transpose_rows(at(0), stride, split, hd, &mut kt_simd, bc, 0);
+                    flash_x86::transpose_rows(
+                        at(0),
+                        stride,
+                        KvType::F32,
+                        split,
+                        hd,
+                        &mut kt_simd,
+                        bc,
+                        0,
+                    );
                 }
                 flash_x86::transpose_rows(
                     at(split),
                     stride,
+                    KvType::F32,
                     jn - split,
                     hd,
                     &mut kt_simd,
@@ -428,6 +454,67 @@ fn rows_are_independent_of_how_calls_group_them() {
                     .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{s:?} len {len} simd {simd} calls of {sizes:?}");
             }
+        }
+    }
+}
+
+/// A 16-bit cache read in place (keys widened as they are transposed, values as they are
+/// weighed) gives the bits of flash over the same values decoded to f32 first, for a whole
+/// prefill and for rows one at a time (decode, where values are read in place), on both ISAs.
+/// The widening is exact, so any difference would be a kernel bug.
+#[test]
+fn sixteen_bit_caches_read_in_place_equal_their_decoded_values() {
+    let s = AttnShape {
+        n_head: 9,
+        n_head_kv: 3,
+        head_dim: 64,
+        window: None,
+    };
+    let len = 203;
+    let c = case(s, len, len, 1.5, 11);
+    let kv_dim = s.n_head_kv * s.head_dim;
+    let q_dim = s.n_head * s.head_dim;
+    for ty in [KvType::F16, KvType::Bf16] {
+        let encode = |x: &[f32]| {
+            let mut b = vec![0u8; ty.bytes(x.len())];
+            for (src, dst) in x.chunks(kv_dim).zip(b.chunks_mut(ty.bytes(kv_dim))) {
+                ty.encode(src, dst);
+            }
+            b
+        };
+        let decode = |b: &[u8]| {
+            let mut x = vec![0f32; b.len() / ty.bytes(kv_dim) * kv_dim];
+            for (src, dst) in b.chunks(ty.bytes(kv_dim)).zip(x.chunks_mut(kv_dim)) {
+                ty.decode_scalar(src, dst);
+            }
+            x
+        };
+        let (kb, vb) = (encode(&c.k), encode(&c.v));
+        let (kd, vd) = (decode(&kb), decode(&vb));
+        let rb = ty.bytes(kv_dim);
+        for simd in [true, false] {
+            let mut ws = AttnWorkspace::default();
+            let mut want = vec![0f32; c.q.len()];
+            let (k, v) = (KvView::from_f32(&kd, kv_dim), KvView::from_f32(&vd, kv_dim));
+            flash_with(s, &c.q, k, v, 0, &mut want, &mut ws, simd);
+            let mut whole = vec![0f32; c.q.len()];
+            let (k, v) = (
+                KvView::contiguous(ty, rb, len, &kb),
+                KvView::contiguous(ty, rb, len, &vb),
+            );
+            flash_with(s, &c.q, k, v, 0, &mut whole, &mut ws, simd);
+            let mut rows = vec![0f32; c.q.len()];
+            for t in 0..len {
+                let (k, v) = (
+                    KvView::contiguous(ty, rb, t + 1, &kb[..(t + 1) * rb]),
+                    KvView::contiguous(ty, rb, t + 1, &vb[..(t + 1) * rb]),
+                );
+                let q = &c.q[t * q_dim..(t + 1) * q_dim];
+                flash_with(s, q, k, v, t, &mut rows[t * q_dim..(t + 1) * q_dim], &mut ws, simd);
+            }
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&whole), bits(&want), "{ty} prefill, simd {simd}");
+            assert_eq!(bits(&rows), bits(&want), "{ty} one row at a time, simd {simd}");
         }
     }
 }
