@@ -213,7 +213,6 @@ pub fn spawn(
                 scratch,
                 waiting: VecDeque::new(),
                 running: Vec::new(),
-                masked: Vec::new(),
                 verify_ws: rule::Workspace::default(),
             };
             workers.install(move || s.run(rx))
@@ -231,8 +230,6 @@ struct Scheduler {
     waiting: VecDeque<Seq>,
     /// In admission order (the last one is preempted first).
     running: Vec<Seq>,
-    /// Logits with the end-of-generation tokens masked (`min_tokens`).
-    masked: Vec<f32>,
     verify_ws: rule::Workspace,
 }
 
@@ -688,20 +685,13 @@ impl Scheduler {
         let tok = self.tok.clone();
         let s = &mut self.running[i];
         let generated = &s.tokens[s.shared.prompt_len..];
-        let next = if s.generated < s.shared.min_tokens {
-            // The end-of-generation tokens cannot be drawn yet: mask them (vLLM's min_tokens).
-            let masked = &mut self.masked;
-            masked.clear();
-            masked.extend_from_slice(logits);
-            for &t in tok.end_of_generation_ids() {
-                if let Some(l) = masked.get_mut(t as usize) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-            s.sampler.sample_with(masked, &s.tokens, generated)
+        // Before `min_tokens`, the end-of-generation tokens cannot be drawn (vLLM's min_tokens).
+        let banned = if s.generated < s.shared.min_tokens {
+            tok.end_of_generation_ids()
         } else {
-            s.sampler.sample_with(logits, &s.tokens, generated)
+            &[]
         };
+        let next = s.sampler.sample_banning(logits, &s.tokens, generated, banned);
         self.emit(i, next, logits)
     }
 

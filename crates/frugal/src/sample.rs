@@ -105,7 +105,19 @@ impl Sampler {
     /// [`sample`](Self::sample) with the presence and frequency penalties applied over
     /// `generated` (the tokens generated so far).
     pub fn sample_with(&mut self, logits: &[f32], history: &[u32], generated: &[u32]) -> u32 {
-        if let Some(id) = self.narrow(logits, history, generated) {
+        self.sample_banning(logits, history, generated, &[])
+    }
+
+    /// [`sample_with`](Self::sample_with) as if the logits of the `banned` ids were -inf (a
+    /// server's `min_tokens` bans the end-of-generation tokens), without copying the logits.
+    pub fn sample_banning(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        generated: &[u32],
+        banned: &[u32],
+    ) -> u32 {
+        if let Some(id) = self.narrow(logits, history, generated, banned) {
             return id;
         }
         // A draw from the renormalized weights.
@@ -131,7 +143,7 @@ impl Sampler {
         out: &mut Vec<(u32, f32)>,
     ) {
         out.clear();
-        if let Some(id) = self.narrow(logits, history, generated) {
+        if let Some(id) = self.narrow(logits, history, generated, &[]) {
             out.push((id, 1.0));
             return;
         }
@@ -173,11 +185,34 @@ impl Sampler {
     /// Applies the penalties and, unless greedy, the top-k, top-p and min-p cut-offs, leaving
     /// the surviving candidates (most likely first) in `candidates` and their weights at the
     /// sampling temperature in `weights`. Greedy decoding returns the chosen token instead.
-    fn narrow(&mut self, logits: &[f32], history: &[u32], generated: &[u32]) -> Option<u32> {
+    fn narrow(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        generated: &[u32],
+        banned: &[u32],
+    ) -> Option<u32> {
         let p = &self.params;
+        let penalized =
+            p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repeat_penalty != 1.0;
+        if p.temperature <= 0.0 && !penalized {
+            // Plain greedy: the largest logit, without building the candidate list (a server
+            // takes this per sequence per step).
+            return Some(if banned.is_empty() {
+                argmax_logits(logits)
+            } else {
+                let all = logits.iter().copied().enumerate().map(|(i, l)| (i as u32, l));
+                argmax(all.filter(|(i, _)| !banned.contains(i)))
+            });
+        }
         let c = &mut self.candidates;
         c.clear();
         c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        for &t in banned {
+            if let Some(e) = c.get_mut(t as usize) {
+                e.1 = f32::NEG_INFINITY;
+            }
+        }
         if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
             // Each distinct token once: its count is how often it appears in `generated`.
             let mut seen: Vec<u32> = generated.to_vec();
@@ -202,7 +237,7 @@ impl Sampler {
             }
         }
         if p.temperature <= 0.0 {
-            return Some(argmax(c));
+            return Some(argmax(c.iter().copied()));
         }
         // Sort descending by logit (ties by id for determinism).
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -242,9 +277,31 @@ impl Sampler {
     }
 }
 
-fn argmax(c: &[(u32, f32)]) -> u32 {
-    c.iter()
-        .fold((0u32, f32::NEG_INFINITY), |best, &(i, l)| {
+/// [`argmax`] over a whole logit row, in two passes the compiler vectorizes: the largest value
+/// (sixteen running maxima, which ignore NaN as `argmax`'s `>` does), then its first position.
+fn argmax_logits(logits: &[f32]) -> u32 {
+    const W: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; W];
+    let mut chunks = logits.chunks_exact(W);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    logits.iter().position(|&x| x == max).unwrap_or(0) as u32
+}
+
+/// The first id with the largest logit (id 0 when every logit is NaN or -inf).
+fn argmax(c: impl Iterator<Item = (u32, f32)>) -> u32 {
+    c.fold((0u32, f32::NEG_INFINITY), |best, (i, l)| {
             if l > best.1 { (i, l) } else { best }
         })
         .0
@@ -253,6 +310,61 @@ fn argmax(c: &[(u32, f32)]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_vectorized_argmax_is_the_first_largest() {
+        let mut rows: Vec<Vec<f32>> = vec![
+            vec![],
+            vec![f32::NAN; 40],
+            vec![f32::NEG_INFINITY; 33],
+            vec![1.0; 50],
+            (0..100).map(|i| ((i * 7919) % 101) as f32).collect(),
+        ];
+        let mut r = rows[4].clone();
+        r[3] = f32::NAN;
+        r[97] = 1000.0;
+        r[98] = 1000.0;
+        rows.push(r);
+        for row in rows {
+            let want = argmax(row.iter().copied().enumerate().map(|(i, l)| (i as u32, l)));
+            assert_eq!(argmax_logits(&row), want, "{row:?}");
+        }
+    }
+
+    #[test]
+    fn banning_equals_sampling_from_masked_logits() {
+        let logits: Vec<f32> = (0..64).map(|i| ((i * 37 % 29) as f32) / 7.0).collect();
+        let banned = [logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0 as u32];
+        let mut masked = logits.clone();
+        masked[banned[0] as usize] = f32::NEG_INFINITY;
+        let history = [3u32, 5, 3];
+        for params in [
+            SamplerParams::greedy(),
+            SamplerParams {
+                repeat_penalty: 1.3,
+                ..SamplerParams::greedy()
+            },
+            SamplerParams {
+                temperature: 0.9,
+                top_k: 20,
+                seed: 4,
+                ..SamplerParams::default()
+            },
+        ] {
+            let (mut a, mut b) = (Sampler::new(params.clone()), Sampler::new(params));
+            for _ in 0..20 {
+                let x = a.sample_banning(&logits, &history, &history, &banned);
+                let y = b.sample_with(&masked, &history, &history);
+                assert_eq!(x, y);
+                assert_ne!(x, banned[0]);
+            }
+        }
+    }
 
     #[test]
     fn greedy_takes_the_largest() {
