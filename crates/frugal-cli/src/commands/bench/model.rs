@@ -60,8 +60,19 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         None
     };
-    let bytes_per_token = frugal::bench::weight_bytes_per_token(&model);
-    let bandwidth = a.roofline.then(frugal::bench::read_bandwidth);
+    let weight_bytes = frugal::bench::weight_bytes_per_token(&model);
+    let kv_bytes = frugal::bench::kv_bytes_per_token(&model, &opts, a.depth, a.gen_tokens);
+    let bytes_per_token = weight_bytes + kv_bytes;
+    // The bound: what one decode step reads, over the bandwidth of a working set that size read
+    // again and again (from the last-level cache when it fits, as the weights then are); the
+    // memory's own bandwidth beside it.
+    let bandwidth =
+        a.roofline
+            .then(|| frugal::bench::read_bandwidth(bytes_per_token as usize, 7));
+    let dram_bandwidth = a
+        .roofline
+        .then(|| frugal::bench::read_bandwidth(frugal::bench::DRAM_WORKING_SET, 3));
+    let llc = frugal::bench::last_level_cache_bytes();
     let bound = bandwidth.map(|bw| bw / bytes_per_token as f64);
     let fraction = match (&tg, bound) {
         (Some(t), Some(b)) => Some(t.median / b),
@@ -85,8 +96,12 @@ pub fn run(a: Args) -> Result<()> {
             "tg_tokens_per_s": tg.as_ref().map(|t| t.median),
             "pp": pp,
             "tg": tg,
-            "weight_bytes_per_token": bytes_per_token,
+            "weight_bytes_per_token": weight_bytes,
+            "kv_bytes_per_token": kv_bytes,
+            "bytes_per_token": bytes_per_token,
             "read_bandwidth_bytes_per_s": bandwidth,
+            "dram_read_bandwidth_bytes_per_s": dram_bandwidth,
+            "last_level_cache_bytes": llc,
             "tg_roofline_tokens_per_s": bound,
             "tg_fraction_of_roofline": fraction,
         });
@@ -123,15 +138,32 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     if let (Some(bw), Some(b)) = (bandwidth, bound) {
+        let fits = match llc {
+            Some(l) if bytes_per_token <= l => {
+                format!(", which fits the {} last-level cache", common::human_bytes(l))
+            }
+            Some(l) => format!(", larger than the {} last-level cache", common::human_bytes(l)),
+            None => String::new(),
+        };
         println!(
-            "roofline: {} of weights per token / {:.1} GB/s read bandwidth = {:.0} tok/s bound{}",
+            "roofline: {} per token ({} weights + {} KV cache) / {:.1} GB/s (a working set that size read repeatedly{fits}) = {:.0} tok/s bound{}",
             common::human_bytes(bytes_per_token),
+            common::human_bytes(weight_bytes),
+            common::human_bytes(kv_bytes),
             bw / 1e9,
             b,
             fraction
                 .map(|f| format!("; decode reaches {:.0}% of it", f * 100.0))
                 .unwrap_or_default()
         );
+        if let Some(d) = dram_bandwidth {
+            println!(
+                "memory: {:.1} GB/s over a {} working set = {:.0} tok/s if every byte came from memory",
+                d / 1e9,
+                common::human_bytes(frugal::bench::DRAM_WORKING_SET as u64),
+                d / bytes_per_token as f64
+            );
+        }
     }
     Ok(())
 }
