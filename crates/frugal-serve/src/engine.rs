@@ -691,7 +691,9 @@ impl Scheduler {
         } else {
             &[]
         };
-        let next = s.sampler.sample_banning(logits, &s.tokens, generated, banned);
+        let next = s
+            .sampler
+            .sample_banning(logits, &s.tokens, generated, banned);
         self.emit(i, next, logits)
     }
 

@@ -313,7 +313,11 @@ mod tests {
             .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
             .collect();
         for n in [0, 1, 7, 15, 16, 17, 31, 64, 999, 1000] {
-            assert_eq!(sum_words(&words[..n]), sum_words_portable(&words[..n]), "{n}");
+            assert_eq!(
+                sum_words(&words[..n]),
+                sum_words_portable(&words[..n]),
+                "{n}"
+            );
         }
     }
 }

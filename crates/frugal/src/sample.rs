@@ -201,7 +201,11 @@ impl Sampler {
             return Some(if banned.is_empty() {
                 argmax_logits(logits)
             } else {
-                let all = logits.iter().copied().enumerate().map(|(i, l)| (i as u32, l));
+                let all = logits
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .map(|(i, l)| (i as u32, l));
                 argmax(all.filter(|(i, _)| !banned.contains(i)))
             });
         }
@@ -302,9 +306,9 @@ fn argmax_logits(logits: &[f32]) -> u32 {
 /// The first id with the largest logit (id 0 when every logit is NaN or -inf).
 fn argmax(c: impl Iterator<Item = (u32, f32)>) -> u32 {
     c.fold((0u32, f32::NEG_INFINITY), |best, (i, l)| {
-            if l > best.1 { (i, l) } else { best }
-        })
-        .0
+        if l > best.1 { (i, l) } else { best }
+    })
+    .0
 }
 
 #[cfg(test)]

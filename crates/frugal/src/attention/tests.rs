@@ -510,11 +510,24 @@ fn sixteen_bit_caches_read_in_place_equal_their_decoded_values() {
                     KvView::contiguous(ty, rb, t + 1, &vb[..(t + 1) * rb]),
                 );
                 let q = &c.q[t * q_dim..(t + 1) * q_dim];
-                flash_with(s, q, k, v, t, &mut rows[t * q_dim..(t + 1) * q_dim], &mut ws, simd);
+                flash_with(
+                    s,
+                    q,
+                    k,
+                    v,
+                    t,
+                    &mut rows[t * q_dim..(t + 1) * q_dim],
+                    &mut ws,
+                    simd,
+                );
             }
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&whole), bits(&want), "{ty} prefill, simd {simd}");
-            assert_eq!(bits(&rows), bits(&want), "{ty} one row at a time, simd {simd}");
+            assert_eq!(
+                bits(&rows),
+                bits(&want),
+                "{ty} one row at a time, simd {simd}"
+            );
         }
     }
 }

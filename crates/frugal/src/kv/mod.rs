@@ -324,13 +324,20 @@ pub trait KvSequence {
 
 /// Read access to the cached keys (or values) of one layer, whatever the layout: rows are
 /// reached through an optional block table. Cheap to copy; attention holds one per side.
+///
+/// A contiguous cache stores whole rows one after another (all heads of a position together).
+/// A paged cache stores each block head-major: the block's positions of head 0, then of head 1,
+/// and so on, so the rows attention reads for one head lie back to back (a few KiB per block
+/// that the hardware prefetcher follows) instead of one head-slice per row at the stride of a
+/// whole row.
 #[derive(Copy, Clone, Debug)]
 pub struct KvView<'a> {
     ty: KvType,
     row_bytes: usize,
     len: usize,
     data: &'a [u8],
-    /// Physical block of each logical block, and the block size, for a paged cache.
+    /// Physical block of each logical block, and the block size, for a paged cache (whose
+    /// blocks are head-major).
     table: Option<(&'a [u32], usize)>,
     /// A ring of this many rows (a sliding-window layer): position `j` lives in row
     /// `j % ring`, so only the last `ring` positions are readable. 0: no ring.
@@ -401,10 +408,11 @@ impl<'a> KvView<'a> {
         self.len == 0
     }
 
-    /// The bytes of rows `start..start+m`, with `1 <= m <= max`, stored contiguously (a paged
-    /// view stops at the end of a block).
+    /// Where position `start` is stored: its physical row (for a paged cache, `block *
+    /// block_size + offset`), and how many positions from `start` on (at most `max`) follow it
+    /// in the same run of rows (a block, or the end of a ring).
     #[inline]
-    pub fn run(&self, start: usize, max: usize) -> (&'a [u8], usize) {
+    fn locate(&self, start: usize, max: usize) -> (usize, usize) {
         debug_assert!(start < self.len);
         debug_assert!(
             self.ring == 0 || start + self.ring >= self.len,
@@ -421,25 +429,17 @@ impl<'a> KvView<'a> {
             start
         };
         match self.table {
-            None => (
-                &self.data[start * self.row_bytes..(start + max) * self.row_bytes],
-                max,
-            ),
+            None => (start, max),
             Some((table, bs)) => {
                 let (blk, off) = (start / bs, start % bs);
-                let m = max.min(bs - off);
-                let row0 = table[blk] as usize * bs + off;
-                (
-                    &self.data[row0 * self.row_bytes..(row0 + m) * self.row_bytes],
-                    m,
-                )
+                (table[blk] as usize * bs + off, max.min(bs - off))
             }
         }
     }
 
-    /// Head `head` (of `head_dim` values) of rows `start..start+m`, `1 <= m <= max`, as stored:
-    /// the bytes from the first row's head to the end of the run, the byte stride between rows,
-    /// and `m`. Attention reads an f32 cache through this in place rather than copying tiles.
+    /// Head `head` (of `head_dim` values) of positions `start..`: the bytes from the first
+    /// one's head on, the stride between consecutive positions' heads, and how many positions
+    /// (at most `max`) lie at that stride before the next block.
     #[inline]
     pub fn head_run(
         &self,
@@ -448,8 +448,21 @@ impl<'a> KvView<'a> {
         start: usize,
         max: usize,
     ) -> (&'a [u8], usize, usize) {
-        let (bytes, m) = self.run(start, max);
-        (&bytes[head * self.ty.bytes(head_dim)..], self.row_bytes, m)
+        let hb = self.ty.bytes(head_dim);
+        let (row, m) = self.locate(start, max);
+        match self.table {
+            None => (
+                &self.data[row * self.row_bytes + head * hb..],
+                self.row_bytes,
+                m,
+            ),
+            Some((_, bs)) => {
+                debug_assert!(self.row_bytes.is_multiple_of(hb), "heads of a paged row");
+                let (blk, off) = (row / bs, row % bs);
+                let head0 = blk * bs * self.row_bytes + head * bs * hb;
+                (&self.data[head0 + off * hb..head0 + bs * hb], hb, m)
+            }
+        }
     }
 
     /// Asks the CPU to start loading head `head` of rows `start..start+n` into its caches. A
@@ -497,15 +510,39 @@ impl<'a> KvView<'a> {
         out: &mut [f32],
     ) {
         let hb = self.ty.bytes(head_dim);
-        let off = head * hb;
         let mut done = 0;
         while done < n {
-            let (bytes, m) = self.run(start + done, n - done);
-            for (r, row) in bytes.chunks_exact(self.row_bytes).enumerate() {
+            let (bytes, stride, m) = self.head_run(head, head_dim, start + done, n - done);
+            for r in 0..m {
                 let o = &mut out[(done + r) * head_dim..(done + r + 1) * head_dim];
-                self.ty.decode(&row[off..off + hb], o);
+                self.ty.decode(&bytes[r * stride..r * stride + hb], o);
             }
             done += m;
+        }
+    }
+
+    /// Decodes whole rows `start..start+n` (`heads` heads of `head_dim` values each) into `out`
+    /// (`n x heads * head_dim`, row-major), whatever the layout.
+    pub fn decode_rows(
+        &self,
+        heads: usize,
+        head_dim: usize,
+        start: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let hb = self.ty.bytes(head_dim);
+        let width = heads * head_dim;
+        for h in 0..heads {
+            let mut done = 0;
+            while done < n {
+                let (bytes, stride, m) = self.head_run(h, head_dim, start + done, n - done);
+                for r in 0..m {
+                    let o = &mut out[(done + r) * width + h * head_dim..][..head_dim];
+                    self.ty.decode(&bytes[r * stride..r * stride + hb], o);
+                }
+                done += m;
+            }
         }
     }
 }

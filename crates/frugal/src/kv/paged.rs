@@ -65,6 +65,8 @@ struct Seq {
 pub struct KvPool {
     n_layers: usize,
     kv_dim: usize,
+    /// Heads per row (keys-only rows: one), each stored head-major within a block.
+    heads: usize,
     format: KvFormat,
     block_size: usize,
     total_blocks: usize,
@@ -157,6 +159,7 @@ impl KvPool {
         Ok(KvPool {
             n_layers,
             kv_dim,
+            heads: shape.n_head_kv.max(1),
             format,
             block_size,
             total_blocks: n_blocks,
@@ -574,17 +577,24 @@ impl KvPool {
             Some(r) => (&mut r.k[layer], &mut r.v[layer], &s.ring, r.per_seq),
             None => (&mut self.k[layer], &mut self.v[layer], &s.table, usize::MAX),
         };
+        // Blocks are head-major (see `KvView`): head h of the block's position `off` is at
+        // `block * bs * row + h * bs * head_bytes + off * head_bytes`.
+        let heads = self.heads;
+        let hd = kv_dim / heads;
+        let (kh, vh) = (self.k_row / heads, self.v_row / heads);
         for (i, kr) in k.chunks_exact(kv_dim).enumerate() {
             let pos = s.len + i;
-            let row = table[(pos / bs) % per_seq] as usize * bs + pos % bs;
-            self.format
-                .k
-                .encode(kr, &mut kd[row * self.k_row..(row + 1) * self.k_row]);
-            if with_values {
-                self.format.v.encode(
-                    &v[i * kv_dim..(i + 1) * kv_dim],
-                    &mut vd[row * self.v_row..(row + 1) * self.v_row],
-                );
+            let (blk, off) = (table[(pos / bs) % per_seq] as usize, pos % bs);
+            for h in 0..heads {
+                let at = blk * bs * self.k_row + h * bs * kh + off * kh;
+                self.format
+                    .k
+                    .encode(&kr[h * hd..(h + 1) * hd], &mut kd[at..at + kh]);
+                if with_values {
+                    let at = blk * bs * self.v_row + h * bs * vh + off * vh;
+                    let vr = &v[i * kv_dim + h * hd..i * kv_dim + (h + 1) * hd];
+                    self.format.v.encode(vr, &mut vd[at..at + vh]);
+                }
             }
         }
     }
@@ -675,9 +685,9 @@ mod tests {
         c.commit(n);
     }
 
-    fn read_all(view: KvView, kv_dim: usize) -> Vec<f32> {
+    fn read_all(view: KvView, heads: usize, kv_dim: usize) -> Vec<f32> {
         let mut out = vec![0f32; view.len() * kv_dim];
-        view.decode_head(0, kv_dim, 0, view.len(), &mut out);
+        view.decode_rows(heads, kv_dim / heads, 0, view.len(), &mut out);
         out
     }
 
@@ -693,17 +703,18 @@ mod tests {
         pool.commit(id, 5);
         assert_eq!(pool.block_bytes(), 4 * 2 * 8 * 4);
         let (k, v) = pool.layer(id, 1);
-        assert_eq!(read_all(k, 8), rows(5, 8, 1.0));
-        assert_eq!(read_all(v, 8), rows(5, 8, 1.0));
+        assert_eq!(read_all(k, 1, 8), rows(5, 8, 1.0));
+        assert_eq!(read_all(v, 1, 8), rows(5, 8, 1.0));
     }
 
     #[test]
     fn paged_reads_what_contiguous_reads_for_every_format() {
         for t in KvType::ALL {
             let f = KvFormat::both(t);
-            let mut pool = KvPool::new(2, CacheShape::new(1, 64), f, 4, 16).unwrap();
+            // Two heads: the pool stores blocks head-major, the contiguous cache whole rows.
+            let mut pool = KvPool::new(2, CacheShape::new(2, 32), f, 4, 16).unwrap();
             let id = pool.add_sequence(50);
-            let mut flat = KvCache::with_format(2, CacheShape::new(1, 64), 50, f).unwrap();
+            let mut flat = KvCache::with_format(2, CacheShape::new(2, 32), 50, f).unwrap();
             for (n, seed) in [(3, 0.0), (1, 7.0), (9, 3.0), (5, 1.0)] {
                 push(&mut pool.slot(id), 2, n, 64, seed);
                 push(&mut flat, 2, n, 64, seed);
@@ -711,8 +722,8 @@ mod tests {
             for l in 0..2 {
                 let (pk, pv) = pool.layer(id, l);
                 let (ck, cv) = KvSequence::layer(&flat, l);
-                assert_eq!(read_all(pk, 64), read_all(ck, 64), "{t}");
-                assert_eq!(read_all(pv, 64), read_all(cv, 64), "{t}");
+                assert_eq!(read_all(pk, 2, 64), read_all(ck, 2, 64), "{t}");
+                assert_eq!(read_all(pv, 2, 64), read_all(cv, 2, 64), "{t}");
             }
             assert_eq!(pool.blocks_in_use(), 18usize.div_ceil(4));
         }
@@ -727,7 +738,7 @@ mod tests {
         assert_eq!(pool.blocks_in_use(), 2);
         let b = pool.fork(a).unwrap();
         assert_eq!(pool.blocks_in_use(), 2, "a fork copies nothing");
-        let before = read_all(pool.layer(a, 0).0, 8);
+        let before = read_all(pool.layer(a, 0).0, 1, 8);
         push(&mut pool.slot(b), 1, 1, 8, 9.0); // b writes into the shared half block: copied
         assert_eq!(pool.blocks_in_use(), 3);
         assert_eq!(
@@ -736,8 +747,8 @@ mod tests {
             "full block still shared"
         );
         assert_ne!(pool.block_table(a)[1], pool.block_table(b)[1]);
-        assert_eq!(read_all(pool.layer(a, 0).0, 8), before, "a is unchanged");
-        assert_eq!(&read_all(pool.layer(b, 0).0, 8)[..6 * 8], &before[..]);
+        assert_eq!(read_all(pool.layer(a, 0).0, 1, 8), before, "a is unchanged");
+        assert_eq!(&read_all(pool.layer(b, 0).0, 1, 8)[..6 * 8], &before[..]);
         push(&mut pool.slot(a), 1, 1, 8, 5.0); // a now owns its half block alone: no copy
         assert_eq!(pool.blocks_in_use(), 3);
         pool.remove(a).unwrap();
@@ -787,7 +798,7 @@ mod tests {
         for (i, &h) in hashes.iter().enumerate() {
             pool.register_block(a, i, h);
         }
-        let rows_a = read_all(pool.layer(a, 0).0, 8);
+        let rows_a = read_all(pool.layer(a, 0).0, 1, 8);
         pool.remove(a).unwrap();
         assert_eq!((pool.blocks_in_use(), pool.evictable_blocks()), (0, 2));
         assert_eq!(pool.free_blocks(), 6, "cached blocks count as free");
@@ -797,7 +808,7 @@ mod tests {
         assert_eq!(pool.cached_prefix(&hashes), 2);
         assert_eq!(pool.attach_prefix(b, &hashes, usize::MAX), 2);
         assert_eq!((pool.seq_len(b), pool.evictable_blocks()), (8, 0));
-        assert_eq!(read_all(pool.layer(b, 0).0, 8), rows_a[..8 * 8]);
+        assert_eq!(read_all(pool.layer(b, 0).0, 1, 8), rows_a[..8 * 8]);
         let c = pool.add_sequence(32);
         assert_eq!(pool.attach_prefix(c, &hashes, 1), 1, "capped");
         assert_eq!(pool.blocks_in_use(), 2);
@@ -814,7 +825,7 @@ mod tests {
         pool.remove(b).unwrap();
         pool.remove(c).unwrap();
         assert_eq!(pool.attach_prefix(d, &hashes, usize::MAX), 2);
-        assert_eq!(read_all(pool.layer(d, 0).0, 8), rows_a[..8 * 8]);
+        assert_eq!(read_all(pool.layer(d, 0).0, 1, 8), rows_a[..8 * 8]);
         pool.remove(d).unwrap();
 
         // Filling the pool evicts cached blocks, the least recently released first.

@@ -66,9 +66,9 @@ pub fn run(a: Args) -> Result<()> {
     // The bound: what one decode step reads, over the bandwidth of a working set that size read
     // again and again (from the last-level cache when it fits, as the weights then are); the
     // memory's own bandwidth beside it.
-    let bandwidth =
-        a.roofline
-            .then(|| frugal::bench::read_bandwidth(bytes_per_token as usize, 7));
+    let bandwidth = a
+        .roofline
+        .then(|| frugal::bench::read_bandwidth(bytes_per_token as usize, 7));
     let dram_bandwidth = a
         .roofline
         .then(|| frugal::bench::read_bandwidth(frugal::bench::DRAM_WORKING_SET, 3));
@@ -140,9 +140,15 @@ pub fn run(a: Args) -> Result<()> {
     if let (Some(bw), Some(b)) = (bandwidth, bound) {
         let fits = match llc {
             Some(l) if bytes_per_token <= l => {
-                format!(", which fits the {} last-level cache", common::human_bytes(l))
+                format!(
+                    ", which fits the {} last-level cache",
+                    common::human_bytes(l)
+                )
             }
-            Some(l) => format!(", larger than the {} last-level cache", common::human_bytes(l)),
+            Some(l) => format!(
+                ", larger than the {} last-level cache",
+                common::human_bytes(l)
+            ),
             None => String::new(),
         };
         println!(
