@@ -244,12 +244,10 @@ fn bad_distillation_input_gets_a_clear_error() {
     let alien = {
         let f = GgufFile::open(&teacher).unwrap();
         let mut wr = frugal::gguf::GgufWriter::from_file(&f);
-        let toks: Vec<frugal::gguf::Value> = (0..300)
-            .map(|i| frugal::gguf::Value::String(format!("t{i}")))
-            .collect();
+        let toks: Vec<String> = (0..300).map(|i| format!("t{i}")).collect();
         wr.set(
             "tokenizer.ggml.tokens",
-            frugal::gguf::Value::Array(frugal::gguf::ValueType::String, toks),
+            frugal::gguf::Value::Array(frugal::gguf::Array::String(toks)),
         );
         wr.metadata
             .retain(|(k, _)| k != "tokenizer.ggml.token_type");

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use frugal::convert::{Policy, Target, quantize_file};
-use frugal::gguf::{GgufFile, Value, ValueType};
+use frugal::gguf::{Array, GgufFile, Value};
 
 use crate::error::{Result, TrainError, io_err};
 use crate::params::Params;
@@ -43,10 +43,7 @@ pub fn write_model(
     w.set("frugal.train.mode", s(&prov.mode));
     w.set(
         "frugal.train.teachers",
-        Value::Array(
-            ValueType::String,
-            prov.teachers.iter().map(|t| s(t)).collect(),
-        ),
+        Value::Array(Array::String(prov.teachers.clone())),
     );
     if let Some(b) = &prov.base {
         w.set("frugal.train.base_sha256", s(b));
@@ -59,13 +56,9 @@ pub fn write_model(
     if !prov.kept_layers.is_empty() {
         w.set(
             "frugal.train.kept_layers",
-            Value::Array(
-                ValueType::U32,
-                prov.kept_layers
-                    .iter()
-                    .map(|&l| Value::U32(l as u32))
-                    .collect(),
-            ),
+            Value::Array(Array::U32(
+                prov.kept_layers.iter().map(|&l| l as u32).collect(),
+            )),
         );
     }
     let tmp = out.with_extension("tmp.gguf");

@@ -11,7 +11,7 @@ mod value;
 mod writer;
 
 pub use reader::{GgufFile, TensorInfo};
-pub use value::{Value, ValueType};
+pub use value::{Array, Value, ValueType};
 pub use writer::{GgufWriter, TensorData};
 
 use crate::quant::GgmlType;

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::{
-    DEFAULT_ALIGNMENT, GgufError, MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, Result, Value, ValueType,
+    Array, DEFAULT_ALIGNMENT, GgufError, MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, Result, Value, ValueType,
 };
 use crate::quant::GgmlType;
 
@@ -180,19 +180,66 @@ impl<'a> Cursor<'a> {
                         offset: at,
                     });
                 }
-                let type_id = self.u32(&what)?;
-                let elem = ValueType::from_id(type_id).ok_or(GgufError::UnknownValueType {
-                    key: key.to_string(),
-                    type_id,
-                    offset: at,
-                })?;
-                let count = self.u64(&what)?;
-                let n = self.check_count(count, elem.min_encoded_len(), &what)?;
-                let mut items = Vec::with_capacity(n);
-                for _ in 0..n {
-                    items.push(self.value(elem, key, depth + 1)?);
+                Value::Array(self.array_value(key, depth)?)
+            }
+        })
+    }
+
+    /// An array's element type, count and elements, read into a vector of that type (the count
+    /// checked against the bytes left before anything is allocated).
+    fn array_value(&mut self, key: &str, depth: usize) -> Result<Array> {
+        let what = || format!("value of metadata key {key:?}");
+        let at = self.pos as u64;
+        let type_id = self.u32(&what)?;
+        let elem = ValueType::from_id(type_id).ok_or(GgufError::UnknownValueType {
+            key: key.to_string(),
+            type_id,
+            offset: at,
+        })?;
+        let count = self.u64(&what)?;
+        let n = self.check_count(count, elem.min_encoded_len(), &what)?;
+        fn fixed<T, const N: usize>(
+            c: &mut Cursor,
+            n: usize,
+            what: &dyn Fn() -> String,
+            f: fn([u8; N]) -> T,
+        ) -> Result<Vec<T>> {
+            (0..n).map(|_| c.array::<N>(what).map(f)).collect()
+        }
+        Ok(match elem {
+            ValueType::U8 => Array::U8(fixed(self, n, &what, |b: [u8; 1]| b[0])?),
+            ValueType::I8 => Array::I8(fixed(self, n, &what, |b: [u8; 1]| b[0] as i8)?),
+            ValueType::U16 => Array::U16(fixed(self, n, &what, u16::from_le_bytes)?),
+            ValueType::I16 => Array::I16(fixed(self, n, &what, i16::from_le_bytes)?),
+            ValueType::U32 => Array::U32(fixed(self, n, &what, u32::from_le_bytes)?),
+            ValueType::I32 => Array::I32(fixed(self, n, &what, i32::from_le_bytes)?),
+            ValueType::F32 => Array::F32(fixed(self, n, &what, f32::from_le_bytes)?),
+            ValueType::U64 => Array::U64(fixed(self, n, &what, u64::from_le_bytes)?),
+            ValueType::I64 => Array::I64(fixed(self, n, &what, i64::from_le_bytes)?),
+            ValueType::F64 => Array::F64(fixed(self, n, &what, f64::from_le_bytes)?),
+            ValueType::Bool => Array::Bool(
+                (0..n)
+                    .map(|_| match self.value(ValueType::Bool, key, depth + 1)? {
+                        Value::Bool(b) => Ok(b),
+                        _ => unreachable!("a bool value"),
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+            ValueType::String => {
+                Array::String((0..n).map(|_| self.string(&what)).collect::<Result<_>>()?)
+            }
+            ValueType::Array => {
+                if depth + 1 >= MAX_ARRAY_DEPTH {
+                    return Err(GgufError::TooDeep {
+                        key: key.to_string(),
+                        offset: self.pos as u64,
+                    });
                 }
-                Value::Array(elem, items)
+                Array::Array(
+                    (0..n)
+                        .map(|_| self.array_value(key, depth + 1))
+                        .collect::<Result<_>>()?,
+                )
             }
         })
     }
@@ -493,7 +540,7 @@ impl GgufFile {
         }
     }
 
-    pub fn array(&self, key: &str) -> Result<&[Value]> {
+    pub fn array(&self, key: &str) -> Result<&Array> {
         let v = self.require(key)?;
         v.as_array()
             .ok_or_else(|| Self::type_error(key, "an array", v))
@@ -501,23 +548,21 @@ impl GgufFile {
 
     /// An array of strings.
     pub fn str_array(&self, key: &str) -> Result<Vec<&str>> {
-        self.array(key)?
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .ok_or_else(|| Self::type_error(key, "an array of strings", v))
-            })
-            .collect()
+        let v = self.require(key)?;
+        v.as_array()
+            .and_then(Array::strings)
+            .map(|s| s.iter().map(String::as_str).collect())
+            .ok_or_else(|| Self::type_error(key, "an array of strings", v))
     }
 
     /// An array of integers that fit in i32.
     pub fn i32_array(&self, key: &str) -> Result<Vec<i32>> {
         self.array(key)?
-            .iter()
+            .values()
             .map(|v| {
                 v.as_int()
                     .and_then(|i| i32::try_from(i).ok())
-                    .ok_or_else(|| Self::type_error(key, "an array of i32", v))
+                    .ok_or_else(|| Self::type_error(key, "an array of i32", &v))
             })
             .collect()
     }
@@ -525,11 +570,11 @@ impl GgufFile {
     /// An array of numbers, as f32 (SentencePiece scores).
     pub fn f32_array(&self, key: &str) -> Result<Vec<f32>> {
         self.array(key)?
-            .iter()
+            .values()
             .map(|v| {
                 v.as_f64()
                     .map(|x| x as f32)
-                    .ok_or_else(|| Self::type_error(key, "an array of numbers", v))
+                    .ok_or_else(|| Self::type_error(key, "an array of numbers", &v))
             })
             .collect()
     }

@@ -55,8 +55,105 @@ impl ValueType {
     }
 }
 
-/// One metadata value. Arrays keep their declared element type so that a file writes back
-/// byte-identically even when the array is empty.
+/// A metadata array, stored by element type: a file's `u8` array of a million elements costs a
+/// megabyte here, not 32 (an enum per element). Each element takes at most three times the
+/// smallest encoding of its type in the file (a `String`'s 24 bytes against its 8-byte length
+/// prefix; a nested array's 32 against its 12-byte header), so what a file can make the reader
+/// allocate stays a small multiple of the file's own length. Arrays keep their element type so
+/// that a file writes back byte-identically even when the array is empty.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Array {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+    Bool(Vec<bool>),
+    String(Vec<String>),
+    Array(Vec<Array>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+}
+
+impl Array {
+    /// The declared element type.
+    pub fn elem_type(&self) -> ValueType {
+        match self {
+            Array::U8(_) => ValueType::U8,
+            Array::I8(_) => ValueType::I8,
+            Array::U16(_) => ValueType::U16,
+            Array::I16(_) => ValueType::I16,
+            Array::U32(_) => ValueType::U32,
+            Array::I32(_) => ValueType::I32,
+            Array::F32(_) => ValueType::F32,
+            Array::Bool(_) => ValueType::Bool,
+            Array::String(_) => ValueType::String,
+            Array::Array(_) => ValueType::Array,
+            Array::U64(_) => ValueType::U64,
+            Array::I64(_) => ValueType::I64,
+            Array::F64(_) => ValueType::F64,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Array::U8(v) => v.len(),
+            Array::I8(v) => v.len(),
+            Array::U16(v) => v.len(),
+            Array::I16(v) => v.len(),
+            Array::U32(v) => v.len(),
+            Array::I32(v) => v.len(),
+            Array::F32(v) => v.len(),
+            Array::Bool(v) => v.len(),
+            Array::String(v) => v.len(),
+            Array::Array(v) => v.len(),
+            Array::U64(v) => v.len(),
+            Array::I64(v) => v.len(),
+            Array::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` as a value (strings and nested arrays are cloned).
+    pub fn get(&self, i: usize) -> Option<Value> {
+        Some(match self {
+            Array::U8(v) => Value::U8(*v.get(i)?),
+            Array::I8(v) => Value::I8(*v.get(i)?),
+            Array::U16(v) => Value::U16(*v.get(i)?),
+            Array::I16(v) => Value::I16(*v.get(i)?),
+            Array::U32(v) => Value::U32(*v.get(i)?),
+            Array::I32(v) => Value::I32(*v.get(i)?),
+            Array::F32(v) => Value::F32(*v.get(i)?),
+            Array::Bool(v) => Value::Bool(*v.get(i)?),
+            Array::String(v) => Value::String(v.get(i)?.clone()),
+            Array::Array(v) => Value::Array(v.get(i)?.clone()),
+            Array::U64(v) => Value::U64(*v.get(i)?),
+            Array::I64(v) => Value::I64(*v.get(i)?),
+            Array::F64(v) => Value::F64(*v.get(i)?),
+        })
+    }
+
+    /// The elements as values, in order (strings and nested arrays are cloned).
+    pub fn values(&self) -> impl Iterator<Item = Value> + '_ {
+        (0..self.len()).map(|i| self.get(i).expect("index below len"))
+    }
+
+    /// The elements when they are strings.
+    pub fn strings(&self) -> Option<&[String]> {
+        match self {
+            Array::String(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// One metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     U8(u8),
@@ -68,7 +165,7 @@ pub enum Value {
     F32(f32),
     Bool(bool),
     String(String),
-    Array(ValueType, Vec<Value>),
+    Array(Array),
     U64(u64),
     I64(i64),
     F64(f64),
@@ -131,9 +228,9 @@ impl Value {
         }
     }
 
-    pub fn as_array(&self) -> Option<&[Value]> {
+    pub fn as_array(&self) -> Option<&Array> {
         match self {
-            Value::Array(_, v) => Some(v),
+            Value::Array(a) => Some(a),
             _ => None,
         }
     }
@@ -148,9 +245,9 @@ impl Value {
                 }
                 format!("{t:?}")
             }
-            Value::Array(ty, items) => {
+            Value::Array(items) => {
                 let shown: Vec<String> = items
-                    .iter()
+                    .values()
                     .take(max_items)
                     .map(|v| v.display_short(max_items))
                     .collect();
@@ -159,7 +256,7 @@ impl Value {
                     "[{}{}] ({:?} x {})",
                     shown.join(", "),
                     more,
-                    ty,
+                    items.elem_type(),
                     items.len()
                 )
             }
@@ -180,9 +277,9 @@ impl fmt::Display for Value {
             Value::F32(v) => write!(f, "{v}"),
             Value::Bool(v) => write!(f, "{v}"),
             Value::String(s) => write!(f, "{s:?}"),
-            Value::Array(_, items) => {
+            Value::Array(items) => {
                 write!(f, "[")?;
-                for (i, v) in items.iter().enumerate() {
+                for (i, v) in items.values().enumerate() {
                     if i > 0 {
                         write!(f, ", ")?;
                     }
@@ -204,7 +301,7 @@ impl Value {
         match self {
             Value::String(s) => J::String(s.clone()),
             Value::Bool(b) => J::Bool(*b),
-            Value::Array(_, items) => J::Array(items.iter().map(Value::to_json).collect()),
+            Value::Array(items) => J::Array(items.values().map(|v| v.to_json()).collect()),
             Value::F32(v) => serde_json::Number::from_f64(f64::from(*v)).map_or(J::Null, J::Number),
             Value::F64(v) => serde_json::Number::from_f64(*v).map_or(J::Null, J::Number),
             Value::U64(v) => J::from(*v),

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::io::Write;
 use std::path::Path;
 
-use super::{DEFAULT_ALIGNMENT, GgufError, GgufFile, MAGIC, Result, Value};
+use super::{Array, DEFAULT_ALIGNMENT, GgufError, GgufFile, MAGIC, Result, Value};
 use crate::quant::GgmlType;
 
 /// A tensor to write: its bytes must already be in the stored format `ty`.
@@ -177,23 +177,53 @@ fn put_value(buf: &mut Vec<u8>, v: &Value) {
         Value::F32(x) => buf.extend_from_slice(&x.to_le_bytes()),
         Value::Bool(x) => buf.push(u8::from(*x)),
         Value::String(s) => put_string(buf, s),
-        Value::Array(ty, items) => {
-            buf.extend_from_slice(&(*ty as u32).to_le_bytes());
-            buf.extend_from_slice(&(items.len() as u64).to_le_bytes());
-            for item in items {
-                put_value(buf, item);
-            }
-        }
+        Value::Array(items) => put_array(buf, items),
         Value::U64(x) => buf.extend_from_slice(&x.to_le_bytes()),
         Value::I64(x) => buf.extend_from_slice(&x.to_le_bytes()),
         Value::F64(x) => buf.extend_from_slice(&x.to_le_bytes()),
     }
 }
 
+/// An array: element type, count, then the elements packed as the format stores them.
+fn put_array(buf: &mut Vec<u8>, a: &Array) {
+    buf.extend_from_slice(&(a.elem_type() as u32).to_le_bytes());
+    buf.extend_from_slice(&(a.len() as u64).to_le_bytes());
+    match a {
+        Array::U8(v) => buf.extend_from_slice(v),
+        Array::I8(v) => buf.extend(v.iter().map(|&x| x as u8)),
+        Array::U16(v) => v
+            .iter()
+            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+        Array::I16(v) => v
+            .iter()
+            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+        Array::U32(v) => v
+            .iter()
+            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+        Array::I32(v) => v
+            .iter()
+            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+        Array::F32(v) => v
+            .iter()
+            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+        Array::Bool(v) => buf.extend(v.iter().map(|&b| u8::from(b))),
+        Array::String(v) => v.iter().for_each(|s| put_string(buf, s)),
+        Array::Array(v) => v.iter().for_each(|x| put_array(buf, x)),
+        Array::U64(v) => v
+            .iter()
+            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+        Array::I64(v) => v
+            .iter()
+            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+        Array::F64(v) => v
+            .iter()
+            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::ValueType;
 
     fn sample() -> GgufWriter<'static> {
         let mut w = GgufWriter::new();
@@ -209,16 +239,15 @@ mod tests {
         w.set("u64", Value::U64(1 << 40));
         w.set("i64", Value::I64(-(1 << 40)));
         w.set("f64", Value::F64(-2.25));
-        w.set("empty", Value::Array(ValueType::F32, vec![]));
+        w.set("empty", Value::Array(Array::F32(vec![])));
         w.set(
             "nested",
-            Value::Array(
-                ValueType::Array,
-                vec![
-                    Value::Array(ValueType::String, vec![Value::String("a".into())]),
-                    Value::Array(ValueType::I32, vec![Value::I32(1), Value::I32(-2)]),
-                ],
-            ),
+            Value::Array(Array::Array(vec![
+                Array::String(vec!["a".into()]),
+                Array::I32(vec![1, -2]),
+                Array::Bool(vec![true, false]),
+                Array::U8(vec![0, 255]),
+            ])),
         );
         w.tensors.push(TensorData {
             name: "a".into(),

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use super::config::Mla;
 use super::moe::Gating;
-use crate::gguf::{GgufWriter, TensorData, Value, ValueType};
+use crate::gguf::{Array, GgufWriter, TensorData, Value};
 use crate::quant::GgmlType;
 
 /// The shape and storage of a synthetic model.
@@ -183,28 +183,16 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
         }
     }
     let byte_chars = crate::tokenizer::byte_level_chars();
-    let mut tokens: Vec<Value> = byte_chars
-        .iter()
-        .map(|c| Value::String(c.to_string()))
-        .collect();
-    tokens.push(s("<|endoftext|>"));
-    tokens.push(s("<|im_end|>"));
-    let mut types = vec![Value::I32(1); 256];
-    types.extend([Value::I32(3), Value::I32(3)]);
+    let mut tokens: Vec<String> = byte_chars.iter().map(|c| c.to_string()).collect();
+    tokens.push("<|endoftext|>".into());
+    tokens.push("<|im_end|>".into());
+    let mut types = vec![1i32; 256];
+    types.extend([3, 3]);
     w.set("tokenizer.ggml.model", s("gpt2"));
     w.set("tokenizer.ggml.pre", s("default"));
-    w.set(
-        "tokenizer.ggml.tokens",
-        Value::Array(ValueType::String, tokens),
-    );
-    w.set(
-        "tokenizer.ggml.token_type",
-        Value::Array(ValueType::I32, types),
-    );
-    w.set(
-        "tokenizer.ggml.merges",
-        Value::Array(ValueType::String, vec![]),
-    );
+    w.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+    w.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+    w.set("tokenizer.ggml.merges", Value::Array(Array::String(vec![])));
     w.set("tokenizer.ggml.eos_token_id", u(256));
     w.set("tokenizer.ggml.bos_token_id", u(256));
     w.set("tokenizer.ggml.add_bos_token", Value::Bool(false));

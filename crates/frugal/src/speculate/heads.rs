@@ -21,7 +21,7 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::gguf::{GgufFile, GgufWriter, TensorData, Value, ValueType};
+use crate::gguf::{Array, GgufFile, GgufWriter, TensorData, Value};
 use crate::model::Model;
 use crate::ops::rms_norm;
 use crate::quant::{GgmlType, WeightMatrix, dequantize_to_vec, matvec};
@@ -69,10 +69,7 @@ impl HeadWeights {
         );
         w.set("frugal-heads.vocab_size", Value::U32(self.n_vocab as u32));
         if let Some(v) = &self.vocab {
-            w.set(
-                "frugal-heads.vocab",
-                Value::Array(ValueType::U32, v.iter().map(|&t| Value::U32(t)).collect()),
-            );
+            w.set("frugal-heads.vocab", Value::Array(Array::U32(v.clone())));
         }
         let bytes = |v: &[f32]| Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect());
         let d = self.n_embd as u64;
@@ -114,7 +111,7 @@ impl HeadWeights {
                 let ids: Option<Vec<u32>> = v
                     .as_array()
                     .ok_or_else(|| bad("frugal-heads.vocab is not an array".into()))?
-                    .iter()
+                    .values()
                     .map(|x| x.as_int().and_then(|i| u32::try_from(i).ok()))
                     .collect();
                 let ids = ids.ok_or_else(|| bad("frugal-heads.vocab holds a non-id".into()))?;
