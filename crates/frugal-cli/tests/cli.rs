@@ -194,6 +194,52 @@ fn bad_model_files_fail_cleanly() {
     assert_clean_error(&out, "blk.1.ffn_up.weight");
     assert!(String::from_utf8_lossy(&out.stderr).contains("IQ4_NL"));
 
+    // Declared sizes far past what the file holds: a context of 2^62 positions, a token
+    // embedding of 2^40 rows, 2^40 tensors. Each is a clean error naming what is wrong, never
+    // an allocation attempt that aborts.
+    let f = GgufFile::from_bytes(tiny()).unwrap();
+    let mut w = GgufWriter::from_file(&f);
+    w.set("llama.context_length", frugal::gguf::Value::U64(1 << 62));
+    let huge_ctx = write_model(dir.path(), "ctx.gguf", &w.to_bytes().unwrap());
+    assert_clean_error(
+        &frugal(
+            &[
+                "generate",
+                "hi",
+                "-n",
+                "2",
+                "-m",
+                huge_ctx.to_str().unwrap(),
+            ],
+            None,
+        ),
+        "context",
+    );
+    // The writer checks shapes against the data, so the row count is patched in the bytes.
+    let mut bytes = GgufWriter::from_file(&f).to_bytes().unwrap();
+    let rows = f.tensor_info("token_embd.weight").unwrap().dims[1].to_le_bytes();
+    let name = b"token_embd.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|x| x == name)
+        .expect("tensor name in the header")
+        + name.len();
+    // After the name: u32 n_dims, then u64 dims; the second dim is the row count.
+    assert_eq!(bytes[at + 12..at + 20], rows);
+    bytes[at + 12..at + 20].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let huge_vocab = write_model(dir.path(), "vocab.gguf", &bytes);
+    assert_clean_error(
+        &frugal(&["info", huge_vocab.to_str().unwrap()], None),
+        "token_embd.weight",
+    );
+    let mut bytes = GgufWriter::from_file(&f).to_bytes().unwrap();
+    bytes[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let huge_count = write_model(dir.path(), "count.gguf", &bytes);
+    assert_clean_error(
+        &frugal(&["info", huge_count.to_str().unwrap()], None),
+        "tensor",
+    );
+
     // A NaN block scale (f16 0x7e00) in the first Q8_0 block of a tensor.
     let f = GgufFile::from_bytes(tiny()).unwrap();
     let info = f.tensor_info("blk.0.attn_v.weight").unwrap();
