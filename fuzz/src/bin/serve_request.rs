@@ -1,0 +1,4 @@
+//! AFL harness: `frugal_fuzz::serve_request` on each input.
+fn main() {
+    afl::fuzz!(|data: &[u8]| frugal_fuzz::serve_request(data));
+}
