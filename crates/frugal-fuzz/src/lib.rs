@@ -13,8 +13,11 @@ use frugal::quant::{GgmlType, WeightMatrix, dequantize, matvec};
 use frugal::tokenizer::{StreamDecoder, Tokenizer};
 use frugal_serve::api::{self, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest};
 
+/// A target's body: one input, any bytes.
+pub type Target = fn(&[u8]);
+
 /// The targets, by the name their corpus directory and harness carry.
-pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+pub const TARGETS: [(&str, Target); 5] = [
     ("gguf", gguf),
     ("tokenizer", tokenizer),
     ("chat_template", chat_template),
