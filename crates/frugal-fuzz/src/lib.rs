@@ -25,6 +25,14 @@ pub const TARGETS: [(&str, Target); 5] = [
     ("serve_request", serve_request),
 ];
 
+/// Builds what the targets share (the synthetic model's tokenizer, the chat templates) once:
+/// a harness calls this before its fuzz loop, so the processes AFL forks inherit them instead
+/// of building them again every few thousand inputs.
+pub fn warm_up() {
+    tokenizer(b"warm up");
+    chat_template(b"\x00\x01warm up");
+}
+
 /// A GGUF file: header, metadata, tensor infos and data offsets, then the model built from it
 /// (config, tokenizer, weights). Inputs are small, so whatever loads is small too.
 pub fn gguf(data: &[u8]) {
