@@ -509,16 +509,7 @@ impl<'a> KvView<'a> {
         n: usize,
         out: &mut [f32],
     ) {
-        let hb = self.ty.bytes(head_dim);
-        let mut done = 0;
-        while done < n {
-            let (bytes, stride, m) = self.head_run(head, head_dim, start + done, n - done);
-            for r in 0..m {
-                let o = &mut out[(done + r) * head_dim..(done + r + 1) * head_dim];
-                self.ty.decode(&bytes[r * stride..r * stride + hb], o);
-            }
-            done += m;
-        }
+        self.decode_head_into(head, head_dim, start, n, out, head_dim);
     }
 
     /// Decodes whole rows `start..start+n` (`heads` heads of `head_dim` values each) into `out`
@@ -531,18 +522,32 @@ impl<'a> KvView<'a> {
         n: usize,
         out: &mut [f32],
     ) {
-        let hb = self.ty.bytes(head_dim);
-        let width = heads * head_dim;
         for h in 0..heads {
-            let mut done = 0;
-            while done < n {
-                let (bytes, stride, m) = self.head_run(h, head_dim, start + done, n - done);
-                for r in 0..m {
-                    let o = &mut out[(done + r) * width + h * head_dim..][..head_dim];
-                    self.ty.decode(&bytes[r * stride..r * stride + hb], o);
-                }
-                done += m;
+            let width = heads * head_dim;
+            self.decode_head_into(h, head_dim, start, n, &mut out[h * head_dim..], width);
+        }
+    }
+
+    /// [`decode_head`](Self::decode_head) with output row `r` at `out[r * out_stride..]`.
+    #[inline]
+    fn decode_head_into(
+        &self,
+        head: usize,
+        head_dim: usize,
+        start: usize,
+        n: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let hb = self.ty.bytes(head_dim);
+        let mut done = 0;
+        while done < n {
+            let (bytes, stride, m) = self.head_run(head, head_dim, start + done, n - done);
+            for r in 0..m {
+                let o = &mut out[(done + r) * out_stride..][..head_dim];
+                self.ty.decode(&bytes[r * stride..r * stride + hb], o);
             }
+            done += m;
         }
     }
 }
