@@ -26,6 +26,7 @@ use rayon::prelude::*;
 use crate::gguf::{GgufFile, GgufWriter, TensorInfo, Value};
 use crate::quant::research::SimFormat;
 use crate::quant::{self, GgmlType, QuantError};
+use crate::surgery::importance::Importance;
 
 /// What a tensor is converted to.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -117,10 +118,13 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
 }
 
 /// The mixed-precision policy: a target for the bulk of the weights and overrides.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Policy {
     pub target: Target,
     pub rules: Vec<Rule>,
+    /// Column importance from calibration text: the matrices it covers are encoded by
+    /// `quant::weighted` where their format has a weighted encoder (Q4_0, Q5_0, Q4_K).
+    pub importance: Option<std::sync::Arc<Importance>>,
 }
 
 impl Policy {
@@ -128,7 +132,14 @@ impl Policy {
         Policy {
             target,
             rules: Vec::new(),
+            importance: None,
         }
+    }
+
+    /// The same policy with importance-weighted encoding.
+    pub fn with_importance(mut self, importance: Importance) -> Self {
+        self.importance = Some(std::sync::Arc::new(importance));
+        self
     }
 }
 
@@ -180,6 +191,16 @@ pub struct TensorPlan {
     pub note: Option<String>,
     #[serde(skip)]
     sim: Option<SimFormat>,
+    /// The column importance its encoding is weighted by (`Policy::importance`).
+    #[serde(skip)]
+    importance: Option<std::sync::Arc<[f32]>>,
+}
+
+impl TensorPlan {
+    /// Whether the encoding is importance-weighted.
+    pub fn weighted(&self) -> bool {
+        self.importance.is_some()
+    }
 }
 
 /// Totals over a conversion.
@@ -279,6 +300,7 @@ fn plan_one(info: &TensorInfo, policy: &Policy) -> TensorPlan {
         bytes_after: bytes_before,
         note,
         sim: None,
+        importance: None,
     };
     if !quant::is_supported(info.ty) {
         plan.note = Some(format!("{} cannot be decoded: copied unchanged", info.ty));
@@ -306,6 +328,14 @@ fn plan_one(info: &TensorInfo, policy: &Policy) -> TensorPlan {
             if ty != info.ty {
                 plan.action = Action::Encode;
                 plan.to = ty;
+            }
+            if quant::weighted::has_weighted_encoder(ty)
+                && let Some(imp) = policy.importance.as_ref().and_then(|i| i.get(name))
+                && imp.len() as u64 == cols
+            {
+                plan.action = Action::Encode;
+                plan.to = ty;
+                plan.importance = Some(imp.to_vec().into());
             }
         }
     }
@@ -335,7 +365,10 @@ fn encode(plan: &TensorPlan, bytes: &[u8]) -> Result<Vec<u8>, QuantError> {
     let rows_per_task = (65536 / cols).max(1);
     let parts: Vec<Result<Vec<u8>, QuantError>> = x
         .par_chunks(rows_per_task * cols)
-        .map(|chunk| quant::quantize(plan.to, chunk))
+        .map(|chunk| match &plan.importance {
+            Some(imp) => quant::weighted::quantize_weighted(plan.to, chunk, imp),
+            None => quant::quantize(plan.to, chunk),
+        })
         .collect();
     let mut out = Vec::with_capacity(plan.bytes_after as usize);
     for p in parts {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use frugal::convert::{self, Action, Policy, Rule, Target};
 use frugal::gguf::GgufFile;
+use frugal::surgery::importance::Importance;
 
 use super::common::human_bytes;
 
@@ -28,6 +29,15 @@ pub struct Args {
     /// Print one JSON object (with the per-tensor plan) instead of text
     #[arg(long)]
     pub json: bool,
+    /// With --calibration: importance-weighted encoding (as llama.cpp's imatrix). The mean
+    /// square of each matrix input column over the text weights each block's least-squares
+    /// fit (Q4_0, Q5_0, Q4_K; other formats are encoded as usual). The file stays standard GGUF.
+    #[command(flatten)]
+    pub calib: super::common::CalibrationArgs,
+    /// Importance from llama.cpp's `llama-imatrix` output (its GGUF format) instead of
+    /// measuring it with --calibration
+    #[arg(long = "imatrix", value_name = "FILE", conflicts_with = "calibration")]
+    pub imatrix: Option<PathBuf>,
 }
 
 pub fn run(mut a: Args) -> Result<()> {
@@ -38,7 +48,8 @@ pub fn run(mut a: Args) -> Result<()> {
         .iter()
         .map(|r| r.parse::<Rule>())
         .collect::<Result<Vec<_>, _>>()?;
-    let policy = Policy { target, rules };
+    let mut policy = Policy::new(target);
+    policy.rules = rules;
     anyhow::ensure!(
         a.input != a.output,
         "the output would overwrite the input ({}); choose another path",
@@ -46,6 +57,26 @@ pub fn run(mut a: Args) -> Result<()> {
     );
     let file = GgufFile::open(&a.input)?;
     let t0 = std::time::Instant::now();
+    if a.calib.calibration.is_some() {
+        let model = frugal::model::Model::load(&a.input)
+            .with_context(|| format!("loading {} for calibration", a.input.display()))?;
+        let ids = a.calib.tokens(&model)?.unwrap_or_default();
+        let imp = Importance::collect(&model, &ids, a.calib.calibration_ctx)?;
+        eprintln!(
+            "importance of {} matrices' input columns over {} calibration tokens",
+            imp.len(),
+            imp.tokens
+        );
+        policy = policy.with_importance(imp);
+    } else if let Some(path) = &a.imatrix {
+        let imp = Importance::read_llama_imatrix(path)?;
+        eprintln!(
+            "importance of {} matrices from {}",
+            imp.len(),
+            path.display()
+        );
+        policy = policy.with_importance(imp);
+    }
     let report = convert::quantize_file(&file, &policy, &a.output, |_, _| {})
         .with_context(|| format!("writing {}", a.output.display()))?;
     let secs = t0.elapsed().as_secs_f64();
@@ -112,9 +143,15 @@ pub fn run(mut a: Args) -> Result<()> {
         .iter()
         .filter(|t| t.action == Action::Keep)
         .count();
+    let weighted = report.tensors.iter().filter(|t| t.weighted()).count();
     println!(
-        "  {} tensors re-encoded, {} copied unchanged{}",
+        "  {} tensors re-encoded{}, {} copied unchanged{}",
         report.tensors.len() - kept,
+        if weighted > 0 {
+            format!(" ({weighted} importance-weighted)")
+        } else {
+            String::new()
+        },
         kept,
         report
             .file_type

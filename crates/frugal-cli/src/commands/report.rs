@@ -13,6 +13,7 @@ use frugal::eval::EvalOptions;
 use frugal::gguf::GgufFile;
 use frugal::model::Model;
 use frugal::quant::act::Activations;
+use frugal::surgery::importance::Importance;
 use frugal::tokenizer::Tokenizer;
 
 use super::common::{self, ModelArgs};
@@ -64,6 +65,20 @@ pub struct QuantArgs {
     /// Print one JSON object instead of a Markdown table
     #[arg(long)]
     pub json: bool,
+    /// Formats to measure again with importance-weighted encoding (needs --calibration):
+    /// `Q4_0 + imatrix` rows beside the plain ones
+    #[arg(
+        long = "imatrix-types",
+        value_delimiter = ',',
+        default_value = "q4_0,q5_0,q4_k"
+    )]
+    pub imatrix_types: Vec<String>,
+    #[command(flatten)]
+    pub calib: common::CalibrationArgs,
+    /// Other GGUF files of the same model to score in the same table, as LABEL=FILE (for
+    /// instance llama.cpp's `llama-quantize --imatrix` outputs); repeatable
+    #[arg(long = "file", value_name = "LABEL=FILE")]
+    pub files: Vec<String>,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -108,20 +123,69 @@ fn quant(a: QuantArgs) -> Result<()> {
     } else {
         a.modes.clone()
     };
-    let mut rows = Vec::new();
+    let importance = match a.calib.tokens(&reference)? {
+        Some(ids) => {
+            let imp = Importance::collect(&reference, &ids, a.calib.calibration_ctx)?;
+            eprintln!(
+                "importance of {} matrices over {} calibration tokens",
+                imp.len(),
+                imp.tokens
+            );
+            Some(imp)
+        }
+        None => None,
+    };
+    // What each row measures: a format encoded from the source (plain, or weighted by the
+    // calibration's importance), the source itself, or another file.
+    enum Variant<'a> {
+        Source,
+        Encoded(&'a str, bool),
+        File(&'a str, &'a str),
+    }
+    let mut variants: Vec<Variant> = Vec::new();
     for name in &a.types {
-        let mut model = if name == "source" {
-            Model::load(&path)?
+        variants.push(if name == "source" {
+            Variant::Source
         } else {
-            let target: Target = name.parse()?;
-            let (file, _) = convert::quantize_in_memory(&source, &Policy::new(target), |_, _| {})
-                .with_context(|| format!("quantizing to {name}"))?;
-            Model::from_file(file)?
-        };
-        let label = if name == "source" {
-            format!("{} (source)", source_type(&model))
-        } else {
-            name.to_uppercase()
+            Variant::Encoded(name, false)
+        });
+        if importance.is_some() && a.imatrix_types.iter().any(|t| t.eq_ignore_ascii_case(name)) {
+            variants.push(Variant::Encoded(name, true));
+        }
+    }
+    for f in &a.files {
+        let (label, file) = f
+            .split_once('=')
+            .with_context(|| format!("--file {f:?} is not LABEL=FILE"))?;
+        variants.push(Variant::File(label, file));
+    }
+    let mut rows = Vec::new();
+    for v in &variants {
+        let (mut model, label, name) = match *v {
+            Variant::Source => {
+                let m = Model::load(&path)?;
+                let label = format!("{} (source)", source_type(&m));
+                (m, label, "source".to_string())
+            }
+            Variant::Encoded(name, weighted) => {
+                let target: Target = name.parse()?;
+                let mut policy = Policy::new(target);
+                if weighted {
+                    policy.importance = importance.clone().map(std::sync::Arc::new);
+                }
+                let (file, _) = convert::quantize_in_memory(&source, &policy, |_, _| {})
+                    .with_context(|| format!("quantizing to {name}"))?;
+                let label = if weighted {
+                    format!("{} + imatrix", name.to_uppercase())
+                } else {
+                    name.to_uppercase()
+                };
+                (Model::from_file(file)?, label.clone(), label)
+            }
+            Variant::File(label, file) => {
+                let m = Model::load(file).with_context(|| format!("loading {file}"))?;
+                (m, label.to_string(), label.to_string())
+            }
         };
         let (elements, bytes) = model.file.tensors().iter().fold((0u64, 0u64), |(e, b), t| {
             (e + t.n_elements(), b + t.n_bytes())

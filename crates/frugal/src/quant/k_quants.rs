@@ -99,38 +99,49 @@ pub(super) fn decode_q6_k(bytes: &[u8], out: &mut [f32]) {
 }
 
 /// Squared error of `x` on the grid `a * q + b`, q in `qmin..=qmax`, with each q rounded to the
-/// nearest grid point.
-fn grid_error(x: &[f32], a: f32, b: f32, qmin: f32, qmax: f32) -> f32 {
+/// nearest grid point; with `w`, each element's square is weighted by `w` (importance).
+pub(super) fn grid_error(
+    x: &[f32],
+    w: Option<&[f32]>,
+    a: f32,
+    b: f32,
+    qmin: f32,
+    qmax: f32,
+) -> f32 {
     let ia = if a != 0.0 { 1.0 / a } else { 0.0 };
     x.iter()
-        .map(|&v| {
+        .enumerate()
+        .map(|(i, &v)| {
             let q = ((v - b) * ia).round().clamp(qmin, qmax);
-            (a * q + b - v).powi(2)
+            let e = (a * q + b - v).powi(2);
+            w.map_or(e, |w| w[i] * e)
         })
         .sum()
 }
 
 /// Fits `x ~ a * q + b` with q in 0..=nmax and b <= 0 (the grid reaches zero, as Q4_K's mins are
 /// stored as non-negative amounts subtracted). Starts from the min-max grid, then tries inverse
-/// scales around it, refitting a and b by least squares for each assignment; keeps the best.
-fn fit_asymmetric(x: &[f32], nmax: f32) -> (f32, f32) {
+/// scales around it, refitting a and b by (with `w`, weighted) least squares for each
+/// assignment; keeps the best. Weights of exactly 1 give the unweighted fit's bits.
+fn fit_asymmetric(x: &[f32], w: Option<&[f32]>, nmax: f32) -> (f32, f32) {
     let lo = x.iter().fold(0f32, |m, &v| m.min(v));
     let hi = x.iter().fold(lo, |m, &v| m.max(v));
     if hi <= lo {
         return (0.0, lo);
     }
     let mut best = ((hi - lo) / nmax, lo);
-    let mut best_err = grid_error(x, best.0, best.1, 0.0, nmax);
+    let mut best_err = grid_error(x, w, best.0, best.1, 0.0, nmax);
     for k in 0..=20 {
         let iscale = (nmax - 1.0 + 0.1 * k as f32) / (hi - lo);
         let (mut n, mut sq, mut sqq, mut sx, mut sqx) = (0f32, 0f32, 0f32, 0f32, 0f32);
-        for &v in x {
+        for (i, &v) in x.iter().enumerate() {
             let q = ((v - lo) * iscale).round().clamp(0.0, nmax);
-            n += 1.0;
-            sq += q;
-            sqq += q * q;
-            sx += v;
-            sqx += q * v;
+            let wi = w.map_or(1.0, |w| w[i]);
+            n += wi;
+            sq += wi * q;
+            sqq += wi * q * q;
+            sx += wi * v;
+            sqx += wi * q * v;
         }
         let det = n * sqq - sq * sq;
         if det <= 0.0 {
@@ -145,7 +156,7 @@ fn fit_asymmetric(x: &[f32], nmax: f32) -> (f32, f32) {
         if a <= 0.0 || !a.is_finite() {
             continue;
         }
-        let err = grid_error(x, a, b, 0.0, nmax);
+        let err = grid_error(x, w, a, b, 0.0, nmax);
         if err < best_err {
             best = (a, b);
             best_err = err;
@@ -164,7 +175,7 @@ fn fit_symmetric6(x: &[f32]) -> f32 {
         return 0.0;
     }
     let mut best = max / -32.0;
-    let mut best_err = grid_error(x, best, 0.0, -32.0, 31.0);
+    let mut best_err = grid_error(x, None, best, 0.0, -32.0, 31.0);
     for k in 0..=20 {
         let iscale = -(31.0 + 0.1 * k as f32) / max;
         let (mut sqx, mut sqq) = (0f32, 0f32);
@@ -177,7 +188,7 @@ fn fit_symmetric6(x: &[f32]) -> f32 {
             continue;
         }
         let s = sqx / sqq;
-        let err = grid_error(x, s, 0.0, -32.0, 31.0);
+        let err = grid_error(x, None, s, 0.0, -32.0, 31.0);
         if err < best_err {
             best = s;
             best_err = err;
@@ -189,28 +200,57 @@ fn fit_symmetric6(x: &[f32]) -> f32 {
 /// Encoder for Q4_K: per sub-block of 32 a fitted (scale, min), both quantized to 6 bits against
 /// the super-block maxima, then every weight re-rounded on the grid the decoder will really use.
 pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
+    encode_q4_k(x, None)
+}
+
+/// [`quantize_q4_k`] minimizing the importance-weighted error `Σ w (x - x̂)²` (`w` per element,
+/// `x.len()` values): weighted fits per sub-block, and the 6-bit sub-scales and mins quantized
+/// by a fit weighted with each sub-block's total importance.
+pub(super) fn quantize_q4_k_weighted(x: &[f32], w: &[f32]) -> Vec<u8> {
+    encode_q4_k(x, Some(w))
+}
+
+fn encode_q4_k(x: &[f32], weights: Option<&[f32]>) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK_K * Q4_K_BYTES);
-    for blk in x.chunks(QK_K) {
+    for (bi, blk) in x.chunks(QK_K).enumerate() {
+        let wb = weights.map(|w| &w[bi * QK_K..bi * QK_K + blk.len()]);
         let mut scales = [0f32; 8];
         let mut mins = [0f32; 8];
+        let mut sub_weight = [1f32; 8];
         for (j, sub) in blk.chunks(32).enumerate() {
-            let (a, b) = fit_asymmetric(sub, 15.0);
+            let ws = wb.map(|w| &w[32 * j..32 * j + sub.len()]);
+            let (a, b) = fit_asymmetric(sub, ws, 15.0);
             scales[j] = a;
             mins[j] = -b;
+            if let Some(ws) = ws {
+                sub_weight[j] = ws.iter().sum();
+            }
         }
         let max_scale = scales.iter().fold(0f32, |m, &v| m.max(v));
         let max_min = mins.iter().fold(0f32, |m, &v| m.max(v));
-        let to6 = |v: f32, max: f32| -> u8 {
-            if max > 0.0 {
-                (v * 63.0 / max).round().clamp(0.0, 63.0) as u8
-            } else {
-                0
-            }
+        let (ls, lm, d_bits, dmin_bits) = if weights.is_some() {
+            let (ds, ls) = super::weighted::fit_unsigned(&scales, &sub_weight, 63.0);
+            let (dm, lm) = super::weighted::fit_unsigned(&mins, &sub_weight, 63.0);
+            let ls: [u8; 8] = std::array::from_fn(|j| ls[j] as u8);
+            let lm: [u8; 8] = std::array::from_fn(|j| lm[j] as u8);
+            (ls, lm, f32_to_f16(ds), f32_to_f16(dm))
+        } else {
+            let to6 = |v: f32, max: f32| -> u8 {
+                if max > 0.0 {
+                    (v * 63.0 / max).round().clamp(0.0, 63.0) as u8
+                } else {
+                    0
+                }
+            };
+            let ls: [u8; 8] = std::array::from_fn(|j| to6(scales[j], max_scale));
+            let lm: [u8; 8] = std::array::from_fn(|j| to6(mins[j], max_min));
+            (
+                ls,
+                lm,
+                f32_to_f16(max_scale / 63.0),
+                f32_to_f16(max_min / 63.0),
+            )
         };
-        let ls: [u8; 8] = std::array::from_fn(|j| to6(scales[j], max_scale));
-        let lm: [u8; 8] = std::array::from_fn(|j| to6(mins[j], max_min));
-        let d_bits = f32_to_f16(max_scale / 63.0);
-        let dmin_bits = f32_to_f16(max_min / 63.0);
         let (d, dmin) = (f16_to_f32(d_bits), f16_to_f32(dmin_bits));
         let mut q = [0u8; QK_K];
         for (j, sub) in blk.chunks(32).enumerate() {

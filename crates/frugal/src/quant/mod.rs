@@ -20,6 +20,7 @@ pub mod sparse;
 pub mod sparse_matrix;
 mod types;
 pub mod unit;
+pub mod weighted;
 
 pub use float::{
     bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, quantize_bf16, quantize_f16, quantize_f32,
@@ -80,6 +81,8 @@ pub enum QuantError {
         offset: usize,
         reason: &'static str,
     },
+    #[error("importance-weighted encoding: {0}")]
+    BadImportance(String),
 }
 
 /// Whether frugal can decode `ty` (and so compute with it: the matrix products fall back to the

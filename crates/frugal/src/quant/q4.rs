@@ -124,6 +124,11 @@ pub fn quantize_q4_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// Writes one Q4_0 block from its stored scale and 32 codes (`0..16`, element order).
+pub(super) fn pack_q4_0_block(d: u16, codes: &[u8; 32], out: &mut Vec<u8>) {
+    BlockQ4_0 { d, qs: pack(codes) }.write(out);
+}
+
 /// Reference encoder (ggml's `quantize_row_q4_1_ref`): min and (max - min) / 15.
 pub fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK4 * BlockQ4_1::BYTES);

@@ -93,6 +93,14 @@ pub fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// Writes one Q5_0 block from its stored scale and 32 codes (`0..32`, element order).
+pub(super) fn pack_q5_0_block(d: u16, codes: &[u8; 32], out: &mut Vec<u8>) {
+    let (qh, qs) = pack(codes);
+    out.extend_from_slice(&d.to_le_bytes());
+    out.extend_from_slice(&qh.to_le_bytes());
+    out.extend_from_slice(&qs);
+}
+
 /// Encoder: minimum and (max - min) / 31, rounding to the nearest step.
 pub fn quantize_q5_1(x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK5 * Q5_1_BYTES);

@@ -8,8 +8,10 @@
 //! - [`prune`]: fewer weights: magnitude, Wanda and SparseGPT, unstructured and N:M, and
 //!   structured removal of FFN neurons, KV groups and layers.
 //! - [`moe`]: dense FFNs to routed experts (MoEfication) and sparse upcycling.
+//! - [`importance`]: the column importance that weighted quantization (`--imatrix`) reads.
 
 pub mod attention;
+pub mod importance;
 pub mod mla;
 pub mod moe;
 pub mod prune;
