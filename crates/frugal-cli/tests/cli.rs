@@ -680,9 +680,25 @@ fn bench_commands_print_tables_and_write_charts() {
     let t = run(&["bench", "context", "-m", m, "--out", o]);
     assert!(t.contains("outgrows"), "{t}");
     let t = run(&[
-        "bench", "kv", "-m", m, "--points", "4,8,16", "--reps", "1", "--out", o,
+        "bench",
+        "kv",
+        "-m",
+        m,
+        "--points",
+        "4,8,16",
+        "--reps",
+        "1",
+        "--depths",
+        "0,8",
+        "--depth-tokens",
+        "2",
+        "--out",
+        o,
     ]);
-    assert!(t.contains("fitted exponents"), "{t}");
+    assert!(
+        t.contains("fitted exponents") && t.contains("of bound"),
+        "{t}"
+    );
     let j = run(&[
         "bench",
         "kv",
@@ -692,11 +708,23 @@ fn bench_commands_print_tables_and_write_charts() {
         "4,8",
         "--reps",
         "1",
+        "--depths",
+        "0,8",
+        "--depth-tokens",
+        "2",
         "--json",
         "--no-plot",
     ]);
     let v: serde_json::Value = serde_json::from_str(&j).unwrap();
     assert_eq!(v["rows"].as_array().unwrap().len(), 2);
+    let curve = v["depth_curve"].as_array().unwrap();
+    assert_eq!(curve.len(), 2);
+    for r in curve {
+        let f = r["fraction_of_roofline"].as_f64().unwrap();
+        assert!(f > 0.0 && f.is_finite(), "{r}");
+    }
+    // The cache read per token grows with the depth.
+    assert!(curve[1]["kv_bytes_per_token"].as_u64() > curve[0]["kv_bytes_per_token"].as_u64());
     // Charts need a system font; where there is one, all three pairs are written.
     if std::path::Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists() {
         for stem in [
@@ -704,6 +732,7 @@ fn bench_commands_print_tables_and_write_charts() {
             "attention-memory",
             "kv-context",
             "kv-cache",
+            "kv-depth",
         ] {
             for ext in ["svg", "png"] {
                 assert!(

@@ -175,6 +175,10 @@ fn gemma_analysis_and_kv_bench_run_on_the_file() {
         "16,32",
         "--reps",
         "1",
+        "--depths",
+        "0,16",
+        "--depth-tokens",
+        "2",
         "--no-plot",
         "--json",
     ]);

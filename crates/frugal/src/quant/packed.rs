@@ -389,7 +389,8 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
     {
         return PAIRS.with_borrow_mut(|pairs| {
             pairs.fill(q);
-            matmul_pairs(isa, w, x, &*pairs, y)
+            let tail = (n % 2 == 1).then(|| q.row(n - 1));
+            matmul_pairs(isa, w, n, &*pairs, tail, y)
         });
     }
     if n >= 2
@@ -399,7 +400,8 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
     {
         return WIDE_PAIRS.with_borrow_mut(|pairs| {
             pairs.fill(q);
-            matmul_pairs(isa, w, x, &*pairs, y)
+            let tail = (n % 2 == 1).then(|| q.row(n - 1));
+            matmul_pairs(isa, w, n, &*pairs, tail, y)
         });
     }
     let tile = if n == 1 { MATVEC_ROWS } else { MATMUL_ROWS };
@@ -439,20 +441,25 @@ pub trait Interleaved: Sync {
     type Row<'a>: Copy + Sync
     where
         Self: 'a;
+    /// One token's row of the same precision (an odd last token).
+    type Single<'a>: Copy + Sync;
     fn pairs(&self) -> usize;
     fn row(&self, p: usize) -> Self::Row<'_>;
-    /// `out[p][j][r] = dot(row r of the group, token j of pair p)`.
+    /// `out[p][j][r] = dot(row r of the group, token j of pair p)`, and the tail token's
+    /// products into its output.
     fn dot<const P: usize>(
         isa: kernels::Isa,
         ty: GgmlType,
         group: &[u8],
         xs: &[Self::Row<'_>; P],
         out: &mut [[[f32; GROUP]; 2]; P],
+        tail: Option<(Self::Single<'_>, &mut [f32; GROUP])>,
     );
 }
 
 impl Interleaved for PairActs {
     type Row<'a> = PairRow<'a>;
+    type Single<'a> = Q8Row<'a>;
     fn pairs(&self) -> usize {
         self.pairs
     }
@@ -465,13 +472,15 @@ impl Interleaved for PairActs {
         group: &[u8],
         xs: &[PairRow<'_>; P],
         out: &mut [[[f32; GROUP]; 2]; P],
+        tail: Option<(Q8Row<'_>, &mut [f32; GROUP])>,
     ) {
-        kernels::dot_pairs(isa, ty, group, xs, out);
+        kernels::dot_pairs(isa, ty, group, xs, out, tail);
     }
 }
 
 impl Interleaved for WidePairActs {
     type Row<'a> = WidePairRow<'a>;
+    type Single<'a> = WideRow<'a>;
     fn pairs(&self) -> usize {
         self.pairs
     }
@@ -484,78 +493,109 @@ impl Interleaved for WidePairActs {
         group: &[u8],
         xs: &[WidePairRow<'_>; P],
         out: &mut [[[f32; GROUP]; 2]; P],
+        tail: Option<(WideRow<'_>, &mut [f32; GROUP])>,
     ) {
         assert_eq!(
             ty,
             GgmlType::Q8_0,
             "15-bit activations meet Q8_0 weights only"
         );
-        kernels::dot_wide_pairs(isa, group, xs, out);
+        kernels::dot_wide_pairs(isa, group, xs, out, tail);
     }
 }
 
-/// [`matmul_packed`] two tokens per instruction: the rows of `x`, interleaved two by two in
-/// `pairs`, in calls of 8, 4, 2 and 1 pairs (more pairs per call share each unit's unpacked
-/// weights more widely: 8 measured 10-15% faster than 4 at 16 tokens). An odd last row rides in
-/// a pair with a copy of itself, whose output is dropped: a verification pass of three rows
-/// then unpacks the weights once, not once for a pair and again for a one-token pass. Every
-/// output is the same bits as the one-token kernel gives.
-fn matmul_pairs<X: PackedActs, I: Interleaved>(
+/// [`matmul_packed`] two tokens per instruction: the first `n / 2` pairs of `pairs` (rows of
+/// `x` interleaved two by two) and, for odd `n`, the last row as `tail`, computed by the same
+/// call as the last pairs on the same unpacked weights (no padding lane). Pairs go in calls of
+/// 8, then one call for the rest (up to 4 at once, so a verification pass of up to nine rows
+/// unpacks each unit once; more pairs per call share each unit's unpacked weights more
+/// widely: 8 measured 10-15% faster than 4 at 16 tokens). Every output is the same bits as
+/// the one-token kernel gives.
+fn matmul_pairs<I: Interleaved>(
     isa: kernels::Isa,
     w: &PackedMatrix,
-    x: &X,
+    n: usize,
     pairs: &I,
+    tail: Option<I::Single<'_>>,
     y: &mut [f32],
 ) {
-    let (n, _) = x.shape();
-    let np = pairs.pairs();
+    let np = n / 2;
+    debug_assert!(np >= 1 && pairs.pairs() >= np && tail.is_some() == (n % 2 == 1));
     // The pairs' views, made once (not per group and call).
     let rows: Vec<_> = (0..np).map(|p| pairs.row(p)).collect();
+    // Call sizes: eights, then the remainder in one call of up to four (or two).
+    let mut calls = vec![8; np / 8];
+    match np % 8 {
+        0 => {}
+        r @ 1..=4 => calls.push(r),
+        r => calls.extend([4, r - 4]),
+    }
     par_row_groups(w.rows, n, MATMUL_ROWS, y, |r0, nrows, out| {
         for gi in 0..nrows.div_ceil(GROUP) {
             let group = w.group(r0 / GROUP + gi);
             let mut p = 0;
-            while p + 8 <= np {
-                pair_call::<I, 8>(isa, w.ty, group, &rows, p, gi, n, out);
-                p += 8;
-            }
-            while p + 4 <= np {
-                pair_call::<I, 4>(isa, w.ty, group, &rows, p, gi, n, out);
-                p += 4;
-            }
-            while p + 2 <= np {
-                pair_call::<I, 2>(isa, w.ty, group, &rows, p, gi, n, out);
-                p += 2;
-            }
-            for p in p..np {
-                pair_call::<I, 1>(isa, w.ty, group, &rows, p, gi, n, out);
+            for (c, &size) in calls.iter().enumerate() {
+                let t = if c + 1 == calls.len() { tail } else { None };
+                let call = PairCall {
+                    isa,
+                    ty: w.ty,
+                    group,
+                    rows: &rows,
+                    p,
+                    gi,
+                    n,
+                };
+                match size {
+                    8 => call.run::<I, 8>(t, out),
+                    4 => call.run::<I, 4>(t, out),
+                    3 => call.run::<I, 3>(t, out),
+                    2 => call.run::<I, 2>(t, out),
+                    _ => call.run::<I, 1>(t, out),
+                }
+                p += size;
             }
         }
     });
 }
 
-/// One two-token kernel call on pairs `p..p + P` of group `gi`, written into `out` for the
-/// tokens below `n` (the copy that pads an odd last pair is dropped).
-#[allow(clippy::too_many_arguments)]
-fn pair_call<I: Interleaved, const P: usize>(
+/// One two-token kernel call: pairs `p..p + P` of group `gi` (and the tail token, if given).
+struct PairCall<'r, 'a, R> {
     isa: kernels::Isa,
     ty: GgmlType,
-    group: &[u8],
-    rows: &[I::Row<'_>],
+    group: &'a [u8],
+    rows: &'r [R],
     p: usize,
     gi: usize,
     n: usize,
-    out: &mut super::matmul::RowsOut,
-) {
-    let xs: &[_; P] = rows[p..p + P].try_into().expect("P pairs");
-    let mut o = [[[0f32; GROUP]; 2]; P];
-    I::dot(isa, ty, group, xs, &mut o);
-    for (i, op) in o.iter().enumerate() {
-        for (j, oj) in op.iter().enumerate() {
-            let t = 2 * (p + i) + j;
-            if t < n {
-                out.put(t, gi * GROUP, oj);
+}
+
+impl<R: Copy> PairCall<'_, '_, R> {
+    /// Runs the call and writes its outputs into `out` (the tail token is row `n - 1`).
+    fn run<'x, I: Interleaved<Row<'x> = R>, const P: usize>(
+        &self,
+        tail: Option<I::Single<'_>>,
+        out: &mut super::matmul::RowsOut,
+    ) where
+        I: 'x,
+    {
+        let xs: &[R; P] = self.rows[self.p..self.p + P].try_into().expect("P pairs");
+        let mut o = [[[0f32; GROUP]; 2]; P];
+        let mut o1 = [0f32; GROUP];
+        I::dot(
+            self.isa,
+            self.ty,
+            self.group,
+            xs,
+            &mut o,
+            tail.map(|t| (t, &mut o1)),
+        );
+        for (i, op) in o.iter().enumerate() {
+            for (j, oj) in op.iter().enumerate() {
+                out.put(2 * (self.p + i) + j, self.gi * GROUP, oj);
             }
+        }
+        if tail.is_some() {
+            out.put(self.n - 1, self.gi * GROUP, &o1);
         }
     }
 }
@@ -707,7 +747,9 @@ mod tests {
             }
             let data = crate::quant::quantize(ty, &wf).unwrap();
             let p = PackedMatrix::pack(&WeightMatrix::new(ty, rows, cols, &data).unwrap()).unwrap();
-            for n in [2, 3, 5, 6, 9, 16, 17] {
+            // Odd n runs a tail token; pair counts cover every call split (1..=4, 4 + 1..=3,
+            // 8 + rest).
+            for n in [2, 3, 5, 6, 7, 9, 11, 14, 15, 16, 17, 19, 26] {
                 let x: Vec<f32> = (0..n * cols)
                     .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0 + (i % 3) as f32 * 0.1)
                     .collect();
@@ -742,7 +784,7 @@ mod tests {
         let data = crate::quant::quantize(GgmlType::Q8_0, &wf).unwrap();
         let p = PackedMatrix::pack(&WeightMatrix::new(GgmlType::Q8_0, rows, cols, &data).unwrap())
             .unwrap();
-        for n in [2, 3, 5, 10, 17] {
+        for n in [2, 3, 5, 7, 10, 11, 15, 17] {
             let x: Vec<f32> = (0..n * cols)
                 .map(|i| ((i * 13 % 29) as f32 - 14.0) / 4.0 + (i % 5) as f32 * 0.03)
                 .collect();

@@ -6,6 +6,9 @@
 //! even O(L^2)), so generating N tokens costs O(N^2); with it a step is nearly constant (the
 //! weights dominate; only attention grows with L), so N tokens cost O(N). The totals for N
 //! tokens are the sums of the measured per-step curve (linear between measured lengths).
+//!
+//! Then the depth curve (`kv_depth`): decode speed after D cached tokens against the roofline
+//! at that depth, up to the long contexts where the cache's bytes rival the weights'.
 
 use std::time::Instant;
 
@@ -29,6 +32,14 @@ pub struct Args {
     /// Cached decode steps timed per length (the fastest is reported)
     #[arg(long = "reps", default_value_t = 5)]
     pub reps: usize,
+    /// Depths of the depth curve: decode after D cached tokens, against the roofline
+    /// (comma-separated; 0 alone for just the start) [default: 0,512,1024,2048,4096, those
+    /// that fit the model's context]
+    #[arg(long = "depths", value_delimiter = ',')]
+    pub depths: Option<Vec<usize>>,
+    /// Tokens decoded at each depth (median of 3 runs)
+    #[arg(long = "depth-tokens", default_value_t = 32)]
+    pub depth_tokens: usize,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -61,6 +72,22 @@ pub fn run(a: Args) -> Result<()> {
         "--points go past the model's context of {}",
         model.config.n_ctx_train
     );
+    ensure!(a.depth_tokens > 0, "--depth-tokens must be at least 1");
+    let fits = |d: usize| d + a.depth_tokens <= model.config.n_ctx_train;
+    let depths: Vec<usize> = match &a.depths {
+        Some(d) => {
+            ensure!(
+                d.iter().all(|&d| fits(d)),
+                "--depths plus --depth-tokens go past the model's context of {}",
+                model.config.n_ctx_train
+            );
+            d.clone()
+        }
+        None => [0, 512, 1024, 2048, 4096]
+            .into_iter()
+            .filter(|&d| fits(d))
+            .collect(),
+    };
     // Any valid ids do: the cost of a step does not depend on which tokens they are.
     let nv = model.config.n_vocab as u32;
     let tokens: Vec<u32> = (0..max as u32)
@@ -135,11 +162,24 @@ pub fn run(a: Args) -> Result<()> {
         tot_c.last().map_or(0.0, |p| p.1),
         tot_r.last().map_or(0.0, |p| p.1),
     );
+    let eval_opts = frugal::eval::EvalOptions {
+        kv: kv_opts.clone(),
+        attention,
+    };
+    let depth_rows = super::kv_depth::measure(
+        &model,
+        &eval_opts,
+        &depths,
+        a.depth_tokens,
+        3,
+        a.output.json,
+    )?;
     if a.output.json {
         println!(
             "{}",
             serde_json::json!({
                 "attention": attention, "kv": kv_opts, "threads": rayon::current_num_threads(), "rows": rows,
+                "depth_curve": depth_rows,
                 "total_seconds": {"tokens": max, "with_cache": sum_c, "recompute": sum_r},
                 "step_exponent": {"with_cache": ec, "recompute": er},
                 "total_exponent": {"with_cache": tc, "recompute": tr},
@@ -192,6 +232,11 @@ pub fn run(a: Args) -> Result<()> {
         },
         "kv-cache",
     )?;
+    if !depth_rows.is_empty() {
+        let format = kv_opts.format.to_string();
+        a.output
+            .chart(&super::kv_depth::chart(&depth_rows, &format), "kv-depth")?;
+    }
     Ok(())
 }
 

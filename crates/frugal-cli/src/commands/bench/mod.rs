@@ -10,6 +10,7 @@ mod attention;
 mod batch;
 mod context;
 mod kv;
+mod kv_depth;
 mod model;
 pub mod plot;
 mod speculate;

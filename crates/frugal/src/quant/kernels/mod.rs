@@ -206,6 +206,7 @@ pub fn dot_pairs<const P: usize>(
     group: &[u8],
     xs: &[PairRow; P],
     out: &mut [[[f32; GROUP]; 2]; P],
+    tail: Option<(Q8Row, &mut [f32; GROUP])>,
 ) {
     let cols = xs[0].qs.len() / 2;
     let span = packed::layout(ty).map_or(0, |l| l.span);
@@ -216,13 +217,16 @@ pub fn dot_pairs<const P: usize>(
             && xs.iter().all(|x| {
                 x.qs.len() == 2 * cols && x.d.len() == cols / 16 && x.s.len() == cols / 16
             })
+            && tail.as_ref().is_none_or(|(x, _)| {
+                x.qs.len() == cols && x.d.len() == cols / 32 && x.s.len() == cols / 32
+            })
             && group.len() >= cols / span * packed::column_bytes(ty),
         "dot_pairs: group does not match the activations, or no pair kernel for {ty}"
     );
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `pairs_available` implies the VNNI level was detected; sizes checked above.
     unsafe {
-        x86_int8::dot_pairs_vnni::<P>(ty, group, xs, out)
+        x86_int8::dot_pairs_vnni::<P>(ty, group, xs, out, tail)
     }
 }
 
@@ -234,6 +238,7 @@ pub fn dot_wide_pairs<const P: usize>(
     group: &[u8],
     xs: &[WidePairRow; P],
     out: &mut [[[f32; GROUP]; 2]; P],
+    tail: Option<(WideRow, &mut [f32; GROUP])>,
 ) {
     let cols = xs[0].hi.len() / 2;
     assert!(
@@ -245,13 +250,19 @@ pub fn dot_wide_pairs<const P: usize>(
                     && x.d.len() == cols / 16
                     && x.qsum.len() == cols / 16
             })
+            && tail.as_ref().is_none_or(|(x, _)| {
+                x.hi.len() == cols
+                    && x.lo.len() == cols
+                    && x.d.len() == cols / 32
+                    && x.qsum.len() == cols / 32
+            })
             && group.len() >= cols / 32 * packed::column_bytes(GgmlType::Q8_0),
         "dot_wide_pairs: group does not match the activations, or no AVX-512 VNNI"
     );
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the VNNI level was detected (checked above); sizes checked above.
     unsafe {
-        x86_int8::dot_wide_pairs_vnni::<P>(group, xs, out)
+        x86_int8::dot_wide_pairs_vnni::<P>(group, xs, out, tail)
     }
 }
 

@@ -446,11 +446,14 @@ pub fn pairs_supported(ty: GgmlType) -> bool {
 /// every row twice (lane `2r + j` = row `r` for token `j` of the pair), and meet the pair's
 /// interleaved activation bytes broadcast as one 64-bit value (`act::PairActs`). Each lane
 /// runs exactly the float operations of the one-token kernel in the same order (integer sums
-/// are exact), so a token's outputs are the same bits whichever kernel computed them.
+/// are exact), so a token's outputs are the same bits whichever kernel computed them. An odd
+/// token (`tail`) rides on the same unpacked weights through the one-token kernel's 256-bit
+/// operations, so a pass over an odd number of tokens unpacks each unit once and computes no
+/// padding lane.
 ///
 /// # Safety
 /// `group` holds a whole packed group of `ty` (one of [`pairs_supported`]) covering the
-/// pairs' `qs.len() / 2` elements (equal for all pairs, a multiple of the layout's span), and
+/// pairs' `qs.len() / 2` elements (and the tail's `qs.len()`) (equal for all pairs, a multiple of the layout's span), and
 /// the CPU has AVX2, FMA, F16C and AVX-512 F, VL and VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub unsafe fn dot_pairs_vnni<const P: usize>(
@@ -458,15 +461,16 @@ pub unsafe fn dot_pairs_vnni<const P: usize>(
     group: &[u8],
     xs: &[PairRow; P],
     out: &mut [[[f32; GROUP]; 2]; P],
+    tail: Option<(Q8Row, &mut [f32; GROUP])>,
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match ty {
-            GgmlType::Q4_0 => pairs_inner::<P, 0>(group, xs, out),
-            GgmlType::Q4_1 => pairs_inner::<P, 1>(group, xs, out),
-            GgmlType::Q5_0 => pairs_inner::<P, 2>(group, xs, out),
-            GgmlType::Q5_1 => pairs_inner::<P, 3>(group, xs, out),
-            GgmlType::Q4_K => pairs_inner::<P, 4>(group, xs, out),
+            GgmlType::Q4_0 => pairs_inner::<P, 0>(group, xs, out, tail),
+            GgmlType::Q4_1 => pairs_inner::<P, 1>(group, xs, out, tail),
+            GgmlType::Q5_0 => pairs_inner::<P, 2>(group, xs, out, tail),
+            GgmlType::Q5_1 => pairs_inner::<P, 3>(group, xs, out, tail),
+            GgmlType::Q4_K => pairs_inner::<P, 4>(group, xs, out, tail),
             _ => unreachable!("{ty} is not a pair-kernel format"),
         }
     }
@@ -489,6 +493,7 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
     group: &[u8],
     xs: &[PairRow; P],
     out: &mut [[[f32; GROUP]; 2]; P],
+    mut tail: Option<(Q8Row, &mut [f32; GROUP])>,
 ) {
     let ty = PAIR_KINDS[K];
     let l = layout(ty).expect("packed type");
@@ -502,8 +507,11 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
     let widen_f = |v: __m256| _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(v));
     let mut acc = [_mm512_setzero_ps(); P];
     let mut offset = [_mm512_setzero_ps(); P];
+    // The odd token's accumulators (the one-token kernel's, on the unwidened weights).
+    let (mut acc1, mut offset1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     // SAFETY (whole body): as in the one-token kernel; activation block b of a pair spans 64
-    // bytes at 64b of its `qs`, and its `d` and `s` hold two entries per block.
+    // bytes at 64b of its `qs`, and its `d` and `s` hold two entries per block; the odd
+    // token's block b spans 32 bytes at 32b of its `qs`, with one `d` and `s` per block.
     unsafe {
         let base = group.as_ptr();
         for c in 0..ncols {
@@ -558,6 +566,26 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
                         _mm512_fmadd_ps(mnz, s, offset[p])
                     };
                 }
+                // The odd token: exactly the one-token VNNI kernel's operations for this unit.
+                if let Some((x1, _)) = &tail {
+                    let xp = x1.qs.as_ptr().add(32 * b);
+                    let mut isum = [_mm256_setzero_si256(); 2];
+                    for (i, &wi) in w.iter().enumerate() {
+                        let xa = _mm256_set1_epi32(std::ptr::read_unaligned(
+                            xp.add(4 * i) as *const i32
+                        ));
+                        isum[i / 4] = _mm256_dpbusd_epi32(isum[i / 4], wi, xa);
+                    }
+                    let dx = _mm256_set1_ps(*x1.d.get_unchecked(b));
+                    let isum = _mm256_add_epi32(isum[0], isum[1]);
+                    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(sc, dx), acc1);
+                    let s = _mm256_set1_ps(*x1.s.get_unchecked(b));
+                    offset1 = if ty == GgmlType::Q4_K {
+                        _mm256_fnmadd_ps(mn, s, offset1)
+                    } else {
+                        _mm256_fmadd_ps(mn, s, offset1)
+                    };
+                }
             }
         }
         for p in 0..P {
@@ -567,6 +595,9 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
                 out[p][0][r] = lanes[2 * r];
                 out[p][1][r] = lanes[2 * r + 1];
             }
+        }
+        if let Some((_, o)) = tail.as_mut() {
+            _mm256_storeu_ps(o.as_mut_ptr(), _mm256_add_ps(acc1, offset1));
         }
     }
 }
@@ -583,6 +614,7 @@ pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
     group: &[u8],
     xs: &[WidePairRow; P],
     out: &mut [[[f32; GROUP]; 2]; P],
+    mut tail: Option<(WideRow, &mut [f32; GROUP])>,
 ) {
     let l = layout(GgmlType::Q8_0).expect("packed type");
     let col = l.column_bytes();
@@ -590,20 +622,24 @@ pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
     debug_assert!(group.len() >= ncols * col);
     let dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     let mut acc = [_mm512_setzero_ps(); P];
+    let mut acc1 = _mm256_setzero_ps();
     // SAFETY (whole body): column c spans base + c*col inside `group`; activation block c of
     // a pair spans 64 bytes at 64c of `hi` and `lo`, and `d` and `qsum` hold two entries per
-    // block.
+    // block; the odd token's block c spans 32 bytes at 32c, one `d` and `qsum` per block.
     unsafe {
         let base = group.as_ptr();
         for c in 0..ncols {
             let blk = base.add(c * col);
-            let d8 = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(halves(blk)));
+            let d8y = halves(blk);
+            let d8 = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(d8y));
             let data = blk.add(l.head);
             prefetch_ahead(data, l.unit);
-            let wu: [__m512i; 8] = std::array::from_fn(|i| {
+            let wb: [__m256i; 8] = std::array::from_fn(|i| {
                 let w = _mm256_loadu_si256(data.add(32 * i) as *const __m256i);
-                let w = _mm256_xor_si256(w, _mm256_set1_epi8(-128));
-                _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(w))
+                _mm256_xor_si256(w, _mm256_set1_epi8(-128))
+            });
+            let wu: [__m512i; 8] = std::array::from_fn(|i| {
+                _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(wb[i]))
             });
             for p in 0..P {
                 let hp = xs[p].hi.as_ptr().add(64 * c);
@@ -628,6 +664,26 @@ pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
                 )));
                 acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d8, dx), acc[p]);
             }
+            // The odd token: the biased one-token wide kernel's operations for this column.
+            if let Some((x1, _)) = &tail {
+                let hp = x1.hi.as_ptr().add(32 * c);
+                let lp = x1.lo.as_ptr().add(32 * c);
+                let mut ih = _mm256_setzero_si256();
+                let mut il = _mm256_setzero_si256();
+                for (i, &wi) in wb.iter().enumerate() {
+                    let h =
+                        _mm256_set1_epi32(std::ptr::read_unaligned(hp.add(4 * i) as *const i32));
+                    let lo =
+                        _mm256_set1_epi32(std::ptr::read_unaligned(lp.add(4 * i) as *const i32));
+                    ih = _mm256_dpbusd_epi32(ih, wi, h);
+                    il = _mm256_dpbusd_epi32(il, wi, lo);
+                }
+                let mut isum = _mm256_add_epi32(_mm256_slli_epi32(ih, 7), il);
+                let bias = 128 * *x1.qsum.get_unchecked(c);
+                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(bias));
+                let dx = _mm256_set1_ps(*x1.d.get_unchecked(c));
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8y, dx), acc1);
+            }
         }
         for p in 0..P {
             let mut lanes = [0f32; 16];
@@ -636,6 +692,9 @@ pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
                 out[p][0][r] = lanes[2 * r];
                 out[p][1][r] = lanes[2 * r + 1];
             }
+        }
+        if let Some((_, o)) = tail.as_mut() {
+            _mm256_storeu_ps(o.as_mut_ptr(), acc1);
         }
     }
 }
