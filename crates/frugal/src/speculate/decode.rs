@@ -162,8 +162,10 @@ pub struct Speculator<'m> {
 }
 
 /// Default cost of one more row in a verification pass relative to a one-token decode step,
-/// measured on SmolLM2-135M Q4_1 with 2 threads by `frugal bench speculate` (docs/speculative.md).
-pub const DEFAULT_ROW_COST: f64 = 0.2;
+/// measured on SmolLM2-135M Q4_1 with 2 threads by `frugal bench speculate` (docs/speculative.md):
+/// 0.10-0.16 per row at 2 to 17 rows once an odd row stopped computing a padding lane (about
+/// 0.2 before, 0.29 at three rows).
+pub const DEFAULT_ROW_COST: f64 = 0.12;
 
 impl<'m> Speculator<'m> {
     /// A speculative session over `model` with room for `ctx` tokens. A `draft:` method uses
