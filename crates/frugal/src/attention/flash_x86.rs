@@ -12,9 +12,7 @@ use std::arch::x86_64::*;
 
 use crate::kv::KvType;
 
-use super::flash::{
-    EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, R, exp_approx,
-};
+use super::flash::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx};
 
 /// `s[i][j] = q_i . k_j` for `R` rows and keys `0..jn` of a transposed tile (`kt[c * bc + j]`),
 /// sixteen (or eight) keys by `R` rows in registers: each key vector loaded serves `R` rows.
@@ -23,7 +21,13 @@ use super::flash::{
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn scores(q: &[f32], kt: &[f32], bc: usize, jn: usize, s: &mut [f32]) {
+pub(super) unsafe fn scores<const R: usize>(
+    q: &[f32],
+    kt: &[f32],
+    bc: usize,
+    jn: usize,
+    s: &mut [f32],
+) {
     let hd = q.len() / R;
     assert!(
         bc.is_multiple_of(8) && jn <= bc && kt.len() >= hd * bc && s.len() >= R * bc,
@@ -197,7 +201,7 @@ pub(super) fn reads_in_place(ty: KvType) -> bool {
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn weighted_values(
+pub(super) unsafe fn weighted_values<const R: usize>(
     p: &[f32],
     bc: usize,
     v: &[u8],
@@ -211,9 +215,9 @@ pub(super) unsafe fn weighted_values(
     // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
     unsafe {
         match ty {
-            KvType::F32 => weighted::<F32Lanes>(p, bc, v, stride, hd, jn, pv, accumulate),
-            KvType::F16 => weighted::<F16Lanes>(p, bc, v, stride, hd, jn, pv, accumulate),
-            KvType::Bf16 => weighted::<Bf16Lanes>(p, bc, v, stride, hd, jn, pv, accumulate),
+            KvType::F32 => weighted::<F32Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
+            KvType::F16 => weighted::<F16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
+            KvType::Bf16 => weighted::<Bf16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
             KvType::Q8_0 => panic!("flash weighted values: q8_0 rows are decoded first"),
         }
     }
@@ -221,7 +225,7 @@ pub(super) unsafe fn weighted_values(
 
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn weighted<L: Lanes>(
+unsafe fn weighted<L: Lanes, const R: usize>(
     p: &[f32],
     bc: usize,
     v: &[u8],

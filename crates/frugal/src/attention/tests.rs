@@ -231,7 +231,14 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn simd_flash_loops_match_the_portable_ones() {
-    use super::flash::{R, exp_row, scores, weighted_values};
+    // Four rows at a time, and three (GQA groups of three).
+    simd_loops_match::<4>();
+    simd_loops_match::<3>();
+}
+
+#[cfg(target_arch = "x86_64")]
+fn simd_loops_match<const R: usize>() {
+    use super::flash::{exp_row, scores, weighted_values};
     use super::flash_x86;
     if !(is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
@@ -246,9 +253,9 @@ fn simd_flash_loops_match_the_portable_ones() {
         let v = random(bc * hd, 1.0, &mut rng);
         for jn in [1, 7, 8, 9, 17, bc - 1, bc] {
             let (mut a, mut b) = (vec![0f32; R * bc], vec![0f32; R * bc]);
-            scores(&q, &kt, bc, jn, &mut a);
+            scores::<R>(&q, &kt, bc, jn, &mut a);
             // SAFETY: features checked above.
-            unsafe { flash_x86::scores(&q, &kt, bc, jn, &mut b) };
+            unsafe { flash_x86::scores::<R>(&q, &kt, bc, jn, &mut b) };
             for i in 0..R {
                 for j in 0..jn {
                     let (x, y) = (a[i * bc + j], b[i * bc + j]);
@@ -272,11 +279,21 @@ fn simd_flash_loops_match_the_portable_ones() {
                 .map(|x| x.abs())
                 .collect::<Vec<_>>();
             let (mut pa, mut pb) = (vec![0f32; R * hd], vec![0f32; R * hd]);
-            weighted_values(&p, bc, &v, hd, jn, &mut pa);
+            weighted_values::<R>(&p, bc, &v, hd, jn, &mut pa);
             let vb = f32_bytes(&v);
             // SAFETY: as above.
             unsafe {
-                flash_x86::weighted_values(&p, bc, &vb, 4 * hd, KvType::F32, hd, jn, &mut pb, false)
+                flash_x86::weighted_values::<R>(
+                    &p,
+                    bc,
+                    &vb,
+                    4 * hd,
+                    KvType::F32,
+                    hd,
+                    jn,
+                    &mut pb,
+                    false,
+                )
             };
             for (x, y) in pa.iter().zip(&pb) {
                 assert!(
@@ -298,7 +315,7 @@ fn simd_flash_loops_match_the_portable_ones() {
             // SAFETY: as above.
             unsafe {
                 if split > 0 {
-                    flash_x86::weighted_values(
+                    flash_x86::weighted_values::<R>(
                         &p,
                         bc,
                         at(0),
@@ -310,7 +327,7 @@ fn simd_flash_loops_match_the_portable_ones() {
                         false,
                     );
                 }
-                flash_x86::weighted_values(
+                flash_x86::weighted_values::<R>(
                     &p[split..],
                     bc,
                     at(split),
@@ -604,4 +621,51 @@ fn flash_window_matches_naive() {
             "hd {hd} group {group} window {window} len {len} n {n}: {e_simd} {e_port}"
         );
     }
+}
+
+/// Rows computed three at a time (GQA groups of three) get the same bits as when computed
+/// four at a time: each row's sums run in the same order whatever the row count, so the
+/// choice in `flash::block` changes speed only.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn three_and_four_rows_at_a_time_give_the_same_bits() {
+    use super::flash_x86;
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c"))
+    {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let (hd, bc, jn) = (64, 64, 57);
+    let q = random(4 * hd, 1.0, &mut rng);
+    let kt = random(hd * bc, 1.0, &mut rng);
+    let v = f32_bytes(&random(bc * hd, 1.0, &mut rng)).to_vec();
+    let p: Vec<f32> = random(4 * bc, 1.0, &mut rng)
+        .iter()
+        .map(|x| x.abs())
+        .collect();
+    let (mut s4, mut s3) = (vec![0f32; 4 * bc], vec![0f32; 3 * bc]);
+    let (mut o4, mut o3) = (vec![0f32; 4 * hd], vec![0f32; 3 * hd]);
+    // SAFETY: features checked above.
+    unsafe {
+        flash_x86::scores::<4>(&q, &kt, bc, jn, &mut s4);
+        flash_x86::scores::<3>(&q[..3 * hd], &kt, bc, jn, &mut s3);
+        flash_x86::weighted_values::<4>(&p, bc, &v, 4 * hd, KvType::F32, hd, jn, &mut o4, false);
+        flash_x86::weighted_values::<3>(&p, bc, &v, 4 * hd, KvType::F32, hd, jn, &mut o3, false);
+    }
+    for i in 0..3 {
+        let (a, b) = (&s4[i * bc..i * bc + jn], &s3[i * bc..i * bc + jn]);
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "scores row {i}"
+        );
+    }
+    assert!(
+        o4[..3 * hd]
+            .iter()
+            .zip(&o3)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "weighted values"
+    );
 }

@@ -571,12 +571,12 @@ struct PairCall<'r, 'a, R> {
 
 impl<R: Copy> PairCall<'_, '_, R> {
     /// Runs the call and writes its outputs into `out` (the tail token is row `n - 1`).
-    fn run<'x, I: Interleaved<Row<'x> = R>, const P: usize>(
+    fn run<'x, I, const P: usize>(
         &self,
         tail: Option<I::Single<'_>>,
         out: &mut super::matmul::RowsOut,
     ) where
-        I: 'x,
+        I: Interleaved<Row<'x> = R> + 'x,
     {
         let xs: &[R; P] = self.rows[self.p..self.p + P].try_into().expect("P pairs");
         let mut o = [[[0f32; GROUP]; 2]; P];

@@ -72,8 +72,9 @@ impl Importance {
                 )));
             }
             let total: f64 = counts.iter().map(|&c| f64::from(c)).sum();
-            if !(total > 0.0) {
-                continue; // never reached by the calibration text
+            // Never reached by the calibration text (or a count that is not a number).
+            if total.is_nan() || total <= 0.0 {
+                continue;
             }
             let mut mean = vec![0f64; cols];
             for e in sums.chunks_exact(cols) {

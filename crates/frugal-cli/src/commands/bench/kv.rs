@@ -163,7 +163,7 @@ pub fn run(a: Args) -> Result<()> {
         tot_r.last().map_or(0.0, |p| p.1),
     );
     let eval_opts = frugal::eval::EvalOptions {
-        kv: kv_opts.clone(),
+        kv: kv_opts,
         attention,
     };
     let depth_rows = super::kv_depth::measure(
