@@ -285,6 +285,51 @@ fn quantize_writes_files_that_load_and_run() {
             .as_bytes(),
     );
     let text = text.to_str().unwrap();
+    // Importance-weighted encoding from calibration text; a file that is not an imatrix and a
+    // text shorter than one window are clean errors.
+    let weighted = dir.path().join("q4_0-imatrix.gguf");
+    let w = weighted.to_str().unwrap();
+    let q = frugal(
+        &[
+            "quantize",
+            src,
+            w,
+            "--type",
+            "q4_0",
+            "--calibration",
+            text,
+            "--calibration-ctx",
+            "16",
+        ],
+        None,
+    );
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+    assert!(String::from_utf8_lossy(&q.stdout).contains("(14 importance-weighted)"));
+    assert!(GgufFile::open(&weighted).is_ok());
+    assert_clean_error(
+        &frugal(
+            &["quantize", src, w, "--type", "q4_0", "--imatrix", src],
+            None,
+        ),
+        "not a llama.cpp imatrix",
+    );
+    assert_clean_error(
+        &frugal(
+            &[
+                "quantize",
+                src,
+                w,
+                "--type",
+                "q4_0",
+                "--calibration",
+                text,
+                "--calibration-ctx",
+                "4096",
+            ],
+            None,
+        ),
+        "shorter than one window",
+    );
     for ty in ["q4_0", "q5_1", "q4_k", "q6_k", "mxfp4", "bf16"] {
         let out_path = dir.path().join(format!("{ty}.gguf"));
         let out_s = out_path.to_str().unwrap();

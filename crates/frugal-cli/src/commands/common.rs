@@ -11,6 +11,7 @@ use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::sample::SamplerParams;
 use frugal::speculate::{SpecOptions, Speculator};
+use frugal::surgery::importance::Importance;
 use frugal::tokenizer::Tokenizer;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -65,6 +66,21 @@ impl CalibrationArgs {
         let mut ids = Tokenizer::from_gguf(&model.file)?.encode(&text, false)?;
         ids.truncate(self.calibration_tokens);
         Ok(Some(ids))
+    }
+
+    /// The column importance of `model`'s matrices over the calibration text (weighted
+    /// quantization), or `None` without `--calibration`.
+    pub fn importance(&self, model: &Model) -> Result<Option<Importance>> {
+        let Some(ids) = self.tokens(model)? else {
+            return Ok(None);
+        };
+        let imp = Importance::collect(model, &ids, self.calibration_ctx)?;
+        eprintln!(
+            "importance of {} matrices' input columns over {} calibration tokens",
+            imp.len(),
+            imp.tokens
+        );
+        Ok(Some(imp))
     }
 }
 

@@ -60,14 +60,7 @@ pub fn run(mut a: Args) -> Result<()> {
     if a.calib.calibration.is_some() {
         let model = frugal::model::Model::load(&a.input)
             .with_context(|| format!("loading {} for calibration", a.input.display()))?;
-        let ids = a.calib.tokens(&model)?.unwrap_or_default();
-        let imp = Importance::collect(&model, &ids, a.calib.calibration_ctx)?;
-        eprintln!(
-            "importance of {} matrices' input columns over {} calibration tokens",
-            imp.len(),
-            imp.tokens
-        );
-        policy = policy.with_importance(imp);
+        policy.importance = a.calib.importance(&model)?.map(std::sync::Arc::new);
     } else if let Some(path) = &a.imatrix {
         let imp = Importance::read_llama_imatrix(path)?;
         eprintln!(

@@ -13,7 +13,6 @@ use frugal::eval::EvalOptions;
 use frugal::gguf::GgufFile;
 use frugal::model::Model;
 use frugal::quant::act::Activations;
-use frugal::surgery::importance::Importance;
 use frugal::tokenizer::Tokenizer;
 
 use super::common::{self, ModelArgs};
@@ -123,18 +122,7 @@ fn quant(a: QuantArgs) -> Result<()> {
     } else {
         a.modes.clone()
     };
-    let importance = match a.calib.tokens(&reference)? {
-        Some(ids) => {
-            let imp = Importance::collect(&reference, &ids, a.calib.calibration_ctx)?;
-            eprintln!(
-                "importance of {} matrices over {} calibration tokens",
-                imp.len(),
-                imp.tokens
-            );
-            Some(imp)
-        }
-        None => None,
-    };
+    let importance = a.calib.importance(&reference)?.map(std::sync::Arc::new);
     // What each row measures: a format encoded from the source (plain, or weighted by the
     // calibration's importance), the source itself, or another file.
     enum Variant<'a> {
@@ -161,17 +149,17 @@ fn quant(a: QuantArgs) -> Result<()> {
     }
     let mut rows = Vec::new();
     for v in &variants {
-        let (mut model, label, name) = match *v {
+        let (mut model, label) = match *v {
             Variant::Source => {
                 let m = Model::load(&path)?;
                 let label = format!("{} (source)", source_type(&m));
-                (m, label, "source".to_string())
+                (m, label)
             }
             Variant::Encoded(name, weighted) => {
                 let target: Target = name.parse()?;
                 let mut policy = Policy::new(target);
                 if weighted {
-                    policy.importance = importance.clone().map(std::sync::Arc::new);
+                    policy.importance = importance.clone();
                 }
                 let (file, _) = convert::quantize_in_memory(&source, &policy, |_, _| {})
                     .with_context(|| format!("quantizing to {name}"))?;
@@ -180,11 +168,11 @@ fn quant(a: QuantArgs) -> Result<()> {
                 } else {
                     name.to_uppercase()
                 };
-                (Model::from_file(file)?, label.clone(), label)
+                (Model::from_file(file)?, label)
             }
             Variant::File(label, file) => {
                 let m = Model::load(file).with_context(|| format!("loading {file}"))?;
-                (m, label.to_string(), label.to_string())
+                (m, label.to_string())
             }
         };
         let (elements, bytes) = model.file.tensors().iter().fold((0u64, 0u64), |(e, b), t| {
@@ -198,7 +186,7 @@ fn quant(a: QuantArgs) -> Result<()> {
             {
                 continue; // a float format under another mode: the same f32 run
             }
-            eprintln!("{name} ({}): scoring...", model.activations);
+            eprintln!("{label} ({}): scoring...", model.activations);
             let c = frugal::eval::compare_with(
                 (&model, &opts),
                 (&reference, &opts),

@@ -162,18 +162,17 @@ pub struct PairRow<'a> {
 }
 
 impl PairActs {
-    /// Interleaves the rows of `x` two by two (reusing the buffers). An odd last row is paired
-    /// with a copy of itself: the kernel's second lane then repeats the first, and its output is
-    /// dropped, which costs less than a separate one-token pass over the weights.
+    /// Interleaves the rows of `x` two by two (reusing the buffers). An odd last row is left
+    /// out: the kernels take it as their one-token tail, on the same unpacked weights.
     pub fn fill(&mut self, x: &Q8Acts) {
         let (k, nb) = (x.k, x.k / QK);
         self.k = k;
-        self.pairs = x.n.div_ceil(2);
+        self.pairs = x.n / 2;
         self.qs.resize(self.pairs * 2 * k, 0);
         self.d.resize(self.pairs * 2 * nb, 0.0);
         self.s.resize(self.pairs * 2 * nb, 0.0);
         for p in 0..self.pairs {
-            let (a, b) = (x.row(2 * p), x.row((2 * p + 1).min(x.n - 1)));
+            let (a, b) = (x.row(2 * p), x.row(2 * p + 1));
             interleave4(&mut self.qs[p * 2 * k..(p + 1) * 2 * k], a.qs, b.qs);
             for blk in 0..nb {
                 let i = (p * nb + blk) * 2;
@@ -434,18 +433,18 @@ pub struct WidePairRow<'a> {
 }
 
 impl WidePairActs {
-    /// Interleaves the rows of `x` two by two, an odd last row with a copy of itself (as
+    /// Interleaves the rows of `x` two by two, leaving out an odd last row (as
     /// [`PairActs::fill`]).
     pub fn fill(&mut self, x: &WideActs) {
         let (k, nb) = (x.k, x.k / QK);
         self.k = k;
-        self.pairs = x.n.div_ceil(2);
+        self.pairs = x.n / 2;
         self.hi.resize(self.pairs * 2 * k, 0);
         self.lo.resize(self.pairs * 2 * k, 0);
         self.d.resize(self.pairs * 2 * nb, 0.0);
         self.qsum.resize(self.pairs * 2 * nb, 0);
         for p in 0..self.pairs {
-            let (a, b) = (x.row(2 * p), x.row((2 * p + 1).min(x.n - 1)));
+            let (a, b) = (x.row(2 * p), x.row(2 * p + 1));
             let span = p * 2 * k..(p + 1) * 2 * k;
             interleave4(&mut self.hi[span.clone()], a.hi, b.hi);
             interleave4(&mut self.lo[span], a.lo, b.lo);

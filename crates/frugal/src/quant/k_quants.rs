@@ -226,15 +226,13 @@ fn encode_q4_k(x: &[f32], weights: Option<&[f32]>) -> Vec<u8> {
                 sub_weight[j] = ws.iter().sum();
             }
         }
-        let max_scale = scales.iter().fold(0f32, |m, &v| m.max(v));
-        let max_min = mins.iter().fold(0f32, |m, &v| m.max(v));
         let (ls, lm, d_bits, dmin_bits) = if weights.is_some() {
             let (ds, ls) = super::weighted::fit_unsigned(&scales, &sub_weight, 63.0);
             let (dm, lm) = super::weighted::fit_unsigned(&mins, &sub_weight, 63.0);
-            let ls: [u8; 8] = std::array::from_fn(|j| ls[j] as u8);
-            let lm: [u8; 8] = std::array::from_fn(|j| lm[j] as u8);
             (ls, lm, f32_to_f16(ds), f32_to_f16(dm))
         } else {
+            let max_scale = scales.iter().fold(0f32, |m, &v| m.max(v));
+            let max_min = mins.iter().fold(0f32, |m, &v| m.max(v));
             let to6 = |v: f32, max: f32| -> u8 {
                 if max > 0.0 {
                     (v * 63.0 / max).round().clamp(0.0, 63.0) as u8

@@ -520,7 +520,7 @@ fn matmul_pairs<I: Interleaved>(
     y: &mut [f32],
 ) {
     let np = n / 2;
-    debug_assert!(np >= 1 && pairs.pairs() >= np && tail.is_some() == (n % 2 == 1));
+    debug_assert!(np >= 1 && pairs.pairs() == np && tail.is_some() == (n % 2 == 1));
     // The pairs' views, made once (not per group and call).
     let rows: Vec<_> = (0..np).map(|p| pairs.row(p)).collect();
     // Call sizes: eights, then the remainder in one call of up to four (or two).

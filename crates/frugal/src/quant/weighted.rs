@@ -137,16 +137,17 @@ fn fit_symmetric(x: &[f32], w: &[f32], n: i32) -> (u16, [i32; 32]) {
     (best.0, best.1)
 }
 
-/// Fits non-negative `v ~ d * l`, `l` in `0..=nmax`, minimizing `Σ w (v - d l)²` over inverse
-/// scales around the maximum's (Q4_K's 6-bit sub-block scales and mins). Returns `d` and `l`.
+/// Fits non-negative `v ~ d * l`, `l` in `0..=nmax` (at most 255), minimizing `Σ w (v - d l)²`
+/// over inverse scales around the maximum's (Q4_K's 6-bit sub-block scales and mins). Returns
+/// `d` and the codes `l`.
 pub(super) fn fit_unsigned<const N: usize>(
     v: &[f32; N],
     w: &[f32; N],
     nmax: f32,
-) -> (f32, [f32; N]) {
+) -> (f32, [u8; N]) {
     let max = v.iter().fold(0f32, |m, &x| m.max(x));
     if max <= 0.0 {
-        return (0.0, [0.0; N]);
+        return (0.0, [0; N]);
     }
     let assign = |iscale: f32| -> [f32; N] {
         std::array::from_fn(|j| (v[j] * iscale).round().clamp(0.0, nmax))
@@ -173,7 +174,7 @@ pub(super) fn fit_unsigned<const N: usize>(
             best = (d, l, e);
         }
     }
-    (best.0, best.1)
+    (best.0, best.1.map(|l| l as u8))
 }
 
 #[cfg(test)]

@@ -453,8 +453,8 @@ pub fn pairs_supported(ty: GgmlType) -> bool {
 ///
 /// # Safety
 /// `group` holds a whole packed group of `ty` (one of [`pairs_supported`]) covering the
-/// pairs' `qs.len() / 2` elements (and the tail's `qs.len()`) (equal for all pairs, a multiple of the layout's span), and
-/// the CPU has AVX2, FMA, F16C and AVX-512 F, VL and VNNI.
+/// pairs' `qs.len() / 2` elements, which equal the tail's `qs.len()` (the same for all pairs, a
+/// multiple of the layout's span), and the CPU has AVX2, FMA, F16C and AVX-512 F, VL and VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub unsafe fn dot_pairs_vnni<const P: usize>(
     ty: GgmlType,
@@ -604,11 +604,12 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
 
 /// [`dot_pairs_vnni`] for 15-bit activations against Q8_0 rows (the output head): the biased
 /// one-token wide kernel's arithmetic (`(w + 128)` against both byte planes, `128 * sum(q)`
-/// taken off), two tokens per instruction. The same bits per token as that kernel.
+/// taken off), two tokens per instruction, and an odd `tail` token on that kernel's 256-bit
+/// operations. The same bits per token as that kernel.
 ///
 /// # Safety
-/// `group` holds a whole packed Q8_0 group covering the pairs' `hi.len() / 2` elements (equal
-/// for all pairs, a multiple of 32), and the CPU has AVX2, FMA, F16C and AVX-512 F, VL, VNNI.
+/// `group` holds a whole packed Q8_0 group covering the pairs' `hi.len() / 2` elements, which
+/// equal the tail's `hi.len()` (the same for all pairs, a multiple of 32), and the CPU has AVX2, FMA, F16C and AVX-512 F, VL, VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
     group: &[u8],
