@@ -108,6 +108,8 @@ fn every_drafter_gives_the_plain_greedy_tokens_and_heads_train() {
         format!("draft:{}:2", target.display()),
         format!("heads:{}", heads.display()),
         format!("heads:{}:1", heads.display()),
+        format!("ngram+heads:{}", heads.display()),
+        format!("ngram+heads:{}:3", heads.display()),
     ];
     for d in &drafters {
         for fixed in [false, true] {

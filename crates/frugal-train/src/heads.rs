@@ -16,6 +16,7 @@ use frugal::kv::KvFormat;
 use frugal::model::{Logits, Model, Scratch, Segment};
 use frugal::ops::rms_norm;
 use frugal::speculate::HeadWeights;
+use frugal::speculate::heads::token_features;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -123,6 +124,8 @@ pub struct HeadCorpus {
     /// For row `r`: the tokens after its position (up to the number of heads + 1), the first
     /// being the target's own next token.
     pub next: Vec<Vec<u32>>,
+    /// The first row of each sequence, in order (held-out rows are whole sequences).
+    pub seq_starts: Vec<usize>,
 }
 
 /// Runs each sequence once more to keep `z` at its generated positions.
@@ -137,6 +140,7 @@ pub fn hidden_states(
         n_embd: d,
         z: Vec::new(),
         next: Vec::new(),
+        seq_starts: Vec::new(),
     };
     let mut s = Scratch::default();
     for (seq, prompt_len) in seqs {
@@ -146,6 +150,7 @@ pub fn hidden_states(
         let mut kv = model.new_seq_cache(seq.len(), &Default::default())?;
         model.forward(seq, &mut kv, &mut s, Logits::Last)?;
         let h = s.hidden();
+        corpus.seq_starts.push(corpus.next.len());
         let mut z = vec![0.0; d];
         for t in prompt_len - 1..seq.len() - 1 {
             rms_norm(
@@ -204,23 +209,81 @@ pub struct HeadsConfig {
     pub batch: usize,
     pub lr: f32,
     pub seed: u64,
+    /// Heads also read the previous token's embedding (see `frugal::speculate::heads`).
+    pub token_input: bool,
+    /// Share of the sequences kept out of training to measure the heads on (0 to 0.5).
+    pub holdout: f64,
 }
 
 /// What training reports per head: the mean cross-entropy and the top-1 accuracy of the last
-/// quarter of the steps.
+/// quarter of the steps, and on the held-out sequences the accuracy and the chained accuracy
+/// (this head and every one before it right: the share of drafts of this length fully kept).
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct HeadReport {
     pub loss: f64,
     pub accuracy: f64,
+    pub held_out_accuracy: f64,
+    pub held_out_chain: f64,
 }
 
-/// One head's forward and backward on a batch: `z` (`n x d`), the head's `w` (`d x d`) and `b`,
-/// the output rows `out` (`v x d`), targets as indices into those rows (`None`: not scored).
-/// Adds the gradients of the mean cross-entropy to `gw` and `gb`; returns (sum of losses,
-/// scored rows, correct top-1).
+/// A head's forward on a batch: its input `x` (`n x din`: `z`, or `z` and the previous token's
+/// features, the first `d` columns `z` being the residual), its `w` (`d x din`) and `b`, and the
+/// output rows `out` (`v x d`).
+struct HeadForward {
+    /// `x W^T + b`, before the SiLU.
+    pre: Vec<f32>,
+    /// `sigmoid(pre)`.
+    sig: Vec<f32>,
+    /// `z + SiLU(pre)` scored against `out`: `n x v`.
+    logits: Vec<f32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn head_forward(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    w: &[f32],
+    b: &[f32],
+    out: &[f32],
+    v: usize,
+) -> HeadForward {
+    let p = Precision::F32;
+    let din = x.len() / n.max(1);
+    let mut pre = vec![0.0; n * d];
+    matmul(
+        MatRef::new(x, n, din),
+        MatRef::new(w, d, din).t(),
+        &mut pre,
+        false,
+        p,
+    );
+    let mut u = vec![0.0; n * d];
+    let mut sig = vec![0.0; n * d];
+    for i in 0..n * d {
+        let a = pre[i] + b[i % d];
+        pre[i] = a;
+        let s = 1.0 / (1.0 + (-a).exp());
+        sig[i] = s;
+        u[i] = x_at(x, din, d, i) + a * s;
+    }
+    let mut logits = vec![0.0; n * v];
+    matmul(
+        MatRef::new(&u, n, d),
+        MatRef::new(out, v, d).t(),
+        &mut logits,
+        false,
+        p,
+    );
+    HeadForward { pre, sig, logits }
+}
+
+/// One head's forward and backward on a batch (the arguments of [`head_forward`]), targets as
+/// indices into the rows of `out` (`None`: not scored). Adds the gradients of the mean
+/// cross-entropy to `gw` and `gb`; returns (sum of losses, scored rows, correct top-1).
 #[allow(clippy::too_many_arguments)]
 fn head_backward(
-    z: &[f32],
+    x: &[f32],
     n: usize,
     d: usize,
     w: &[f32],
@@ -232,34 +295,15 @@ fn head_backward(
     gb: &mut [f32],
 ) -> (f64, usize, usize) {
     let p = Precision::F32;
-    // a = z W^T + b; u = z + SiLU(a)
-    let mut a = vec![0.0; n * d];
-    matmul(
-        MatRef::new(z, n, d),
-        MatRef::new(w, d, d).t(),
-        &mut a,
-        false,
-        p,
-    );
-    let mut u = vec![0.0; n * d];
-    let mut sig = vec![0.0; n * d];
-    for i in 0..n * d {
-        let x = a[i] + b[i % d];
-        a[i] = x;
-        let s = 1.0 / (1.0 + (-x).exp());
-        sig[i] = s;
-        u[i] = z[i] + x * s;
-    }
-    // logits = u out^T, then softmax cross-entropy; dlogits = (softmax - onehot) / scored
-    let mut logits = vec![0.0; n * v];
-    matmul(
-        MatRef::new(&u, n, d),
-        MatRef::new(out, v, d).t(),
-        &mut logits,
-        false,
-        p,
-    );
-    let scored = targets.iter().filter(|t| t.is_some()).count().max(1);
+    let din = x.len() / n.max(1);
+    let HeadForward {
+        pre,
+        sig,
+        mut logits,
+    } = head_forward(x, n, d, w, b, out, v);
+    // Softmax cross-entropy; dlogits = (softmax - onehot) / scored.
+    let counted = targets.iter().filter(|t| t.is_some()).count();
+    let scored = counted.max(1);
     let (mut loss, mut correct) = (0.0f64, 0);
     for (row, t) in logits.chunks_exact_mut(v).zip(targets) {
         let Some(t) = *t else {
@@ -279,7 +323,7 @@ fn head_backward(
         row.iter_mut().for_each(|x| *x *= inv);
         row[t] -= 1.0 / scored as f32;
     }
-    // du = dlogits out; da = du * SiLU'(a), SiLU'(a) = s (1 + a (1 - s))
+    // du = dlogits out; da = du * SiLU'(pre), SiLU'(a) = s (1 + a (1 - s))
     let mut du = vec![0.0; n * d];
     matmul(
         MatRef::new(&logits, n, v),
@@ -289,25 +333,27 @@ fn head_backward(
         p,
     );
     for i in 0..n * d {
-        du[i] *= sig[i] * (1.0 + a[i] * (1.0 - sig[i]));
+        du[i] *= sig[i] * (1.0 + pre[i] * (1.0 - sig[i]));
         gb[i % d] += du[i];
     }
-    // gW += da^T z
+    // gW += da^T x
     matmul(
         MatRef::new(&du, n, d).t(),
-        MatRef::new(z, n, d),
+        MatRef::new(x, n, din),
         gw,
         true,
         p,
     );
-    (
-        loss,
-        targets.iter().filter(|t| t.is_some()).count(),
-        correct,
-    )
+    (loss, counted, correct)
 }
 
-/// Trains `cfg.n_heads` heads for `model` on `corpus`.
+/// Element `i` of the `n x d` residual `z`: the first `d` columns of the `n x din` input.
+fn x_at(x: &[f32], din: usize, d: usize, i: usize) -> f32 {
+    x[(i / d) * din + i % d]
+}
+
+/// Trains `cfg.n_heads` heads for `model` on `corpus`, keeping a share `cfg.holdout` of its
+/// sequences out of training to measure the heads on.
 pub fn train(
     model: &Model,
     corpus: &HeadCorpus,
@@ -316,15 +362,42 @@ pub fn train(
 ) -> Result<(HeadWeights, Vec<HeadReport>)> {
     let c = &model.config;
     let d = c.n_embd;
-    let rows = corpus.next.len();
-    if rows == 0 {
-        return Err(TrainError::Invalid(
-            "no training positions: the corpus is empty".into(),
-        ));
-    }
     if cfg.n_heads == 0 || cfg.batch == 0 {
         return Err(TrainError::Invalid(
             "at least one head and a batch of at least one".into(),
+        ));
+    }
+    if !(0.0..=0.5).contains(&cfg.holdout) {
+        return Err(TrainError::Invalid(format!(
+            "the held-out share must be 0 to 0.5, not {}",
+            cfg.holdout
+        )));
+    }
+    // Held-out rows: every `1 / holdout`-th sequence, whole, so held-out positions come from
+    // every kind of prompt and none of their neighbours train.
+    let every = if cfg.holdout > 0.0 {
+        (1.0 / cfg.holdout).round() as usize
+    } else {
+        usize::MAX
+    };
+    let (mut train_rows, mut held) = (Vec::new(), Vec::new());
+    for (i, &start) in corpus.seq_starts.iter().enumerate() {
+        let end = corpus
+            .seq_starts
+            .get(i + 1)
+            .copied()
+            .unwrap_or(corpus.next.len());
+        let dst = if i % every == every - 1 {
+            &mut held
+        } else {
+            &mut train_rows
+        };
+        dst.extend(start..end);
+    }
+    let rows = train_rows.len();
+    if rows == 0 {
+        return Err(TrainError::Invalid(
+            "no training positions: the corpus is empty".into(),
         ));
     }
     let vocab = if cfg.vocab == 0 || cfg.vocab >= c.n_vocab {
@@ -344,9 +417,11 @@ pub fn train(
     for (row, &t) in out.chunks_exact_mut(d).zip(&ids) {
         out_m.dequantize_row(t as usize, row);
     }
+    let shape = HeadWeights::identity(cfg.n_heads, d, c.n_vocab, vocab, cfg.token_input);
+    let din = shape.input_len();
     let mut params: Vec<Tensor> = Vec::new();
     for j in 0..cfg.n_heads {
-        params.push(Tensor::matrix(format!("heads.{j}.weight"), d, d));
+        params.push(Tensor::matrix(format!("heads.{j}.weight"), d, din));
         params.push(Tensor::vector(format!("heads.{j}.bias"), d));
     }
     let mut opt = AdamW::new(
@@ -363,13 +438,13 @@ pub fn train(
         min_ratio: 0.1,
     };
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-    let mut order: Vec<usize> = (0..rows).collect();
+    let mut order = train_rows;
     order.shuffle(&mut rng);
     let mut cursor = 0;
     let mut reports = vec![HeadReport::default(); cfg.n_heads];
     let mut tail: Vec<(f64, usize, usize)> = vec![(0.0, 0, 0); cfg.n_heads];
     let n = cfg.batch.min(rows);
-    let mut z = vec![0.0; n * d];
+    let mut x = vec![0.0; n * din];
     for step in 0..cfg.steps {
         let mut batch = Vec::with_capacity(n);
         for _ in 0..n {
@@ -380,22 +455,12 @@ pub fn train(
             batch.push(order[cursor]);
             cursor += 1;
         }
-        for (dst, &r) in z.chunks_exact_mut(d).zip(&batch) {
-            dst.copy_from_slice(&corpus.z[r * d..(r + 1) * d]);
-        }
         let mut grads: Vec<Tensor> = params.iter().map(Tensor::zeros_like).collect();
         for j in 0..cfg.n_heads {
-            let targets: Vec<Option<usize>> = batch
-                .iter()
-                .map(|&r| {
-                    corpus.next[r]
-                        .get(j + 1)
-                        .and_then(|t| index.get(t).copied())
-                })
-                .collect();
+            let targets = head_inputs(model, corpus, &batch, j, din, &index, &mut x);
             let (gw, gb) = grads.split_at_mut(2 * j + 1);
             let (loss, scored, correct) = head_backward(
-                &z,
+                &x,
                 n,
                 d,
                 &params[2 * j].data,
@@ -420,6 +485,7 @@ pub fn train(
             reports[j] = HeadReport {
                 loss: loss / scored.max(1) as f64,
                 accuracy: correct as f64 / scored.max(1) as f64,
+                ..Default::default()
             };
         }
         let trainable = vec![true; params.len()];
@@ -428,19 +494,102 @@ pub fn train(
         opt.update(&mut pr, &gr, &trainable, sched.lr_at(step));
         progress(step, &reports);
     }
-    let reports: Vec<HeadReport> = tail
+    let mut reports: Vec<HeadReport> = tail
         .iter()
         .map(|&(l, s, c)| HeadReport {
             loss: l / s.max(1) as f64,
             accuracy: c as f64 / s.max(1) as f64,
+            ..Default::default()
         })
         .collect();
-    let mut w = HeadWeights::identity(cfg.n_heads, d, c.n_vocab, vocab);
+    let mut w = shape;
     for (j, h) in w.heads.iter_mut().enumerate() {
         h.0.clone_from(&params[2 * j].data);
         h.1.clone_from(&params[2 * j + 1].data);
     }
+    // Held out: each head's accuracy, and the chain (this head and all before it right).
+    let mut right = vec![0usize; cfg.n_heads];
+    let mut chain_right = vec![0usize; cfg.n_heads];
+    let mut chain_alive = vec![true; held.len()];
+    let mut scored = vec![0usize; cfg.n_heads];
+    for (bi, batch) in held.chunks(cfg.batch).enumerate() {
+        let base = bi * cfg.batch;
+        let mut xb = vec![0.0; batch.len() * din];
+        for j in 0..cfg.n_heads {
+            let targets = head_inputs(model, corpus, batch, j, din, &index, &mut xb);
+            let (wm, b) = &w.heads[j];
+            let mut logits_top = vec![None; batch.len()];
+            head_top1(&xb, batch.len(), d, wm, b, &out, v, &mut logits_top);
+            for (i, (t, top)) in targets.iter().zip(&logits_top).enumerate() {
+                // A position too near its sequence's end has no token to guess.
+                if corpus.next[batch[i]].len() <= j + 1 {
+                    chain_alive[base + i] = false;
+                    continue;
+                }
+                scored[j] += 1;
+                let ok = t.is_some() && t == top;
+                right[j] += usize::from(ok);
+                chain_alive[base + i] &= ok;
+                chain_right[j] += usize::from(chain_alive[base + i]);
+            }
+        }
+    }
+    for j in 0..cfg.n_heads {
+        let s = scored[j].max(1) as f64;
+        reports[j].held_out_accuracy = right[j] as f64 / s;
+        reports[j].held_out_chain = chain_right[j] as f64 / s;
+    }
     Ok((w, reports))
+}
+
+/// Fills `x` with head `j`'s inputs for the corpus rows `batch` (`z`, then the features of the
+/// token before the one head `j` guesses) and returns its targets as indices into the scored
+/// vocabulary (`None`: past the sequence's end, or outside the vocabulary).
+fn head_inputs(
+    model: &Model,
+    corpus: &HeadCorpus,
+    batch: &[usize],
+    j: usize,
+    din: usize,
+    index: &std::collections::HashMap<u32, usize>,
+    x: &mut [f32],
+) -> Vec<Option<usize>> {
+    let d = corpus.n_embd;
+    for (dst, &r) in x.chunks_exact_mut(din).zip(batch) {
+        dst[..d].copy_from_slice(&corpus.z[r * d..(r + 1) * d]);
+        if din > d {
+            // next[r][j] is the token before head j's target next[r][j + 1].
+            let prev = corpus.next[r].get(j).copied().unwrap_or(0);
+            token_features(model, prev, &mut dst[d..]);
+        }
+    }
+    batch
+        .iter()
+        .map(|&r| {
+            corpus.next[r]
+                .get(j + 1)
+                .and_then(|t| index.get(t).copied())
+        })
+        .collect()
+}
+
+/// Each row's top-1 index into the scored vocabulary, for evaluation.
+#[allow(clippy::too_many_arguments)]
+fn head_top1(
+    x: &[f32],
+    n: usize,
+    d: usize,
+    w: &[f32],
+    b: &[f32],
+    out: &[f32],
+    v: usize,
+    top: &mut [Option<usize>],
+) {
+    let f = head_forward(x, n, d, w, b, out, v);
+    for (row, t) in f.logits.chunks_exact(v).zip(top.iter_mut()) {
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        *t = row.iter().position(|&x| x == max);
+    }
 }
 
 #[cfg(test)]
@@ -450,48 +599,60 @@ mod tests {
     /// The head's analytic gradient against central differences of its loss, in f64 terms:
     /// f32 products with a step of 1e-2 on O(1) values give differences good to about 1e-3
     /// relative, so 2% (plus an absolute 1e-4) separates a right gradient from a wrong one.
+    /// Both inputs: `z` alone, and `z` with the previous token's features (twice as wide, the
+    /// residual from its first half only).
     #[test]
     fn head_backward_matches_finite_differences() {
         let (n, d, v) = (5, 6, 7);
-        let mut state = 7u64;
-        let mut rnd = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
-        let z: Vec<f32> = (0..n * d).map(|_| rnd() * 2.0).collect();
-        let w: Vec<f32> = (0..d * d).map(|_| rnd()).collect();
-        let b: Vec<f32> = (0..d).map(|_| rnd()).collect();
-        let out: Vec<f32> = (0..v * d).map(|_| rnd() * 2.0).collect();
-        let targets = vec![Some(1), None, Some(6), Some(0), Some(3)];
-        let loss = |w: &[f32], b: &[f32]| {
-            let (mut gw, mut gb) = (vec![0.0; d * d], vec![0.0; d]);
-            let (l, s, _) = head_backward(&z, n, d, w, b, &out, v, &targets, &mut gw, &mut gb);
-            l / s as f64
-        };
-        let (mut gw, mut gb) = (vec![0.0; d * d], vec![0.0; d]);
-        head_backward(&z, n, d, &w, &b, &out, v, &targets, &mut gw, &mut gb);
-        let h = 1e-2;
-        let check = |analytic: f32, plus: f64, minus: f64, what: &str| {
-            let numeric = (plus - minus) / (2.0 * h as f64);
-            let err = (f64::from(analytic) - numeric).abs();
-            assert!(
-                err <= 0.02 * numeric.abs() + 1e-4,
-                "{what}: analytic {analytic}, numeric {numeric}"
-            );
-        };
-        for i in 0..d * d {
-            let (mut wp, mut wm) = (w.clone(), w.clone());
-            wp[i] += h;
-            wm[i] -= h;
-            check(gw[i], loss(&wp, &b), loss(&wm, &b), &format!("W[{i}]"));
-        }
-        for i in 0..d {
-            let (mut bp, mut bm) = (b.clone(), b.clone());
-            bp[i] += h;
-            bm[i] -= h;
-            check(gb[i], loss(&w, &bp), loss(&w, &bm), &format!("b[{i}]"));
+        for din in [d, 2 * d] {
+            let mut state = 7u64;
+            let mut rnd = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            };
+            let x: Vec<f32> = (0..n * din).map(|_| rnd() * 2.0).collect();
+            let w: Vec<f32> = (0..d * din).map(|_| rnd()).collect();
+            let b: Vec<f32> = (0..d).map(|_| rnd()).collect();
+            let out: Vec<f32> = (0..v * d).map(|_| rnd() * 2.0).collect();
+            let targets = vec![Some(1), None, Some(6), Some(0), Some(3)];
+            let loss = |w: &[f32], b: &[f32]| {
+                let (mut gw, mut gb) = (vec![0.0; d * din], vec![0.0; d]);
+                let (l, s, _) = head_backward(&x, n, d, w, b, &out, v, &targets, &mut gw, &mut gb);
+                l / s as f64
+            };
+            let (mut gw, mut gb) = (vec![0.0; d * din], vec![0.0; d]);
+            head_backward(&x, n, d, &w, &b, &out, v, &targets, &mut gw, &mut gb);
+            let h = 1e-2;
+            let check = |analytic: f32, plus: f64, minus: f64, what: &str| {
+                let numeric = (plus - minus) / (2.0 * h as f64);
+                let err = (f64::from(analytic) - numeric).abs();
+                assert!(
+                    err <= 0.02 * numeric.abs() + 1e-4,
+                    "input {din}, {what}: analytic {analytic}, numeric {numeric}"
+                );
+            };
+            for i in 0..d * din {
+                let (mut wp, mut wm) = (w.clone(), w.clone());
+                wp[i] += h;
+                wm[i] -= h;
+                check(gw[i], loss(&wp, &b), loss(&wm, &b), &format!("W[{i}]"));
+            }
+            for i in 0..d {
+                let (mut bp, mut bm) = (b.clone(), b.clone());
+                bp[i] += h;
+                bm[i] -= h;
+                check(gb[i], loss(&w, &bp), loss(&w, &bm), &format!("b[{i}]"));
+            }
+            // The evaluation path picks the top-1 of the same logits.
+            let mut top = vec![None; n];
+            head_top1(&x, n, d, &w, &b, &out, v, &mut top);
+            let f = head_forward(&x, n, d, &w, &b, &out, v);
+            for (row, t) in f.logits.chunks_exact(v).zip(&top) {
+                let best = (0..v).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+                assert_eq!(*t, Some(best));
+            }
         }
     }
 }

@@ -96,17 +96,29 @@ fn every_drafter_reproduces_greedy_decoding_on_the_real_model() {
         // Draft heads: untrained (each repeats the model's next token) over the first 4096
         // ids, and perturbed ones; exactness does not depend on what they guess.
         let n = model.config.n_embd;
-        for scale in [0.0f32, 0.05] {
-            let mut w =
-                HeadWeights::identity(3, n, model.config.n_vocab, Some((0..4096).collect()));
+        for (scale, token_input) in [(0.0f32, false), (0.05, false), (0.05, true)] {
+            let vocab = Some((0..4096).collect());
+            let mut w = HeadWeights::identity(3, n, model.config.n_vocab, vocab, token_input);
             for (j, (m, _)) in w.heads.iter_mut().enumerate() {
                 for (x, v) in m.iter_mut().enumerate() {
                     *v = scale * (((x * 7 + j * 13) % 17) as f32 / 17.0 - 0.5);
                 }
             }
-            let mut s = Speculator::with_heads(&model, ctx, &kv, a, 3, i % 2 == 1, w).unwrap();
+            // Alone, and after prompt lookup (`ngram+heads`).
+            let lookup = token_input.then_some(3);
+            let o = SpecOptions {
+                method: Method::Heads {
+                    path: "(in memory)".into(),
+                    lookup,
+                },
+                k: 3,
+                adaptive: i % 2 == 1,
+                draft_vocab: None,
+            };
+            let mut s = Speculator::with_heads(&model, ctx, &kv, a, &o, w).unwrap();
             let (got, _) = s.generate(&tok, &ids, &opts, |_| {}).unwrap();
-            assert_eq!(got.tokens, want.tokens, "heads x{scale} on prompt {i}");
+            let what = format!("heads x{scale} (token input {token_input}) on prompt {i}");
+            assert_eq!(got.tokens, want.tokens, "{what}");
         }
     }
     assert!(accepted > 0, "no drafted token was ever accepted");

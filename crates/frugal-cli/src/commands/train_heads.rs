@@ -17,13 +17,23 @@ const ASKS: [&str; 3] = [
     "Explain this in simple words:",
     "What questions does this text raise?",
 ];
-const TOPICS: [&str; 6] = [
+const TOPICS: [&str; 16] = [
     "Write a short story about",
     "Explain to a ten-year-old what this is:",
     "Give me five tips about",
     "Write a poem about",
     "What are the pros and cons of",
     "Describe the history of",
+    "Write a friendly email to a colleague about",
+    "List three common mistakes people make with",
+    "How would you teach a beginner about",
+    "Write a product description for something called",
+    "Compare two different approaches to",
+    "Write a dialogue between two friends about",
+    "What is the most interesting fact about",
+    "Give step-by-step instructions involving",
+    "Write a short news report about",
+    "Answer briefly: why does anyone care about",
 ];
 
 #[derive(clap::Args, Debug)]
@@ -54,6 +64,17 @@ pub struct Args {
     pub lr: f32,
     #[arg(long = "seed", default_value_t = 0)]
     pub seed: u64,
+    /// Medusa-1 heads that read only the hidden state (default: each head also reads the
+    /// embedding of the token before the one it guesses)
+    #[arg(long = "hidden-only")]
+    pub hidden_only: bool,
+    /// Keep the generations in this JSON file, and reuse them when it exists (train other heads
+    /// on the same data without generating it again)
+    #[arg(long = "generations", value_name = "FILE")]
+    pub generations: Option<PathBuf>,
+    /// Share of the generated sequences kept out of training to measure the heads on
+    #[arg(long = "holdout", default_value_t = 0.05)]
+    pub holdout: f64,
     /// Output heads file (GGUF)
     #[arg(long = "out", required = true)]
     pub out: PathBuf,
@@ -66,6 +87,106 @@ pub fn run(a: Args) -> Result<()> {
     anyhow::ensure!(a.heads >= 1 && a.heads <= 16, "--heads must be 1 to 16");
     anyhow::ensure!(a.gen_len > a.heads, "--gen must exceed --heads");
     anyhow::ensure!(a.batch > 0, "--batch must be at least 1");
+    anyhow::ensure!(
+        (0.0..=0.5).contains(&a.holdout),
+        "--holdout must be 0 to 0.5"
+    );
+    let (model, tok) = common::load(&a.model)?;
+    let seqs = match &a.generations {
+        Some(p) if p.exists() => {
+            let json =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let seqs: Vec<(Vec<u32>, usize)> = serde_json::from_str(&json)
+                .with_context(|| format!("{}: not a generations file", p.display()))?;
+            let n_vocab = model.config.n_vocab;
+            anyhow::ensure!(
+                seqs.iter()
+                    .all(|(s, p)| *p <= s.len() && s.iter().all(|&t| (t as usize) < n_vocab)),
+                "{}: holds token ids outside this model's vocabulary or bad prompt lengths",
+                p.display()
+            );
+            eprintln!(
+                "reusing {} generated sequences from {}",
+                seqs.len(),
+                p.display()
+            );
+            seqs
+        }
+        _ => {
+            let seqs = generate(&a, tokens, &model, &tok)?;
+            if let Some(p) = &a.generations {
+                std::fs::write(p, serde_json::to_string(&seqs)?)
+                    .with_context(|| format!("writing {}", p.display()))?;
+            }
+            seqs
+        }
+    };
+    let corpus = heads::hidden_states(&model, &seqs, a.heads)?;
+    let positions = corpus.next.len();
+    let steps = a
+        .steps
+        .unwrap_or_else(|| (2 * positions).div_ceil(a.batch).max(1));
+    let cfg = HeadsConfig {
+        n_heads: a.heads,
+        vocab: a.vocab,
+        steps,
+        batch: a.batch,
+        lr: a.lr,
+        seed: a.seed,
+        token_input: !a.hidden_only,
+        holdout: a.holdout,
+    };
+    let t1 = Instant::now();
+    let mut last = Instant::now();
+    let (w, reports) = heads::train(&model, &corpus, &cfg, |step, r| {
+        if last.elapsed().as_secs_f64() > 10.0 || step + 1 == steps {
+            let accs: Vec<String> = r.iter().map(|h| format!("{:.2}", h.accuracy)).collect();
+            eprintln!(
+                "step {}/{steps}: top-1 accuracy per head [{}]",
+                step + 1,
+                accs.join(", ")
+            );
+            last = Instant::now();
+        }
+    })?;
+    w.write(&a.out)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    eprintln!(
+        "trained {} heads on {positions} positions ({steps} steps of {}, {:.0} s); vocabulary {}",
+        a.heads,
+        a.batch,
+        t1.elapsed().as_secs_f64(),
+        w.vocab.as_ref().map_or(model.config.n_vocab, |v| v.len())
+    );
+    for (j, r) in reports.iter().enumerate() {
+        let held = if a.holdout > 0.0 {
+            format!(
+                "; held out: top-1 {:.3}, with every earlier head right {:.3}",
+                r.held_out_accuracy, r.held_out_chain
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "head {}: predicts token t+{}: loss {:.3}, top-1 accuracy {:.3} (last quarter of training){held}",
+            j + 1,
+            j + 2,
+            r.loss,
+            r.accuracy
+        );
+    }
+    println!("wrote {}", a.out.display());
+    Ok(())
+}
+
+/// The model's greedy answers to prompts drawn from the `--data` text: each prompt followed by
+/// its continuation, and the prompt's length.
+fn generate(
+    a: &Args,
+    tokens: usize,
+    model: &frugal::model::Model,
+    tok: &frugal::tokenizer::Tokenizer,
+) -> Result<Vec<(Vec<u32>, usize)>> {
     let mut text = String::new();
     for p in &a.data {
         text.push_str(
@@ -73,7 +194,6 @@ pub fn run(a: Args) -> Result<()> {
         );
         text.push('\n');
     }
-    let (model, tok) = common::load(&a.model)?;
     let template = ChatTemplate::from_gguf(&model.file)?;
     // Prompts: passages of ~48 tokens, spread over the text.
     let ids = tok.encode(&text, false)?;
@@ -122,7 +242,7 @@ pub fn run(a: Args) -> Result<()> {
     let t0 = Instant::now();
     let eog = |t: u32| tok.is_end_of_generation(t);
     let mut last = Instant::now();
-    let seqs = heads::generate_corpus(&model, &prompts, a.gen_len, 16, &eog, |n| {
+    let seqs = heads::generate_corpus(model, &prompts, a.gen_len, 16, &eog, |n| {
         if last.elapsed().as_secs_f64() > 10.0 {
             eprintln!(
                 "generating: {n} tokens ({:.0} s)",
@@ -137,50 +257,5 @@ pub fn run(a: Args) -> Result<()> {
         prompts.len(),
         t0.elapsed().as_secs_f64()
     );
-    let corpus = heads::hidden_states(&model, &seqs, a.heads)?;
-    let positions = corpus.next.len();
-    let steps = a
-        .steps
-        .unwrap_or_else(|| (2 * positions).div_ceil(a.batch).max(1));
-    let cfg = HeadsConfig {
-        n_heads: a.heads,
-        vocab: a.vocab,
-        steps,
-        batch: a.batch,
-        lr: a.lr,
-        seed: a.seed,
-    };
-    let t1 = Instant::now();
-    let mut last = Instant::now();
-    let (w, reports) = heads::train(&model, &corpus, &cfg, |step, r| {
-        if last.elapsed().as_secs_f64() > 10.0 || step + 1 == steps {
-            let accs: Vec<String> = r.iter().map(|h| format!("{:.2}", h.accuracy)).collect();
-            eprintln!(
-                "step {}/{steps}: top-1 accuracy per head [{}]",
-                step + 1,
-                accs.join(", ")
-            );
-            last = Instant::now();
-        }
-    })?;
-    w.write(&a.out)
-        .with_context(|| format!("writing {}", a.out.display()))?;
-    eprintln!(
-        "trained {} heads on {positions} positions ({steps} steps of {}, {:.0} s); vocabulary {}",
-        a.heads,
-        a.batch,
-        t1.elapsed().as_secs_f64(),
-        w.vocab.as_ref().map_or(model.config.n_vocab, |v| v.len())
-    );
-    for (j, r) in reports.iter().enumerate() {
-        println!(
-            "head {}: predicts token t+{}: loss {:.3}, top-1 accuracy {:.3} (last quarter of training)",
-            j + 1,
-            j + 2,
-            r.loss,
-            r.accuracy
-        );
-    }
-    println!("wrote {}", a.out.display());
-    Ok(())
+    Ok(seqs)
 }

@@ -28,7 +28,12 @@ pub enum Drafter {
     /// The target's own first layers (the split lives in the target's caches).
     EarlyExit,
     Model(Box<DraftModel>),
-    Heads(Box<DraftHeads>),
+    /// Draft heads, after prompt lookup when it is given: a copy in progress is the cheaper and
+    /// longer draft, and the heads guess where the text is not copying anything.
+    Heads {
+        heads: Box<DraftHeads>,
+        lookup: Option<ngram::Lookup>,
+    },
 }
 
 /// What speculation did during one generation.
@@ -159,6 +164,8 @@ pub struct Speculator<'m> {
     last_hidden: Vec<f32>,
     /// The context followed by the tokens drafted so far (the early exit's penalties read it).
     seq: Vec<u32>,
+    /// The latest draft came from prompt lookup (`ngram+heads`), which keeps its own lengths.
+    from_lookup: bool,
 }
 
 /// Default cost of one more row in a verification pass relative to a one-token decode step,
@@ -211,10 +218,9 @@ impl<'m> Speculator<'m> {
                 let d = DraftModel::new(d, model, ctx, kv, attention, opts.draft_vocab)?;
                 (Drafter::Model(Box::new(d)), None)
             }
-            (Method::Heads { path }, None) => {
-                let h = DraftHeads::new(HeadWeights::read(path)?, model)?;
-                opts.k = opts.k.min(h.len());
-                (Drafter::Heads(Box::new(h)), None)
+            (Method::Heads { path, .. }, None) => {
+                let w = HeadWeights::read(path)?;
+                (Self::heads_drafter(model, w, &mut opts)?, None)
             }
             (_, Some(_)) => {
                 return Err(Error::Invalid(
@@ -225,27 +231,36 @@ impl<'m> Speculator<'m> {
         Self::assemble(Target::new(model, ctx, kv, attention, exit)?, drafter, opts)
     }
 
-    /// Speculation with draft heads already in memory (tests, training reports).
+    /// Speculation with draft heads already in memory (tests, training reports); `opts` names
+    /// a `heads` method (its path is not read).
     pub fn with_heads(
         model: &'m Model,
         ctx: usize,
         kv: &KvOptions,
         attention: Attention,
-        k: usize,
-        adaptive: bool,
+        opts: &SpecOptions,
         heads: HeadWeights,
     ) -> Result<Self> {
-        let h = DraftHeads::new(heads, model)?;
-        let opts = SpecOptions {
-            method: Method::Heads {
-                path: "(in memory)".into(),
-            },
-            k: k.clamp(1, h.len()),
-            adaptive,
-            draft_vocab: None,
-        };
+        let mut opts = opts.clone();
+        let drafter = Self::heads_drafter(model, heads, &mut opts)?;
         let target = Target::new(model, ctx, kv, attention, None)?;
-        Self::assemble(target, Drafter::Heads(Box::new(h)), opts)
+        Self::assemble(target, drafter, opts)
+    }
+
+    /// The heads drafter for `opts` (a `heads` method), with prompt lookup first when it asks.
+    /// Prompt lookup may draft up to K; the heads draft at most their number.
+    fn heads_drafter(model: &Model, w: HeadWeights, opts: &mut SpecOptions) -> Result<Drafter> {
+        let Method::Heads { lookup, .. } = opts.method else {
+            return Err(Error::Invalid(
+                "draft heads were given to a drafter that takes none".into(),
+            ));
+        };
+        let heads = Box::new(DraftHeads::new(w, model)?);
+        let lookup = lookup.map(|n| ngram::Lookup::new(n, opts.k, opts.adaptive, DEFAULT_ROW_COST));
+        if lookup.is_none() {
+            opts.k = opts.k.min(heads.len());
+        }
+        Ok(Drafter::Heads { heads, lookup })
     }
 
     fn assemble(target: Target<'m>, drafter: Drafter, opts: SpecOptions) -> Result<Self> {
@@ -258,6 +273,7 @@ impl<'m> Speculator<'m> {
             ws: Workspace::default(),
             last_hidden: Vec::new(),
             seq: Vec::new(),
+            from_lookup: false,
         })
     }
 
@@ -278,7 +294,7 @@ impl<'m> Speculator<'m> {
                 _ => 1.0,
             },
             Drafter::Model(d) => d.macs_per_token() / full,
-            Drafter::Heads(h) => h.macs_per_head() / full,
+            Drafter::Heads { heads, .. } => heads.macs_per_head() / full,
         }
     }
 
@@ -338,9 +354,13 @@ impl<'m> Speculator<'m> {
             let room = self.ctx().saturating_sub(self.target.len() + 1);
             let wanted = opts.max_tokens.saturating_sub(out.generated().len() + 1);
             let cap = self.opts.k.min(room).min(wanted);
-            // Prompt lookup chooses its length from the match it finds (see `ngram::Lookup`).
+            // Prompt lookup chooses its length from the match it finds (see `ngram::Lookup`);
+            // the heads' length is chosen only when lookup drafts nothing.
             let k = match self.drafter {
                 Drafter::Ngram(_) => cap,
+                Drafter::Heads {
+                    lookup: Some(_), ..
+                } => cap,
                 _ => adapt.next_k().min(cap),
             };
             let td = Instant::now();
@@ -348,6 +368,7 @@ impl<'m> Speculator<'m> {
                 out.history(),
                 gen_start,
                 k,
+                &mut adapt,
                 &mut draft_sampler,
                 &mut draft,
                 &mut q,
@@ -381,6 +402,9 @@ impl<'m> Speculator<'m> {
             spec.drafted_passes += usize::from(!draft.is_empty());
             match &mut self.drafter {
                 Drafter::Ngram(l) => l.record(draft.len(), v.accepted),
+                Drafter::Heads {
+                    lookup: Some(l), ..
+                } if self.from_lookup => l.record(draft.len(), v.accepted),
                 _ => adapt.record(draft.len(), v.accepted),
             }
             stats.decode_steps += 1;
@@ -399,7 +423,7 @@ impl<'m> Speculator<'m> {
 
     /// Keeps the hidden state of `row` of the last target pass, if the drafter reads it.
     fn keep_hidden(&mut self, row: usize) {
-        if let Drafter::Heads(_) = self.drafter {
+        if let Drafter::Heads { .. } = self.drafter {
             let d = self.target.model.config.n_embd;
             let h = &self.target.scratch.hidden()[row * d..(row + 1) * d];
             self.last_hidden.clear();
@@ -408,17 +432,21 @@ impl<'m> Speculator<'m> {
     }
 
     /// Fills `draft` with up to `k` tokens after `context`; returns whether they were sampled
-    /// (with their distributions in `q`) rather than chosen deterministically.
+    /// (with their distributions in `q`) rather than chosen deterministically. `adapt` chooses
+    /// the heads' length when prompt lookup, tried first, drafts nothing.
+    #[allow(clippy::too_many_arguments)]
     fn draft(
         &mut self,
         context: &[u32],
         gen_start: usize,
         k: usize,
+        adapt: &mut DraftLength,
         sampler: &mut Sampler,
         draft: &mut Vec<u32>,
         q: &mut Vec<Vec<(u32, f32)>>,
     ) -> Result<bool> {
         draft.clear();
+        self.from_lookup = false;
         if k == 0 {
             return Ok(false);
         }
@@ -432,9 +460,21 @@ impl<'m> Speculator<'m> {
                 d.propose(context, gen_start, k, sampler, draft, q)?;
                 Ok(sampled)
             }
-            Drafter::Heads(h) => {
+            Drafter::Heads { heads, lookup } => {
+                let mut k = k;
+                if let Some(l) = lookup {
+                    l.propose(context, k, draft);
+                    if !draft.is_empty() {
+                        self.from_lookup = true;
+                        return Ok(false);
+                    }
+                    k = adapt.next_k().min(k).min(heads.len());
+                    if k == 0 {
+                        return Ok(false);
+                    }
+                }
                 let m = self.target.model;
-                h.propose(
+                heads.propose(
                     m,
                     &self.last_hidden,
                     context,

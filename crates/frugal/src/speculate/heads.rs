@@ -7,6 +7,13 @@
 //! shared, gives its logits. With `W_j = 0` a head repeats the target's next-token guess, which is
 //! the starting point of training (`frugal train-heads`, on the target's own generations).
 //!
+//! Token-conditioned heads (the default of `train-heads`, after Hydra and EAGLE) also read the
+//! token before the one they guess: `u_j = z + SiLU(W_j [z; e_j] + b_j)`, where `e_j` is the
+//! RMS-normalized input embedding of the target's own next token (head 0) or of head `j - 1`'s
+//! draft. A Medusa head must guess token t+2 without knowing t+1; this one is told it, which is
+//! most of what predicts t+2. Drafts after a wrong one are rejected anyway, so training on the
+//! true previous tokens is training on exactly the case that counts.
+//!
 //! The output head over 49,152 tokens would be most of a head's cost, so a heads file may name
 //! a vocabulary subset, the tokens most frequent in the training data (FR-Spec): the heads then
 //! score only those rows of the output matrix. Verification still uses the full vocabulary, so
@@ -14,7 +21,8 @@
 //!
 //! File: a GGUF with `general.architecture = frugal-heads`, `frugal-heads.count`,
 //! `frugal-heads.embedding_length`, `frugal-heads.vocab_size` (the target's), optionally the
-//! subset `frugal-heads.vocab` (token ids), and F32 tensors `heads.{j}.weight` (`d x d`) and
+//! subset `frugal-heads.vocab` (token ids), `frugal-heads.token_input` (bool, absent: false),
+//! and F32 tensors `heads.{j}.weight` (`d x d`, or `d x 2d` with the token input) and
 //! `heads.{j}.bias` (`d`).
 
 use std::borrow::Cow;
@@ -35,10 +43,12 @@ pub struct HeadWeights {
     pub n_embd: usize,
     /// The target's vocabulary size.
     pub n_vocab: usize,
-    /// Per head: `W` (`n_embd x n_embd`, row-major) and `b`.
+    /// Per head: `W` (`n_embd x input_len()`, row-major) and `b`.
     pub heads: Vec<(Vec<f32>, Vec<f32>)>,
     /// The tokens the heads may propose (all when `None`).
     pub vocab: Option<Vec<u32>>,
+    /// Each head also reads the embedding of the token before the one it guesses.
+    pub token_input: bool,
 }
 
 impl HeadWeights {
@@ -48,14 +58,26 @@ impl HeadWeights {
         n_embd: usize,
         n_vocab: usize,
         vocab: Option<Vec<u32>>,
+        token_input: bool,
     ) -> Self {
+        let input = if token_input { 2 * n_embd } else { n_embd };
         HeadWeights {
             n_embd,
             n_vocab,
             heads: (0..n_heads)
-                .map(|_| (vec![0.0; n_embd * n_embd], vec![0.0; n_embd]))
+                .map(|_| (vec![0.0; n_embd * input], vec![0.0; n_embd]))
                 .collect(),
             vocab,
+            token_input,
+        }
+    }
+
+    /// The width of a head's input: `z`, or `z` and the previous token's embedding.
+    pub fn input_len(&self) -> usize {
+        if self.token_input {
+            2 * self.n_embd
+        } else {
+            self.n_embd
         }
     }
 
@@ -71,12 +93,14 @@ impl HeadWeights {
         if let Some(v) = &self.vocab {
             w.set("frugal-heads.vocab", Value::Array(Array::U32(v.clone())));
         }
+        w.set("frugal-heads.token_input", Value::Bool(self.token_input));
         let bytes = |v: &[f32]| Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect());
         let d = self.n_embd as u64;
+        let input = self.input_len() as u64;
         for (j, (wm, b)) in self.heads.iter().enumerate() {
             w.tensors.push(TensorData {
                 name: format!("heads.{j}.weight"),
-                dims: vec![d, d],
+                dims: vec![input, d],
                 ty: GgmlType::F32,
                 data: bytes(wm),
             });
@@ -123,6 +147,12 @@ impl HeadWeights {
                 Some(ids)
             }
         };
+        let token_input = match f.get("frugal-heads.token_input") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(bad("frugal-heads.token_input is not a bool".into())),
+        };
+        let input = if token_input { 2 * d } else { d };
         let mut heads = Vec::with_capacity(n);
         for j in 0..n {
             let tensor = |name: String, len: usize| -> Result<Vec<f32>> {
@@ -136,7 +166,7 @@ impl HeadWeights {
                 dequantize_to_vec(info.ty, data, len).map_err(|e| bad(format!("{name}: {e}")))
             };
             heads.push((
-                tensor(format!("heads.{j}.weight"), d * d)?,
+                tensor(format!("heads.{j}.weight"), d * input)?,
                 tensor(format!("heads.{j}.bias"), d)?,
             ));
         }
@@ -145,8 +175,20 @@ impl HeadWeights {
             n_vocab,
             heads,
             vocab,
+            token_input,
         })
     }
+}
+
+/// The token input of a head: the RMS-normalized (unweighted) input embedding of `token`, so it
+/// enters at the scale of the normalized hidden state whatever the model's embedding scale.
+/// Training and drafting both call this, so they see the same values.
+pub fn token_features(model: &Model, token: u32, out: &mut [f32]) {
+    let m = model.weights.token_embd.view(&model.file);
+    m.dequantize_row(token as usize, out);
+    let ss: f64 = out.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let scale = (1.0 / (ss / out.len() as f64 + 1e-6).sqrt()) as f32;
+    out.iter_mut().for_each(|v| *v *= scale);
 }
 
 /// The rows of a model's output matrix for a subset of the vocabulary (FR-Spec): logits for
@@ -217,7 +259,8 @@ pub struct DraftHeads {
     head: SubsetHead,
     /// Each head's `W` as F32 bytes, for the same threaded kernels as the model's products.
     w_bytes: Vec<Vec<u8>>,
-    z: Vec<f32>,
+    /// A head's input: `z`, then (token-conditioned heads) the previous token's features.
+    x: Vec<f32>,
     a: Vec<f32>,
     /// The context followed by the tokens drafted so far.
     seq: Vec<u32>,
@@ -246,7 +289,7 @@ impl DraftHeads {
         Ok(DraftHeads {
             head: SubsetHead::new(target, ids)?,
             w_bytes,
-            z: Vec::new(),
+            x: Vec::new(),
             a: Vec::new(),
             seq: Vec::new(),
             w,
@@ -269,7 +312,7 @@ impl DraftHeads {
     /// Multiply-adds per head: the residual block and the subset of the output matrix.
     pub fn macs_per_head(&self) -> f64 {
         let d = self.w.n_embd;
-        (d * d + self.head.len() * d) as f64
+        (d * self.w.input_len() + self.head.len() * d) as f64
     }
 
     /// Drafts up to `k` tokens (one per head) after the token the target chose from `hidden`
@@ -289,19 +332,31 @@ impl DraftHeads {
     ) -> Result<()> {
         out.clear();
         let d = self.w.n_embd;
+        let input = self.w.input_len();
         let c = &target.config;
-        self.z.resize(d, 0.0);
-        rms_norm(hidden, &target.weights.output_norm, c.rms_eps, &mut self.z);
+        self.x.resize(input, 0.0);
+        rms_norm(
+            hidden,
+            &target.weights.output_norm,
+            c.rms_eps,
+            &mut self.x[..d],
+        );
         let seq = &mut self.seq;
         seq.clear();
         seq.extend_from_slice(context);
         for (j, ((_, b), wb)) in self.w.heads.iter().zip(&self.w_bytes).take(k).enumerate() {
-            // u = z + SiLU(W z + b)
-            let wm = WeightMatrix::new(GgmlType::F32, d, d, wb)
+            if self.w.token_input {
+                let prev = *seq
+                    .last()
+                    .expect("the context ends with the target's token");
+                token_features(target, prev, &mut self.x[d..]);
+            }
+            // u = z + SiLU(W x + b)
+            let wm = WeightMatrix::new(GgmlType::F32, d, input, wb)
                 .map_err(|e| Error::Invalid(format!("draft heads: {e}")))?;
             self.a.resize(d, 0.0);
-            matvec(&wm, &self.z, &mut self.a);
-            for ((a, z), bi) in self.a.iter_mut().zip(&self.z).zip(b) {
+            matvec(&wm, &self.x, &mut self.a);
+            for ((a, z), bi) in self.a.iter_mut().zip(&self.x[..d]).zip(b) {
                 let x = *a + bi;
                 *a = z + x / (1.0 + (-x).exp());
             }

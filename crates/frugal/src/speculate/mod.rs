@@ -38,8 +38,13 @@ pub enum Method {
     EarlyExit { layers: usize },
     /// Another model with the same vocabulary.
     Draft { path: PathBuf },
-    /// Draft heads trained on the target (`frugal train-heads`).
-    Heads { path: PathBuf },
+    /// Draft heads trained on the target (`frugal train-heads`); with `lookup`, prompt lookup
+    /// over suffixes of up to that many tokens drafts first and the heads draft where it finds
+    /// no match worth drafting from (`ngram+heads:FILE`).
+    Heads {
+        path: PathBuf,
+        lookup: Option<usize>,
+    },
 }
 
 /// A drafter and the most tokens it drafts per pass.
@@ -63,7 +68,8 @@ pub const DEFAULT_NGRAM: usize = 3;
 impl FromStr for SpecOptions {
     type Err = String;
 
-    /// `ngram[:N][:K]`, `self:L[:K]`, `draft:FILE[:K]` or `heads:FILE[:K]`.
+    /// `ngram[:N][:K]`, `self:L[:K]`, `draft:FILE[:K]`, `heads:FILE[:K]` or
+    /// `ngram+heads:FILE[:K]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let bad_k = || "the draft length K must be at least 1".to_string();
         let number = |what: &str, v: &str| {
@@ -103,7 +109,7 @@ impl FromStr for SpecOptions {
                 let k = parts.get(1).map(|v| number("K", v)).transpose()?;
                 (Method::EarlyExit { layers }, k.unwrap_or(4))
             }
-            "draft" | "heads" => {
+            "draft" | "heads" | "ngram+heads" => {
                 // A trailing :K is a number; everything before it is the path.
                 let (path, k) = match rest.rsplit_once(':') {
                     Some((p, k)) if !p.is_empty() && k.chars().all(|c| c.is_ascii_digit()) => {
@@ -117,13 +123,21 @@ impl FromStr for SpecOptions {
                 let path = PathBuf::from(path);
                 match kind {
                     // Without K, every head of the file drafts.
-                    "heads" => (Method::Heads { path }, k.unwrap_or(MAX_K)),
+                    "heads" => (Method::Heads { path, lookup: None }, k.unwrap_or(MAX_K)),
+                    "ngram+heads" => (
+                        Method::Heads {
+                            path,
+                            lookup: Some(DEFAULT_NGRAM),
+                        },
+                        // Prompt lookup's default; the heads draft at most their number.
+                        k.unwrap_or(8),
+                    ),
                     _ => (Method::Draft { path }, k.unwrap_or(4)),
                 }
             }
             other => {
                 return Err(format!(
-                    "unknown drafter {other:?} in --speculate: expected ngram[:N][:K], self:L[:K], draft:FILE[:K] or heads:FILE[:K]"
+                    "unknown drafter {other:?} in --speculate: expected ngram[:N][:K], self:L[:K], draft:FILE[:K], heads:FILE[:K] or ngram+heads:FILE[:K]"
                 ));
             }
         };

@@ -116,10 +116,17 @@ fn greedy_speculation_reproduces_plain_decoding_for_every_drafter() {
 }
 
 /// Heads with random weights (they draft badly, which exercises rejection) over a vocabulary
-/// subset, or the identity heads (which repeat the target's next token).
-fn heads(random: bool, n: usize) -> HeadWeights {
+/// subset, or the identity heads (which repeat the target's next token); reading the previous
+/// token's embedding or not.
+fn heads(random: bool, n: usize, token_input: bool) -> HeadWeights {
     let vocab = Some((0..200u32).collect());
-    let mut w = HeadWeights::identity(n, 64, crate::model::synthetic::SYNTHETIC_VOCAB, vocab);
+    let mut w = HeadWeights::identity(
+        n,
+        64,
+        crate::model::synthetic::SYNTHETIC_VOCAB,
+        vocab,
+        token_input,
+    );
     if random {
         let mut state = 99u64;
         for (m, b) in &mut w.heads {
@@ -134,6 +141,19 @@ fn heads(random: bool, n: usize) -> HeadWeights {
     w
 }
 
+/// Options for draft heads kept in memory, with prompt lookup first when `lookup` is given.
+fn heads_options(k: usize, adaptive: bool, lookup: Option<usize>) -> SpecOptions {
+    SpecOptions {
+        method: Method::Heads {
+            path: "(in memory)".into(),
+            lookup,
+        },
+        k,
+        adaptive,
+        draft_vocab: None,
+    }
+}
+
 #[test]
 fn greedy_speculation_with_draft_heads_reproduces_plain_decoding() {
     let target = model(3, 1);
@@ -143,30 +163,36 @@ fn greedy_speculation_with_draft_heads_reproduces_plain_decoding() {
     let p = prompt(1);
     let mut plain = Session::with_options(&target, 512, true, &kv, Attention::default()).unwrap();
     let want = plain.generate(&tok, &p, &opts, |_| {}).unwrap();
-    for random in [false, true] {
-        for (k, adaptive) in [(1, false), (3, false), (3, true)] {
-            let mut s = Speculator::with_heads(
-                &target,
-                512,
-                &kv,
-                Attention::default(),
-                k,
-                adaptive,
-                heads(random, 3),
-            )
-            .unwrap();
-            let (got, st) = s.generate(&tok, &p, &opts, |_| {}).unwrap();
-            assert_eq!(got.tokens, want.tokens, "random {random} k {k}");
-            assert!(st.drafted > 0);
+    for token_input in [false, true] {
+        for random in [false, true] {
+            for (k, adaptive, lookup) in [
+                (1, false, None),
+                (3, false, None),
+                (3, true, None),
+                (4, true, Some(3)),
+                (2, false, Some(2)),
+            ] {
+                let o = heads_options(k, adaptive, lookup);
+                let w = heads(random, 3, token_input);
+                let mut s =
+                    Speculator::with_heads(&target, 512, &kv, Attention::default(), &o, w).unwrap();
+                let (got, st) = s.generate(&tok, &p, &opts, |_| {}).unwrap();
+                let what =
+                    format!("random {random} k {k} lookup {lookup:?} token input {token_input}");
+                assert_eq!(got.tokens, want.tokens, "{what}");
+                assert!(st.drafted > 0, "{what}");
+            }
         }
     }
-    // A heads file round-trips.
+    // A heads file round-trips, with and without the token input.
     let dir = std::env::temp_dir().join(format!("frugal-heads-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("h.gguf");
-    let w = heads(true, 2);
-    w.write(&path).unwrap();
-    assert_eq!(HeadWeights::read(&path).unwrap(), w);
+    for token_input in [false, true] {
+        let w = heads(true, 2, token_input);
+        w.write(&path).unwrap();
+        assert_eq!(HeadWeights::read(&path).unwrap(), w);
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -293,9 +319,8 @@ fn sampled_counts(
             512,
             &kv,
             Attention::default(),
-            2,
-            false,
-            heads(true, 2),
+            &heads_options(2, false, None),
+            heads(true, 2, true),
         )
         .unwrap(),
     };
