@@ -47,6 +47,10 @@ pub struct Args {
     /// Also run each draft: model with its head restricted to its first N token ids (FR-Spec)
     #[arg(long = "draft-vocab", value_name = "N")]
     pub draft_vocab: Option<usize>,
+    /// Cost of one more verified row relative to a decode step, as the adaptive draft length of
+    /// a model-based drafter assumes it (default: frugal's built-in figure)
+    #[arg(long = "row-cost", value_name = "V")]
+    pub row_cost: Option<f64>,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -116,6 +120,9 @@ fn speculative(
     let kv = a.engine.kv_options()?;
     let ctx = ids.len() + a.max_tokens + 1;
     let mut s = common::speculator(model, ctx, &kv, a.engine.attention()?, o)?;
+    if let Some(v) = a.row_cost {
+        s.row_cost = v;
+    }
     let cost = s.draft_cost();
     let (g, st) = s.generate(tok, ids, &options(a), |_| {})?;
     Ok((run_of(g, Some(st)), cost))
