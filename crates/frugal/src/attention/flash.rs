@@ -407,17 +407,19 @@ fn block_body<const R: usize>(
     let first = s.first_visible(job.pos0 + span.t0);
     let mut j0 = span.lo + first.saturating_sub(span.lo) / bc * bc;
     // The cache rows of the first tile, then each next tile's while this one is computed.
-    let prefetch = |from: usize| {
+    let prefetch = |kv: &KvView, from: usize| {
         if from < hi {
             let n = (hi - from).min(bc);
-            job.k.prefetch_head(span.kvh, hd, from, n);
-            job.v.prefetch_head(span.kvh, hd, from, n);
+            kv.prefetch_head(span.kvh, hd, from, n);
         }
     };
-    prefetch(j0);
+    prefetch(&job.k, j0);
+    prefetch(&job.v, j0);
     while j0 < hi {
         let nb = (hi - j0).min(bc);
-        prefetch(j0 + nb);
+        // The next tile's keys now and its values once this tile's keys are transposed: two
+        // smaller bursts, so fewer prefetches wait for a free line-fill buffer.
+        prefetch(&job.k, j0 + nb);
         // An f32, f16 or bf16 cache is read in place on the SIMD path (keys transposed straight
         // from it, values weighted where they lie, widened as they are loaded); Q8_0 is decoded
         // a tile at a time.
@@ -474,6 +476,7 @@ fn block_body<const R: usize>(
                 }
             }
         }
+        prefetch(&job.v, j0 + nb);
         // Values in place only for a few rows (decode): more rows re-read the tile once per
         // R of them, which a decoded tile serves from L1. The bits are the same either way.
         let v_in_place = v_fmt_in_place && rows <= 2 * R;
@@ -516,9 +519,19 @@ fn block_body<const R: usize>(
                 }
                 let r = rb + i;
                 let j_s = js[i];
-                let tile_max = sr[j_s..n_i]
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                let tile_max = if fast {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
+                    unsafe {
+                        super::flash_x86::row_max(&sr[j_s..n_i])
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    unreachable!()
+                } else {
+                    sr[j_s..n_i]
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |a, &x| a.max(x))
+                };
                 let m_new = m[r].max(tile_max);
                 // exp(-inf) ~ 0 on the first tile: nothing accumulated yet to rescale.
                 corr[i] = exp_approx(m[r] - m_new);

@@ -110,6 +110,32 @@ fn exp8(x: __m256) -> __m256 {
     _mm256_mul_ps(er, _mm256_castsi256_ps(bits))
 }
 
+/// The largest element of `s` (`-inf` when empty), NaNs ignored: the value of the scalar
+/// `fold(-inf, f32::max)`, eight lanes at a time. That fold is a serial chain of NaN-aware
+/// maxima (a compare and a blend each, four cycles of latency per score), which at decode cost
+/// as much as the scores themselves; the maximum of a set does not depend on the order it is
+/// taken in, so the value is the same (a zero's sign aside, which changes no `exp` after it).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn row_max(s: &[f32]) -> f32 {
+    let mut acc = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        // SAFETY: c is 8 floats. MAXPS returns its second operand when either is NaN, so a
+        // NaN score leaves the running maximum (never NaN itself) as it was.
+        unsafe { acc = _mm256_max_ps(_mm256_loadu_ps(c.as_ptr()), acc) };
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: lanes is 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    lanes
+        .iter()
+        .chain(chunks.remainder())
+        .fold(f32::NEG_INFINITY, |a, &x| a.max(x))
+}
+
 /// `s[j] = exp(s[j] - max)` for every element; returns their sum (eight partial sums, then
 /// added: a different order from the scalar loop's, within the same few ulps).
 ///

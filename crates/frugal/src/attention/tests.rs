@@ -274,6 +274,18 @@ fn simd_loops_match<const R: usize>() {
             let s2 = unsafe { flash_x86::exp_row(&mut e2, 1.5) };
             assert_eq!(e1, e2);
             assert!((s1 - s2).abs() <= jn as f32 * f32::EPSILON * s1);
+            // The row maximum: the scalar fold's value exactly, NaNs ignored as it ignores
+            // them, and -inf for an empty row.
+            let fold = |r: &[f32]| r.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+            // SAFETY: as above.
+            let vmax = |r: &[f32]| unsafe { flash_x86::row_max(r) };
+            assert_eq!(vmax(&row).to_bits(), fold(&row).to_bits());
+            let mut holes = row.clone();
+            for x in holes.iter_mut().step_by(3) {
+                *x = f32::NAN;
+            }
+            assert_eq!(vmax(&holes).to_bits(), fold(&holes).to_bits());
+            assert_eq!(vmax(&[]), f32::NEG_INFINITY);
             let p = random(R * bc, 1.0, &mut rng)
                 .iter()
                 .map(|x| x.abs())
