@@ -289,8 +289,8 @@ fn quantize_writes_files_that_load_and_run() {
     // text shorter than one window are clean errors.
     let weighted = dir.path().join("q4_0-imatrix.gguf");
     let w = weighted.to_str().unwrap();
-    let q = frugal(
-        &[
+    let calibrated = |ctx: &str| {
+        let args = [
             "quantize",
             src,
             w,
@@ -299,10 +299,11 @@ fn quantize_writes_files_that_load_and_run() {
             "--calibration",
             text,
             "--calibration-ctx",
-            "16",
-        ],
-        None,
-    );
+            ctx,
+        ];
+        frugal(&args, None)
+    };
+    let q = calibrated("16");
     assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
     assert!(String::from_utf8_lossy(&q.stdout).contains("(14 importance-weighted)"));
     assert!(GgufFile::open(&weighted).is_ok());
@@ -313,23 +314,7 @@ fn quantize_writes_files_that_load_and_run() {
         ),
         "not a llama.cpp imatrix",
     );
-    assert_clean_error(
-        &frugal(
-            &[
-                "quantize",
-                src,
-                w,
-                "--type",
-                "q4_0",
-                "--calibration",
-                text,
-                "--calibration-ctx",
-                "4096",
-            ],
-            None,
-        ),
-        "shorter than one window",
-    );
+    assert_clean_error(&calibrated("4096"), "shorter than one window");
     for ty in ["q4_0", "q5_1", "q4_k", "q6_k", "mxfp4", "bf16"] {
         let out_path = dir.path().join(format!("{ty}.gguf"));
         let out_s = out_path.to_str().unwrap();

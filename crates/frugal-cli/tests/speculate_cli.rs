@@ -152,6 +152,32 @@ fn bad_drafters_fail_cleanly() {
         "--no-kv-cache",
     ]);
     assert_clean_error(&out, "KV cache");
+    // Saved generations with an empty prompt, or a token past the vocabulary, are refused.
+    let heads = dir.path().join("h.gguf");
+    for (i, bad) in ["[[[1,2,3],0]]", "[[[1,99999],1]]", "{}"]
+        .iter()
+        .enumerate()
+    {
+        let g = dir.path().join(format!("g{i}.json"));
+        std::fs::write(&g, bad).unwrap();
+        let out = frugal(&[
+            "train-heads",
+            "-m",
+            m,
+            "--data",
+            "unused.txt",
+            "--generations",
+            g.to_str().unwrap(),
+            "--out",
+            heads.to_str().unwrap(),
+        ]);
+        let want = if i == 2 {
+            "not a generations file"
+        } else {
+            "bad prompt lengths"
+        };
+        assert_clean_error(&out, want);
+    }
 }
 
 #[test]

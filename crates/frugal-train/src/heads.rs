@@ -144,7 +144,7 @@ pub fn hidden_states(
     };
     let mut s = Scratch::default();
     for (seq, prompt_len) in seqs {
-        if seq.len() <= *prompt_len || seq.len() > c.n_ctx_train.max(1) {
+        if *prompt_len == 0 || seq.len() <= *prompt_len || seq.len() > c.n_ctx_train.max(1) {
             continue;
         }
         let mut kv = model.new_seq_cache(seq.len(), &Default::default())?;

@@ -101,7 +101,9 @@ pub fn run(a: Args) -> Result<()> {
             let n_vocab = model.config.n_vocab;
             anyhow::ensure!(
                 seqs.iter()
-                    .all(|(s, p)| *p <= s.len() && s.iter().all(|&t| (t as usize) < n_vocab)),
+                    // A prompt of at least one token: its last position is the first trained.
+                    .all(|(s, p)| (1..=s.len()).contains(p)
+                        && s.iter().all(|&t| (t as usize) < n_vocab)),
                 "{}: holds token ids outside this model's vocabulary or bad prompt lengths",
                 p.display()
             );
