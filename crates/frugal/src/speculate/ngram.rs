@@ -12,6 +12,12 @@ use super::decode::DraftLength;
 /// Up to `k` tokens that followed the most recent earlier occurrence of the longest suffix of
 /// `context` of at most `n_max` tokens; empty when no suffix occurred before. Returns the length
 /// of the suffix matched (0: none).
+///
+/// A continuation that reaches the end of the context goes on copying its own draft: the
+/// match then lies `p` tokens back, so the text is repeating with period `p` (a list, a table
+/// row, the loops a small model falls into), and the same period is the best guess for the
+/// tokens after the end as well. Without it a draft could never be longer than the period,
+/// however long the repetition has held.
 pub fn lookup(context: &[u32], n_max: usize, k: usize, out: &mut Vec<u32>) -> usize {
     out.clear();
     let len = context.len();
@@ -27,6 +33,10 @@ pub fn lookup(context: &[u32], n_max: usize, k: usize, out: &mut Vec<u32>) -> us
                 let from = start + n;
                 let take = k.min(len - from);
                 out.extend_from_slice(&context[from..from + take]);
+                // Past the end: the period `len - from`, continued from the draft itself.
+                for i in take..k {
+                    out.push(out[i - (len - from)]);
+                }
                 return n;
             }
         }
@@ -96,9 +106,15 @@ mod tests {
         // A longer match beats a later shorter one.
         lookup(&[5, 7, 1, 2, 9, 1, 3, 5, 7, 1], 3, 3, &mut out);
         assert_eq!(out, [2, 9, 1]);
-        // The continuation may run up to the end of the context (a repeating pattern).
+        // A continuation that reaches the end of the context repeats the period it found.
         lookup(&[4, 4, 4], 2, 5, &mut out);
-        assert_eq!(out, [4]);
+        assert_eq!(out, [4, 4, 4, 4, 4]);
+        // "a b c a b": the suffix "a b" matched 3 back, so the draft repeats c a b c ...
+        lookup(&[1, 2, 3, 1, 2], 2, 7, &mut out);
+        assert_eq!(out, [3, 1, 2, 3, 1, 2, 3]);
+        // A match far enough back is copied, not repeated.
+        lookup(&[1, 2, 5, 6, 7, 8, 1, 2], 2, 3, &mut out);
+        assert_eq!(out, [5, 6, 7]);
         // No earlier occurrence, k = 0, a one-token context.
         lookup(&[1, 2, 3], 3, 4, &mut out);
         assert!(out.is_empty());
