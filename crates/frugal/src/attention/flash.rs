@@ -84,6 +84,8 @@ struct Job<'a> {
     bc: usize,
     scale: f32,
     simd: bool,
+    /// With `simd`: the score, exponential and weighted-value loops in AVX-512 (same bits).
+    wide: bool,
 }
 
 /// Query tokens `t0..t1` of the heads of KV head `kvh` against keys `lo..hi`.
@@ -122,6 +124,17 @@ fn simd_available() -> bool {
     }
 }
 
+fn wide_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::flash_avx512::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `flash` with the instruction set chosen by the caller (tests run both).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_with(
@@ -148,6 +161,7 @@ pub(super) fn flash_with(
         bc: key_tile(hd),
         scale: 1.0 / (hd as f32).sqrt(),
         simd,
+        wide: simd && wide_available(),
     };
     let br = query_block(hd, group);
     let chunk = key_chunk(hd);
@@ -505,7 +519,11 @@ fn block_body<const R: usize>(
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                 unsafe {
-                    super::flash_x86::scores::<R>(qb, &t.kt, bc, jmax, sb)
+                    if job.wide {
+                        super::flash_avx512::scores::<R>(qb, &t.kt, bc, jmax, sb)
+                    } else {
+                        super::flash_x86::scores::<R>(qb, &t.kt, bc, jmax, sb)
+                    }
                 };
             } else {
                 scores::<R>(qb, &t.kt, bc, jmax, sb);
@@ -523,7 +541,11 @@ fn block_body<const R: usize>(
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                     unsafe {
-                        super::flash_x86::row_max(&sr[j_s..n_i])
+                        if job.wide {
+                            super::flash_avx512::row_max(&sr[j_s..n_i])
+                        } else {
+                            super::flash_x86::row_max(&sr[j_s..n_i])
+                        }
                     }
                     #[cfg(not(target_arch = "x86_64"))]
                     unreachable!()
@@ -539,7 +561,11 @@ fn block_body<const R: usize>(
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                     unsafe {
-                        super::flash_x86::exp_row(&mut sr[j_s..n_i], m_new)
+                        if job.wide {
+                            super::flash_avx512::exp_row(&mut sr[j_s..n_i], m_new)
+                        } else {
+                            super::flash_x86::exp_row(&mut sr[j_s..n_i], m_new)
+                        }
                     }
                     #[cfg(not(target_arch = "x86_64"))]
                     unreachable!()
@@ -563,17 +589,12 @@ fn block_body<const R: usize>(
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                     unsafe {
-                        super::flash_x86::weighted_values::<R>(
-                            &sb[j..],
-                            bc,
-                            bytes,
-                            stride,
-                            job.v.ty(),
-                            hd,
-                            m,
-                            pv,
-                            j > 0,
-                        )
+                        let weighted = if job.wide {
+                            super::flash_avx512::weighted_values::<R>
+                        } else {
+                            super::flash_x86::weighted_values::<R>
+                        };
+                        weighted(&sb[j..], bc, bytes, stride, job.v.ty(), hd, m, pv, j > 0)
                     };
                     j += m;
                 }
@@ -581,7 +602,12 @@ fn block_body<const R: usize>(
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                 unsafe {
-                    super::flash_x86::weighted_values::<R>(
+                    let weighted = if job.wide {
+                        super::flash_avx512::weighted_values::<R>
+                    } else {
+                        super::flash_x86::weighted_values::<R>
+                    };
+                    weighted(
                         sb,
                         bc,
                         f32_bytes(&t.vt[..nb * hd]),

@@ -20,6 +20,8 @@
 
 mod flash;
 #[cfg(target_arch = "x86_64")]
+mod flash_avx512;
+#[cfg(target_arch = "x86_64")]
 mod flash_x86;
 mod naive;
 
