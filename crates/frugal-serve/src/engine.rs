@@ -31,7 +31,7 @@ use frugal::kv::{KvPool, SeqId};
 use frugal::model::{Model, RoutingStats, Scratch, Segment};
 use frugal::ops::log_sum_exp;
 use frugal::sample::{Sampler, SamplerParams};
-use frugal::speculate::{DEFAULT_ROW_COST, ngram, rule};
+use frugal::speculate::{LOOKUP_PASS_COST, ngram, rule};
 use frugal::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
@@ -312,7 +312,7 @@ impl Scheduler {
                 lookup: self
                     .cfg
                     .speculate
-                    .map(|(n, k)| ngram::Lookup::new(n, k, true, DEFAULT_ROW_COST)),
+                    .map(|(n, k)| ngram::Lookup::new(n, k, true, LOOKUP_PASS_COST)),
                 draft: Vec::new(),
             });
         }

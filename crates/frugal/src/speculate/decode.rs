@@ -56,12 +56,65 @@ impl SpecStats {
     }
 }
 
+/// What a verification pass costs, relative to a one-token decode step, as the adaptive draft
+/// length assumes it: `1 + first_row + (k - 1) row` to check `k` drafted tokens.
+///
+/// The first extra row costs the most. A one-token step is bound by reading the weights and
+/// has arithmetic to spare; with a second row the arithmetic no longer hides behind the reads,
+/// and the step turns compute-bound. Measured on SmolLM2-135M Q4_1, 2 threads
+/// (`frugal bench speculate`'s pass-cost table, three runs in a row): two rows 1.20-1.33,
+/// three 1.39-1.55, five 1.68-1.82, nine 2.04-2.30, seventeen 3.04-3.27. One flat figure per
+/// row either overrates long drafts or underrates short ones: at 0.12 a one-token draft with
+/// acceptance 0.28 looked worth 1.10x and ran at 0.84-0.89x.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PassCost {
+    /// The first drafted token's row.
+    pub first_row: f64,
+    /// Each row after it.
+    pub row: f64,
+}
+
+impl PassCost {
+    /// Every row costing `row`.
+    pub const fn flat(row: f64) -> Self {
+        PassCost {
+            first_row: row,
+            row,
+        }
+    }
+
+    /// The extra cost of verifying `k` drafted tokens.
+    pub fn rows(&self, k: usize) -> f64 {
+        match k {
+            0 => 0.0,
+            k => self.first_row + (k - 1) as f64 * self.row,
+        }
+    }
+}
+
+/// The pass cost a model-based drafter (draft heads, a draft model, an early exit) assumes:
+/// 0.25 for the first row, 0.12 for each after it, which fits the quieter of the measured runs
+/// (1.25, 1.37, 1.61, 2.09, 3.05 at 2 to 17 rows). Such drafters mostly weigh a short draft
+/// against none, which the first row's cost decides: draft heads with acceptance 0.27-0.29 ran
+/// at 0.84-0.91x under a flat 0.12 and at 0.98x (both kinds of prompt) under this.
+pub const DEFAULT_PASS_COST: PassCost = PassCost {
+    first_row: 0.25,
+    row: 0.12,
+};
+
+/// The pass cost prompt lookup assumes: a flat 0.12 per row. Its drafts are a copy in progress
+/// or nothing, and it weighs long drafts against shorter ones more than against none; measured
+/// on the same build, input-grounded prompts ran at 1.90x and 1.89x under this and at 1.74x
+/// and 1.78x under [`DEFAULT_PASS_COST`] (alternating runs, 3 repetitions each).
+pub const LOOKUP_PASS_COST: PassCost = PassCost::flat(0.12);
+
 /// Chooses the draft length from the acceptance seen so far. For each draft position `j` it
 /// keeps a (decayed) estimate of `a_j`, the chance that token `j` is kept given that the ones
 /// before it were; the expected tokens per pass of a `k`-token draft are then
 /// `1 + sum_{i<=k} prod_{j<=i} a_j` (Leviathan et al.'s `(1 - a^(k+1)) / (1 - a)` when every
-/// `a_j` is the same), over a pass cost of `1 + k (c + v)`: `c` is the drafter's cost per token
-/// and `v` the cost of one more verified row, both relative to a plain decode step. Position by
+/// `a_j` is the same), over a pass cost of `1 + k c + rows(k)`: `c` is the drafter's cost per
+/// token and `rows(k)` the [`PassCost`] of `k` more verified rows, both relative to a plain
+/// decode step. Position by
 /// position matters for prompt lookup, whose drafts are either a long copy or wrong at once.
 /// The choice depends on the tokens only (not on timings), so a seeded run repeats exactly.
 /// When no draft length pays it decodes plainly, drafting one token after `PROBE` passes to
@@ -73,7 +126,7 @@ pub struct DraftLength {
     k_max: usize,
     adaptive: bool,
     draft_cost: f64,
-    row_cost: f64,
+    pass: PassCost,
     /// Per draft position: decayed counts of tokens kept and of tokens tried.
     kept: Vec<f64>,
     tried: Vec<f64>,
@@ -87,12 +140,12 @@ const MAX_PROBE: usize = 512;
 const DECAY: f64 = 0.9;
 
 impl DraftLength {
-    pub fn new(k_max: usize, adaptive: bool, draft_cost: f64, row_cost: f64) -> Self {
+    pub fn new(k_max: usize, adaptive: bool, draft_cost: f64, pass: PassCost) -> Self {
         DraftLength {
             k_max,
             adaptive,
             draft_cost,
-            row_cost,
+            pass,
             kept: vec![0.0; k_max],
             tried: vec![0.0; k_max],
             plain_passes: 0,
@@ -120,7 +173,7 @@ impl DraftLength {
             a = self.alpha(k - 1, a);
             run *= a;
             expected += run;
-            let rate = expected / (1.0 + k as f64 * (self.draft_cost + self.row_cost));
+            let rate = expected / (1.0 + k as f64 * self.draft_cost + self.pass.rows(k));
             if rate > best_rate {
                 (best, best_rate) = (k, rate);
             }
@@ -156,8 +209,8 @@ pub struct Speculator<'m> {
     opts: SpecOptions,
     /// Tokens whose keys and values are in the target's cache.
     cached: Vec<u32>,
-    /// Cost of one more verified row relative to a decode step (see [`DraftLength`]).
-    pub row_cost: f64,
+    /// What a verification pass costs relative to a decode step (see [`PassCost`]).
+    pub pass_cost: PassCost,
     ws: Workspace,
     /// The target's last hidden state at the position of the latest chosen token (what draft
     /// heads read).
@@ -167,12 +220,6 @@ pub struct Speculator<'m> {
     /// The latest draft came from prompt lookup (`ngram+heads`), which keeps its own lengths.
     from_lookup: bool,
 }
-
-/// Default cost of one more row in a verification pass relative to a one-token decode step,
-/// measured on SmolLM2-135M Q4_1 with 2 threads by `frugal bench speculate` (docs/speculative.md):
-/// 0.10-0.16 per row at 2 to 17 rows once an odd row stopped computing a padding lane (about
-/// 0.2 before, 0.29 at three rows).
-pub const DEFAULT_ROW_COST: f64 = 0.12;
 
 impl<'m> Speculator<'m> {
     /// A speculative session over `model` with room for `ctx` tokens. A `draft:` method uses
@@ -193,7 +240,7 @@ impl<'m> Speculator<'m> {
                     *n,
                     opts.k,
                     opts.adaptive,
-                    DEFAULT_ROW_COST,
+                    LOOKUP_PASS_COST,
                 )),
                 None,
             ),
@@ -256,7 +303,7 @@ impl<'m> Speculator<'m> {
             ));
         };
         let heads = Box::new(DraftHeads::new(w, model)?);
-        let lookup = lookup.map(|n| ngram::Lookup::new(n, opts.k, opts.adaptive, DEFAULT_ROW_COST));
+        let lookup = lookup.map(|n| ngram::Lookup::new(n, opts.k, opts.adaptive, LOOKUP_PASS_COST));
         if lookup.is_none() {
             opts.k = opts.k.min(heads.len());
         }
@@ -269,7 +316,7 @@ impl<'m> Speculator<'m> {
             drafter,
             opts,
             cached: Vec::new(),
-            row_cost: DEFAULT_ROW_COST,
+            pass_cost: DEFAULT_PASS_COST,
             ws: Workspace::default(),
             last_hidden: Vec::new(),
             seq: Vec::new(),
@@ -328,7 +375,7 @@ impl<'m> Speculator<'m> {
             self.opts.k,
             self.opts.adaptive,
             self.draft_cost(),
-            self.row_cost,
+            self.pass_cost,
         );
         let mut out = Emitter::new(tok, prompt, opts, self.ctx());
         let n_vocab = self.target.model.config.n_vocab;
@@ -509,4 +556,50 @@ pub(crate) fn macs_per_token(c: &Config, layers: usize, head_rows: usize) -> f64
     let attn = c.n_embd * (2 * c.q_dim() + 2 * c.kv_dim());
     let ffn = 3 * c.n_embd * c.n_ff;
     (layers * (attn + ffn) + c.n_embd * head_rows) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `passes` one-token drafts, a fraction `rate` of them kept (spread evenly).
+    fn feed(d: &mut DraftLength, passes: usize, rate: f64) {
+        for i in 0..passes {
+            let kept = ((i + 1) as f64 * rate).floor() > (i as f64 * rate).floor();
+            d.record(1, usize::from(kept));
+        }
+    }
+
+    /// The draft length follows acceptance and what a pass costs: a one-token draft kept 20%
+    /// of the time (estimated 0.25: the prior's two pseudo-tokens at 0.5 beside a decayed
+    /// window of ten passes) pays under a flat 0.12 per row (1.25 tokens for 1.16) but not
+    /// once the first row costs 0.25 (1.25 for 1.29), where it falls back to plain decoding
+    /// with a probe every 16 passes; drafts that are always kept grow to the cap; a fixed
+    /// length ignores everything.
+    #[test]
+    fn draft_length_follows_acceptance_and_pass_cost() {
+        let mut flat = DraftLength::new(4, true, 0.04, PassCost::flat(0.12));
+        let mut split = DraftLength::new(4, true, 0.04, DEFAULT_PASS_COST);
+        feed(&mut flat, 200, 0.2);
+        feed(&mut split, 200, 0.2);
+        assert_eq!(flat.next_k(), 1);
+        let ks: Vec<usize> = (0..PROBE).map(|_| split.next_k()).collect();
+        assert!(ks[..PROBE - 1].iter().all(|&k| k == 0), "{ks:?}");
+        assert_eq!(ks[PROBE - 1], 1, "a probe after {PROBE} plain passes");
+
+        let mut sure = DraftLength::new(6, true, 0.04, DEFAULT_PASS_COST);
+        for _ in 0..50 {
+            let k = sure.next_k();
+            sure.record(k, k);
+        }
+        assert_eq!(sure.next_k(), 6);
+
+        let mut fixed = DraftLength::new(3, false, 0.04, DEFAULT_PASS_COST);
+        feed(&mut fixed, 100, 0.0);
+        assert_eq!(fixed.next_k(), 3);
+
+        assert_eq!(DEFAULT_PASS_COST.rows(0), 0.0);
+        assert!((DEFAULT_PASS_COST.rows(3) - 0.49).abs() < 1e-12);
+        assert!((LOOKUP_PASS_COST.rows(3) - 0.36).abs() < 1e-12);
+    }
 }

@@ -20,7 +20,9 @@ mod target;
 #[cfg(test)]
 mod tests;
 
-pub use decode::{DEFAULT_ROW_COST, DraftLength, Drafter, SpecStats, Speculator};
+pub use decode::{
+    DEFAULT_PASS_COST, DraftLength, Drafter, LOOKUP_PASS_COST, PassCost, SpecStats, Speculator,
+};
 pub use draft_model::{DraftModel, check_same_vocabulary};
 pub use heads::{DraftHeads, HeadWeights};
 

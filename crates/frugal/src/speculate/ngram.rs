@@ -7,7 +7,7 @@
 //! likeliest to be continued (apoorvumang/prompt-lookup-decoding; vLLM's and llama.cpp's n-gram
 //! drafters work the same way).
 
-use super::decode::DraftLength;
+use super::decode::{DraftLength, PassCost};
 
 /// Up to `k` tokens that followed the most recent earlier occurrence of the longest suffix of
 /// `context` of at most `n_max` tokens; empty when no suffix occurred before. Returns the length
@@ -59,13 +59,13 @@ pub struct Lookup {
 }
 
 impl Lookup {
-    /// Suffixes of up to `n_max` tokens, drafts of up to `k_max`; `row_cost` is the cost of one
-    /// more verified row relative to a decode step (prompt lookup itself costs nothing).
-    pub fn new(n_max: usize, k_max: usize, adaptive: bool, row_cost: f64) -> Self {
+    /// Suffixes of up to `n_max` tokens, drafts of up to `k_max`; `pass` is what verifying
+    /// the drafted rows costs relative to a decode step (prompt lookup itself costs nothing).
+    pub fn new(n_max: usize, k_max: usize, adaptive: bool, pass: PassCost) -> Self {
         Lookup {
             n_max,
             lengths: (0..n_max.max(1))
-                .map(|_| DraftLength::new(k_max, adaptive, 0.0, row_cost))
+                .map(|_| DraftLength::new(k_max, adaptive, 0.0, pass))
                 .collect(),
             last: 0,
         }
@@ -132,7 +132,7 @@ mod tests {
     /// draft the whole cap, one-token matches that keep being rejected stop drafting.
     #[test]
     fn lookup_drafts_by_match_length() {
-        let mut l = Lookup::new(3, 8, true, 0.1);
+        let mut l = Lookup::new(3, 8, true, PassCost::flat(0.1));
         let copy: Vec<u32> = (0..20).chain(0..4).collect(); // ends in a 3-token match
         let guess: Vec<u32> = vec![9, 1, 5, 7, 1]; // ends in a 1-token match
         let mut out = Vec::new();
@@ -148,7 +148,7 @@ mod tests {
         l.propose(&guess, 8, &mut out);
         assert!(out.is_empty(), "one-token matches still draft {out:?}");
         // A non-adaptive lookup drafts the cap whatever the outcome.
-        let mut fixed = Lookup::new(3, 2, false, 0.2);
+        let mut fixed = Lookup::new(3, 2, false, PassCost::flat(0.2));
         fixed.propose(&guess, 2, &mut out);
         assert_eq!(out, [5, 7]);
     }

@@ -16,7 +16,7 @@ use frugal::chat::{ChatTemplate, Message};
 use frugal::generate::{GenerateOptions, Generation, Session};
 use frugal::model::Model;
 use frugal::sample::SamplerParams;
-use frugal::speculate::{SpecOptions, SpecStats};
+use frugal::speculate::{PassCost, SpecOptions, SpecStats};
 use frugal::tokenizer::Tokenizer;
 
 use super::OutputArgs;
@@ -47,10 +47,14 @@ pub struct Args {
     /// Also run each draft: model with its head restricted to its first N token ids (FR-Spec)
     #[arg(long = "draft-vocab", value_name = "N")]
     pub draft_vocab: Option<usize>,
-    /// Cost of one more verified row relative to a decode step, as the adaptive draft length of
-    /// a model-based drafter assumes it (default: frugal's built-in figure)
+    /// Cost of each verified row after the first, relative to a decode step, as the adaptive
+    /// draft length of a model-based drafter assumes it (default: frugal's built-in figure)
     #[arg(long = "row-cost", value_name = "V")]
     pub row_cost: Option<f64>,
+    /// Cost of the first verified row (default: --row-cost when given, else the built-in
+    /// figure)
+    #[arg(long = "first-row-cost", value_name = "V")]
+    pub first_row_cost: Option<f64>,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -120,8 +124,17 @@ fn speculative(
     let kv = a.engine.kv_options()?;
     let ctx = ids.len() + a.max_tokens + 1;
     let mut s = common::speculator(model, ctx, &kv, a.engine.attention()?, o)?;
+    for v in [a.row_cost, a.first_row_cost].into_iter().flatten() {
+        anyhow::ensure!(
+            v.is_finite() && v >= 0.0,
+            "a row cost is a fraction of a decode step (0 or more), not {v}"
+        );
+    }
     if let Some(v) = a.row_cost {
-        s.row_cost = v;
+        s.pass_cost = PassCost::flat(v);
+    }
+    if let Some(v) = a.first_row_cost {
+        s.pass_cost.first_row = v;
     }
     let cost = s.draft_cost();
     let (g, st) = s.generate(tok, ids, &options(a), |_| {})?;
