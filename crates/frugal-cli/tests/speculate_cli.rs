@@ -93,6 +93,38 @@ fn every_drafter_gives_the_plain_greedy_tokens_and_heads_train() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("head 2: predicts token t+3"));
+    // Heads trained on answers to chat requests, one per line (blank lines skipped; fewer
+    // requests than --tokens asks for are each used once).
+    let requests = dir.path().join("requests.txt");
+    std::fs::write(
+        &requests,
+        "tell me a story\n\nexplain the fox\nlist three dogs\n",
+    )
+    .unwrap();
+    let chat_heads = dir.path().join("chat-heads.gguf");
+    let out = frugal(&[
+        "train-heads",
+        "-m",
+        m,
+        "--prompts",
+        requests.to_str().unwrap(),
+        "--heads",
+        "2",
+        "--tokens",
+        "300",
+        "--gen",
+        "24",
+        "--vocab",
+        "64",
+        "--holdout",
+        "0",
+        "--out",
+        chat_heads.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("3 requests, fewer than the 13"), "{err}");
+    assert!(err.contains("from 3 prompts"), "{err}");
 
     let prompt = "abcabcabcab";
     let base = [
@@ -108,6 +140,7 @@ fn every_drafter_gives_the_plain_greedy_tokens_and_heads_train() {
         format!("draft:{}:2", target.display()),
         format!("heads:{}", heads.display()),
         format!("heads:{}:1", heads.display()),
+        format!("heads:{}", chat_heads.display()),
         format!("ngram+heads:{}", heads.display()),
         format!("ngram+heads:{}:3", heads.display()),
     ];
@@ -152,8 +185,23 @@ fn bad_drafters_fail_cleanly() {
         "--no-kv-cache",
     ]);
     assert_clean_error(&out, "KV cache");
-    // Saved generations with an empty prompt, or a token past the vocabulary, are refused.
+    // A requests file with no requests, or both --data and --prompts, is refused.
     let heads = dir.path().join("h.gguf");
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "\n  \n").unwrap();
+    let train = |extra: &[&str]| {
+        let mut args = vec!["train-heads", "-m", m, "--out", heads.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        frugal(&args)
+    };
+    assert_clean_error(
+        &train(&["--prompts", empty.to_str().unwrap()]),
+        "no requests",
+    );
+    let both = train(&["--prompts", empty.to_str().unwrap(), "--data", "x.txt"]);
+    assert!(!both.status.success());
+    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"));
+    // Saved generations with an empty prompt, or a token past the vocabulary, are refused.
     for (i, bad) in ["[[[1,2,3],0]]", "[[[1,99999],1]]", "{}"]
         .iter()
         .enumerate()

@@ -38,10 +38,15 @@ const TOPICS: [&str; 16] = [
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Text whose passages prompt the generations (half as raw text to continue, half as chat
-    /// messages to answer)
-    #[arg(long = "data", required = true, num_args = 1..)]
+    /// Text whose passages prompt the generations (a third as raw text to continue, the rest
+    /// as chat requests about the passage or one of its words)
+    #[arg(long = "data", num_args = 1.., required_unless_present = "prompts", conflicts_with = "prompts")]
     pub data: Vec<PathBuf>,
+    /// Chat requests, one per line, each answered by the model as a user message: the
+    /// generations then follow the requests the model will serve (as EAGLE and Medusa heads
+    /// train on ShareGPT conversations). Up to --tokens / --gen of them are used
+    #[arg(long = "prompts", value_name = "FILE")]
+    pub prompts: Option<PathBuf>,
     /// Number of heads: head j guesses the token j + 1 places after the model's next one
     #[arg(long = "heads", default_value_t = 3)]
     pub heads: usize,
@@ -181,33 +186,101 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// The model's greedy answers to prompts drawn from the `--data` text: each prompt followed by
-/// its continuation, and the prompt's length.
+/// The model's greedy answers to its prompts (the `--prompts` requests, or passages of the
+/// `--data` text): each prompt followed by its continuation, and the prompt's length.
 fn generate(
     a: &Args,
     tokens: usize,
     model: &frugal::model::Model,
     tok: &frugal::tokenizer::Tokenizer,
 ) -> Result<Vec<(Vec<u32>, usize)>> {
+    let template = ChatTemplate::from_gguf(&model.file)?;
+    let n_prompts = tokens.div_ceil(a.gen_len).max(1);
+    let prompts = match &a.prompts {
+        Some(p) => request_prompts(p, n_prompts, &template, tok)?,
+        None => passage_prompts(&a.data, n_prompts, &template, tok)?,
+    };
+    let t0 = Instant::now();
+    let eog = |t: u32| tok.is_end_of_generation(t);
+    let mut last = Instant::now();
+    let seqs = heads::generate_corpus(model, &prompts, a.gen_len, 16, &eog, |n| {
+        if last.elapsed().as_secs_f64() > 10.0 {
+            eprintln!(
+                "generating: {n} tokens ({:.0} s)",
+                t0.elapsed().as_secs_f64()
+            );
+            last = Instant::now();
+        }
+    })?;
+    let generated: usize = seqs.iter().map(|(s, p)| s.len() - p).sum();
+    eprintln!(
+        "generated {generated} tokens from {} prompts in {:.0} s",
+        prompts.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(seqs)
+}
+
+/// Up to `n` chat prompts, one per non-empty line of `path`, each a user message.
+fn request_prompts(
+    path: &std::path::Path,
+    n: usize,
+    template: &ChatTemplate,
+    tok: &frugal::tokenizer::Tokenizer,
+) -> Result<Vec<Vec<u32>>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let requests: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take(n)
+        .collect();
+    anyhow::ensure!(
+        !requests.is_empty(),
+        "{}: no requests (one per line)",
+        path.display()
+    );
+    if requests.len() < n {
+        eprintln!(
+            "{}: {} requests, fewer than the {n} that --tokens asks for; using each once",
+            path.display(),
+            requests.len()
+        );
+    }
+    requests
+        .iter()
+        .map(|r| {
+            let chat = template.render(&[Message::new("user", r)], true)?;
+            Ok(tok.encode(&chat, true)?)
+        })
+        .collect()
+}
+
+/// `n` prompts drawn from passages of ~48 tokens spread over the `data` texts: a third raw
+/// text to continue, the others chat requests about the passage or one of its words.
+fn passage_prompts(
+    data: &[PathBuf],
+    n: usize,
+    template: &ChatTemplate,
+    tok: &frugal::tokenizer::Tokenizer,
+) -> Result<Vec<Vec<u32>>> {
     let mut text = String::new();
-    for p in &a.data {
+    for p in data {
         text.push_str(
             &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
         );
         text.push('\n');
     }
-    let template = ChatTemplate::from_gguf(&model.file)?;
-    // Prompts: passages of ~48 tokens, spread over the text.
     let ids = tok.encode(&text, false)?;
-    let n_prompts = tokens.div_ceil(a.gen_len).max(1);
     anyhow::ensure!(
         ids.len() >= 64,
         "the --data text is too short to draw prompts from"
     );
     let span = 48.min(ids.len());
-    let stride = ((ids.len() - span) / n_prompts).max(1);
-    let mut prompts = Vec::with_capacity(n_prompts);
-    for i in 0..n_prompts {
+    let stride = ((ids.len() - span) / n).max(1);
+    let mut prompts = Vec::with_capacity(n);
+    for i in 0..n {
         let at = (i * stride) % (ids.len() - span + 1);
         let passage = &ids[at..at + span];
         // A third of the prompts: raw text to continue; the others chat requests, about the
@@ -241,23 +314,5 @@ fn generate(
             }
         }
     }
-    let t0 = Instant::now();
-    let eog = |t: u32| tok.is_end_of_generation(t);
-    let mut last = Instant::now();
-    let seqs = heads::generate_corpus(model, &prompts, a.gen_len, 16, &eog, |n| {
-        if last.elapsed().as_secs_f64() > 10.0 {
-            eprintln!(
-                "generating: {n} tokens ({:.0} s)",
-                t0.elapsed().as_secs_f64()
-            );
-            last = Instant::now();
-        }
-    })?;
-    let generated: usize = seqs.iter().map(|(s, p)| s.len() - p).sum();
-    eprintln!(
-        "generated {generated} tokens from {} prompts in {:.0} s",
-        prompts.len(),
-        t0.elapsed().as_secs_f64()
-    );
-    Ok(seqs)
+    Ok(prompts)
 }
