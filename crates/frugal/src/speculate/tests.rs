@@ -463,3 +463,51 @@ fn parses_every_drafter_and_rejects_bad_values() {
         assert!(p(bad).is_err(), "{bad} was accepted");
     }
 }
+
+/// The draft heads' vocabulary subset scores its tokens through the packed integer kernels on
+/// 8-bit activations: each logit within the activations' rounding of the f32 product of the same
+/// row (at most half a quantization step per element, `max|u_block| / 254`, times the row's
+/// absolute weights in that block, summed over blocks; 1% and 1e-4 on top for the f32 sums),
+/// and `-inf` for every token outside the subset.
+#[test]
+fn subset_head_scores_its_tokens_within_the_activation_rounding() {
+    use super::heads::SubsetHead;
+    let m = model(1, 3);
+    let n_vocab = m.config.n_vocab;
+    let ids: Vec<u32> = (0..40).map(|i| i * 5 + 2).collect();
+    let mut head = SubsetHead::new(&m, ids.clone()).unwrap();
+    let mut state = 12345u64;
+    let u: Vec<f32> = (0..m.config.n_embd)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect();
+    let logits = head.logits(&u).unwrap().to_vec();
+    let out = m.weights.output.view(&m.file);
+    let mut row = vec![0f32; m.config.n_embd];
+    assert_eq!(logits.len(), n_vocab);
+    for (t, &logit) in logits.iter().enumerate() {
+        if !ids.contains(&(t as u32)) {
+            assert_eq!(logit, f32::NEG_INFINITY, "token {t} is outside the subset");
+            continue;
+        }
+        out.dequantize_row(t, &mut row);
+        let exact: f64 = row.iter().zip(&u).map(|(&w, &x)| w as f64 * x as f64).sum();
+        let bound: f64 = row
+            .chunks(32)
+            .zip(u.chunks(32))
+            .map(|(w, x)| {
+                let step = x.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
+                step / 2.0 * w.iter().map(|v| v.abs() as f64).sum::<f64>()
+            })
+            .sum();
+        let err = (logit as f64 - exact).abs();
+        assert!(
+            err <= bound * 1.01 + 1e-4,
+            "token {t}: {logit} vs {exact} (bound {bound})"
+        );
+    }
+}
