@@ -26,7 +26,7 @@ t_act = [
 ]
 rng = random.Random(20261204)
 out = set()
-while len(out) < 1700:
+while len(out) < 3400:
     if rng.random() < 0.6:
         t = rng.choice(t_topic)
         if t.count("{}") == 2:
