@@ -64,6 +64,9 @@ enum Command {
     /// Train draft heads for speculative decoding (`--speculate heads:FILE`) on the model's own
     /// generations, the model frozen.
     TrainHeads(commands::train_heads::Args),
+    /// Build a datastore of the model's own answers for retrieval drafting
+    /// (`--speculate store:FILE`).
+    BuildStore(commands::build_store::Args),
     /// Train a MoE model's routers to imitate the dense FFN its experts came from, with no
     /// balancing, the Switch auxiliary loss or DeepSeek's selection bias.
     TrainRouter(commands::train_router::Args),
@@ -133,6 +136,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Train(a) => commands::train::run_train(a),
         Command::Distill(a) => commands::train::run_distill(a),
         Command::TrainHeads(a) => commands::train_heads::run(a),
+        Command::BuildStore(a) => commands::build_store::run(a),
         Command::TrainRouter(a) => commands::train_router::run(a),
     }
 }

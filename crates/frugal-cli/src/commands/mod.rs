@@ -2,9 +2,11 @@
 
 pub mod analyze;
 pub mod bench;
+pub mod build_store;
 pub mod chat;
 pub mod common;
 pub mod convert;
+pub mod corpus;
 pub mod estimate;
 pub mod eval;
 pub mod fetch;

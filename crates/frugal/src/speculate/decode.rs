@@ -11,6 +11,7 @@ use super::draft_model::DraftModel;
 use super::heads::{DraftHeads, HeadWeights};
 use super::ngram;
 use super::rule::{self, Workspace};
+use super::store::{Datastore, Retrieval};
 use super::target::Target;
 use super::{Method, SpecOptions};
 use crate::attention::Attention;
@@ -34,7 +35,15 @@ pub enum Drafter {
         heads: Box<DraftHeads>,
         lookup: Option<ngram::Lookup>,
     },
+    /// Prompt lookup, then retrieval from a datastore where the context has no match.
+    Store {
+        lookup: ngram::Lookup,
+        retrieval: Box<Retrieval>,
+    },
 }
+
+/// The longest context suffix retrieval matches in a datastore.
+pub const STORE_MATCH: usize = 8;
 
 /// What speculation did during one generation.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -269,6 +278,10 @@ impl<'m> Speculator<'m> {
                 let w = HeadWeights::read(path)?;
                 (Self::heads_drafter(model, w, &mut opts)?, None)
             }
+            (Method::Store { path }, None) => {
+                let store = Datastore::read(path)?;
+                (Self::store_drafter(model, store, &opts)?, None)
+            }
             (_, Some(_)) => {
                 return Err(Error::Invalid(
                     "a draft model was given to a drafter that takes none".into(),
@@ -310,6 +323,47 @@ impl<'m> Speculator<'m> {
         Ok(Drafter::Heads { heads, lookup })
     }
 
+    /// Speculation with a datastore already in memory (tests, reports); `opts` names a `store`
+    /// method (its path is not read).
+    pub fn with_store(
+        model: &'m Model,
+        ctx: usize,
+        kv: &KvOptions,
+        attention: Attention,
+        opts: &SpecOptions,
+        store: Datastore,
+    ) -> Result<Self> {
+        let drafter = Self::store_drafter(model, store, opts)?;
+        let target = Target::new(model, ctx, kv, attention, None)?;
+        Self::assemble(target, drafter, opts.clone())
+    }
+
+    /// Prompt lookup, then `store`, which must hold this model's token ids.
+    fn store_drafter(model: &Model, store: Datastore, opts: &SpecOptions) -> Result<Drafter> {
+        let n_vocab = model.config.n_vocab;
+        if store.n_vocab() != n_vocab {
+            return Err(Error::Invalid(format!(
+                "the datastore holds token ids of a vocabulary of {}, this model has {n_vocab}: build it with this model",
+                store.n_vocab()
+            )));
+        }
+        Ok(Drafter::Store {
+            lookup: ngram::Lookup::new(
+                super::DEFAULT_NGRAM,
+                opts.k,
+                opts.adaptive,
+                LOOKUP_PASS_COST,
+            ),
+            retrieval: Box::new(Retrieval::new(
+                store,
+                STORE_MATCH,
+                opts.k,
+                opts.adaptive,
+                LOOKUP_PASS_COST,
+            )),
+        })
+    }
+
     fn assemble(target: Target<'m>, drafter: Drafter, opts: SpecOptions) -> Result<Self> {
         Ok(Speculator {
             target,
@@ -335,7 +389,7 @@ impl<'m> Speculator<'m> {
         let c = &target.config;
         let full = macs_per_token(c, c.n_layers, c.n_vocab);
         match &self.drafter {
-            Drafter::Ngram(_) => 0.0,
+            Drafter::Ngram(_) | Drafter::Store { .. } => 0.0,
             Drafter::EarlyExit => match self.opts.method {
                 Method::EarlyExit { layers } => macs_per_token(c, layers, c.n_vocab) / full,
                 _ => 1.0,
@@ -404,7 +458,7 @@ impl<'m> Speculator<'m> {
             // Prompt lookup chooses its length from the match it finds (see `ngram::Lookup`);
             // the heads' length is chosen only when lookup drafts nothing.
             let k = match self.drafter {
-                Drafter::Ngram(_) => cap,
+                Drafter::Ngram(_) | Drafter::Store { .. } => cap,
                 Drafter::Heads {
                     lookup: Some(_), ..
                 } => cap,
@@ -452,6 +506,10 @@ impl<'m> Speculator<'m> {
                 Drafter::Heads {
                     lookup: Some(l), ..
                 } if self.from_lookup => l.record(draft.len(), v.accepted),
+                Drafter::Store { lookup, .. } if self.from_lookup => {
+                    lookup.record(draft.len(), v.accepted)
+                }
+                Drafter::Store { retrieval, .. } => retrieval.record(draft.len(), v.accepted),
                 _ => adapt.record(draft.len(), v.accepted),
             }
             stats.decode_steps += 1;
@@ -501,6 +559,14 @@ impl<'m> Speculator<'m> {
         match &mut self.drafter {
             Drafter::Ngram(l) => {
                 l.propose(context, k, draft);
+                Ok(false)
+            }
+            Drafter::Store { lookup, retrieval } => {
+                lookup.propose(context, k, draft);
+                self.from_lookup = !draft.is_empty();
+                if draft.is_empty() {
+                    retrieval.propose(context, k, draft);
+                }
                 Ok(false)
             }
             Drafter::Model(d) => {

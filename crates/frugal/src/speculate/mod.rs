@@ -5,7 +5,8 @@
 //! too, so each accepted draft token is a decode step saved. The pieces:
 //! - [`rule`]: which drafted tokens to keep: greedy identity, or the Leviathan/Chen rule that
 //!   keeps the target's sampling distribution exact.
-//! - drafters: [`ngram`] (prompt lookup, no model), [`draft_model`] (a smaller model with the
+//! - drafters: [`ngram`] (prompt lookup, no model), [`store`] (retrieval from a datastore of the
+//!   model's earlier answers, no model), [`draft_model`] (a smaller model with the
 //!   same vocabulary), the target's own first layers (an early exit that shares its cache with the
 //!   target, `target.rs`), and draft heads trained on the model's own outputs.
 //! - [`Speculator`] (`decode.rs`): the loop, with an adaptive draft length that falls back to
@@ -16,6 +17,7 @@ pub mod draft_model;
 pub mod heads;
 pub mod ngram;
 pub mod rule;
+pub mod store;
 mod target;
 #[cfg(test)]
 mod tests;
@@ -47,6 +49,9 @@ pub enum Method {
         path: PathBuf,
         lookup: Option<usize>,
     },
+    /// Retrieval from a datastore of the model's own answers (`frugal build-store`), after
+    /// prompt lookup: the context is searched first, the store where the context has no match.
+    Store { path: PathBuf },
 }
 
 /// A drafter and the most tokens it drafts per pass.
@@ -70,8 +75,8 @@ pub const DEFAULT_NGRAM: usize = 3;
 impl FromStr for SpecOptions {
     type Err = String;
 
-    /// `ngram[:N][:K]`, `self:L[:K]`, `draft:FILE[:K]`, `heads:FILE[:K]` or
-    /// `ngram+heads:FILE[:K]`.
+    /// `ngram[:N][:K]`, `self:L[:K]`, `draft:FILE[:K]`, `heads:FILE[:K]`,
+    /// `ngram+heads:FILE[:K]` or `store:FILE[:K]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let bad_k = || "the draft length K must be at least 1".to_string();
         let number = |what: &str, v: &str| {
@@ -111,7 +116,7 @@ impl FromStr for SpecOptions {
                 let k = parts.get(1).map(|v| number("K", v)).transpose()?;
                 (Method::EarlyExit { layers }, k.unwrap_or(4))
             }
-            "draft" | "heads" | "ngram+heads" => {
+            "draft" | "heads" | "ngram+heads" | "store" => {
                 // A trailing :K is a number; everything before it is the path.
                 let (path, k) = match rest.rsplit_once(':') {
                     Some((p, k)) if !p.is_empty() && k.chars().all(|c| c.is_ascii_digit()) => {
@@ -134,12 +139,13 @@ impl FromStr for SpecOptions {
                         // Prompt lookup's default; the heads draft at most their number.
                         k.unwrap_or(8),
                     ),
+                    "store" => (Method::Store { path }, k.unwrap_or(8)),
                     _ => (Method::Draft { path }, k.unwrap_or(4)),
                 }
             }
             other => {
                 return Err(format!(
-                    "unknown drafter {other:?} in --speculate: expected ngram[:N][:K], self:L[:K], draft:FILE[:K], heads:FILE[:K] or ngram+heads:FILE[:K]"
+                    "unknown drafter {other:?} in --speculate: expected ngram[:N][:K], self:L[:K], draft:FILE[:K], heads:FILE[:K], ngram+heads:FILE[:K] or store:FILE[:K]"
                 ));
             }
         };
