@@ -42,9 +42,6 @@ pub enum Drafter {
     },
 }
 
-/// The longest context suffix retrieval matches in a datastore.
-pub const STORE_MATCH: usize = 8;
-
 /// What speculation did during one generation.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct SpecStats {
@@ -356,7 +353,7 @@ impl<'m> Speculator<'m> {
             ),
             retrieval: Box::new(Retrieval::new(
                 store,
-                STORE_MATCH,
+                super::store::DEFAULT_MATCH,
                 opts.k,
                 opts.adaptive,
                 LOOKUP_PASS_COST,

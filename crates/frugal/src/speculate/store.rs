@@ -34,13 +34,16 @@ const SORT_LEN: usize = MAX_MATCH + super::MAX_K;
 /// The longest context suffix matched.
 pub const MAX_MATCH: usize = 16;
 
+/// The longest context suffix `--speculate store:` looks up.
+pub const DEFAULT_MATCH: usize = 8;
+
 /// A draft stops when the chance that the whole path so far is right, estimated as the
 /// product of `count / (total + 1)` over its steps, falls below this: one occurrence out of
 /// one gives 0.5, nine out of ten 0.82.
 pub const MIN_CHANCE: f64 = 0.25;
 
-/// The most distinct next tokens examined at one step (the groups are visited largest-first
-/// only in expectation; a step over a common one-token suffix may have thousands).
+/// The most distinct next tokens examined at one step (groups are visited in token order; a
+/// step after a common one-token suffix may have thousands, and the search stops at this many).
 const MAX_GROUPS: usize = 512;
 
 /// Tokens the model wrote, and a suffix array over them.
@@ -109,7 +112,7 @@ impl Datastore {
     fn find(&self, q: &[u32]) -> (usize, usize) {
         let (mut lo, mut hi) = (0, self.sa.len());
         for (d, &t) in q.iter().enumerate() {
-            (lo, hi) = self.narrow_fast(lo, hi, d, t);
+            (lo, hi) = self.narrow(lo, hi, d, t);
             if lo == hi {
                 break;
             }
@@ -119,20 +122,12 @@ impl Datastore {
 
     /// The suffixes in `lo..hi` (which all agree on their first `d` tokens) whose token at
     /// `d` is `t`: a subrange, since they are sorted.
-    fn narrow_fast(&self, lo: usize, hi: usize, d: usize, t: u32) -> (usize, usize) {
-        let first = |pred: &dyn Fn(u32) -> bool| {
-            let (mut a, mut b) = (lo, hi);
-            while a < b {
-                let m = a + (b - a) / 2;
-                if pred(self.at(m, d)) {
-                    a = m + 1;
-                } else {
-                    b = m;
-                }
-            }
-            a
-        };
-        (first(&|x| x < t), first(&|x| x <= t))
+    fn narrow(&self, lo: usize, hi: usize, d: usize, t: u32) -> (usize, usize) {
+        let token = |&p: &u32| self.tokens.get(p as usize + d).copied().unwrap_or(SEP);
+        let range = &self.sa[lo..hi];
+        let a = range.partition_point(|p| token(p) < t);
+        let b = range.partition_point(|p| token(p) <= t);
+        (lo + a, lo + b)
     }
 
     /// Up to `k` tokens that most often followed the longest suffix of `context` (at most
@@ -181,7 +176,7 @@ impl Datastore {
             if t == SEP {
                 break; // document ends sort last
             }
-            let (a, b) = self.narrow_fast(i, hi, d, t);
+            let (a, b) = self.narrow(i, hi, d, t);
             if best.is_none_or(|(_, x, y)| b - a > y - x) {
                 best = Some((t, a, b));
             }
@@ -281,10 +276,6 @@ impl Retrieval {
         }
     }
 
-    pub fn store(&self) -> &Datastore {
-        &self.store
-    }
-
     /// Fills `out` with at most `cap` tokens for the next pass.
     pub fn propose(&mut self, context: &[u32], cap: usize, out: &mut Vec<u32>) {
         let m = self.store.draft(context, self.n_max, cap, out);
@@ -297,7 +288,7 @@ impl Retrieval {
 
     /// The latest proposal's `drafted` tokens had their first `kept` accepted.
     pub fn record(&mut self, drafted: usize, kept: usize) {
-        if self.last > 0 && drafted > 0 {
+        if self.last > 0 {
             self.lengths[self.last - 1].record(drafted, kept);
         }
     }

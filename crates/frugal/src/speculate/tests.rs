@@ -115,6 +115,72 @@ fn greedy_speculation_reproduces_plain_decoding_for_every_drafter() {
     }
 }
 
+/// Retrieval drafting keeps plain decoding's tokens whether the store is right or wrong: the
+/// store holds the target's own answer to each prompt with every third token changed (so its
+/// drafts are partly kept, partly rejected) and the other prompts' answers.
+#[test]
+fn greedy_retrieval_drafting_reproduces_plain_decoding() {
+    let target = model(3, 1);
+    let tok = Tokenizer::from_gguf(&target.file).unwrap();
+    let opts = greedy(40);
+    let kv = KvOptions::default();
+    let plain: Vec<(Vec<u32>, Vec<u32>)> = (0..3)
+        .map(|seed| {
+            let p = prompt(seed);
+            let mut s =
+                Session::with_options(&target, 512, true, &kv, Attention::default()).unwrap();
+            let g = s.generate(&tok, &p, &opts, |_| {}).unwrap();
+            (p, g.tokens)
+        })
+        .collect();
+    let n_vocab = target.config.n_vocab;
+    let docs: Vec<Vec<u32>> = plain
+        .iter()
+        .map(|(_, answer)| {
+            let mut d = answer.clone();
+            for (i, t) in d.iter_mut().enumerate() {
+                if i % 3 == 2 {
+                    *t = (*t + 1) % n_vocab as u32;
+                }
+            }
+            d
+        })
+        .collect();
+    let mut accepted = 0;
+    for (p, want) in &plain {
+        for (k, adaptive) in [(1, false), (4, false), (6, true)] {
+            let store = super::store::Datastore::new(docs.iter().map(|d| &d[..]), n_vocab).unwrap();
+            let o = spec(
+                Method::Store {
+                    path: "(in memory)".into(),
+                },
+                k,
+                adaptive,
+            );
+            let mut s =
+                Speculator::with_store(&target, 512, &kv, Attention::default(), &o, store).unwrap();
+            let (got, st) = s.generate(&tok, p, &opts, |_| {}).unwrap();
+            assert_eq!(&got.tokens, want, "k {k} adaptive {adaptive}");
+            accepted += st.accepted;
+        }
+    }
+    assert!(accepted > 0, "no retrieved token was ever kept");
+    // A store of another vocabulary is refused.
+    let other = super::store::Datastore::new([&[1u32, 2][..]], n_vocab + 1).unwrap();
+    let o = spec(
+        Method::Store {
+            path: "(in memory)".into(),
+        },
+        4,
+        true,
+    );
+    let e = Speculator::with_store(&target, 512, &kv, Attention::default(), &o, other)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("vocabulary"), "{e}");
+}
+
 /// Heads with random weights (they draft badly, which exercises rejection) over a vocabulary
 /// subset, or the identity heads (which repeat the target's next token); reading the previous
 /// token's embedding or not.
