@@ -14,6 +14,7 @@ use frugal::model::Model;
 use frugal::model::synthetic::{SyntheticSpec, build};
 use frugal::quant::act::Activations;
 use frugal::sample::SamplerParams;
+use frugal::speculate::store::Datastore;
 use frugal::speculate::{HeadWeights, Method, SpecOptions, Speculator};
 use frugal::tokenizer::Tokenizer;
 
@@ -93,6 +94,30 @@ fn every_drafter_reproduces_greedy_decoding_on_the_real_model() {
             assert_eq!(got.stop_reason, want.stop_reason, "{name} on prompt {i}");
             accepted += st.accepted;
         }
+        // Retrieval drafting from a datastore holding this answer with every fifth token
+        // changed, beside the other prompts' text: its drafts are partly kept, partly rejected.
+        let vocab = model.config.n_vocab;
+        let mut answer = want.tokens.clone();
+        for (j, t) in answer.iter_mut().enumerate() {
+            if j % 5 == 4 {
+                *t = (*t + 1) % vocab as u32;
+            }
+        }
+        let others: Vec<Vec<u32>> = PROMPTS
+            .iter()
+            .map(|p| tok.encode(p, false).unwrap())
+            .collect();
+        let docs = std::iter::once(answer.as_slice()).chain(others.iter().map(Vec::as_slice));
+        let store = Datastore::new(docs, vocab).unwrap();
+        let mut o: SpecOptions = "store:(in memory):5".parse().unwrap();
+        o.adaptive = i % 2 == 1;
+        let mut s = Speculator::with_store(&model, ctx, &kv, a, &o, store).unwrap();
+        let (got, st) = s.generate(&tok, &ids, &opts, |_| {}).unwrap();
+        assert_eq!(got.tokens, want.tokens, "store on prompt {i} ({layout:?})");
+        assert!(
+            st.accepted > 0,
+            "no draft (lookup or store) was kept on prompt {i}"
+        );
         // Draft heads: untrained (each repeats the model's next token) over the first 4096
         // ids, and perturbed ones; exactness does not depend on what they guess.
         let n = model.config.n_embd;
