@@ -322,23 +322,43 @@ pub trait KvSequence {
     }
 }
 
+/// Where a paged cache's buffer keeps head `h` of a block's positions. Either way the rows
+/// one head's attention reads lie back to back, which the hardware prefetcher follows; a head
+/// slice at the stride of a whole row (the contiguous cache) it loses at every page.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum BlockLayout {
+    /// Each block head-major: the block's positions of head 0, then of head 1, and so on. A
+    /// head's run ends with its block (a few KiB at 16 positions).
+    HeadMajor,
+    /// One region per head, of `blocks` blocks: head `h` of physical block `b` is at row
+    /// `h * blocks * block_size + b * block_size` of the buffer. Blocks allocated one after
+    /// another (what a single growing sequence gets) then continue one head's run across their
+    /// boundaries, so a long context is read as one stream per head.
+    HeadRegions { blocks: usize },
+}
+
+impl BlockLayout {
+    /// Whether a head's rows continue from one physical block into the next.
+    fn heads_apart(self) -> bool {
+        matches!(self, BlockLayout::HeadRegions { .. })
+    }
+}
+
 /// Read access to the cached keys (or values) of one layer, whatever the layout: rows are
 /// reached through an optional block table. Cheap to copy; attention holds one per side.
 ///
 /// A contiguous cache stores whole rows one after another (all heads of a position together).
-/// A paged cache stores each block head-major: the block's positions of head 0, then of head 1,
-/// and so on, so the rows attention reads for one head lie back to back (a few KiB per block
-/// that the hardware prefetcher follows) instead of one head-slice per row at the stride of a
-/// whole row.
+/// A paged cache keeps the rows attention reads for one head back to back, instead of one
+/// head-slice per row at the stride of a whole row: see [`BlockLayout`].
 #[derive(Copy, Clone, Debug)]
 pub struct KvView<'a> {
     ty: KvType,
     row_bytes: usize,
     len: usize,
     data: &'a [u8],
-    /// Physical block of each logical block, and the block size, for a paged cache (whose
-    /// blocks are head-major).
-    table: Option<(&'a [u32], usize)>,
+    /// Physical block of each logical block, the block size and where a block's heads lie,
+    /// for a paged cache.
+    table: Option<(&'a [u32], usize, BlockLayout)>,
     /// A ring of this many rows (a sliding-window layer): position `j` lives in row
     /// `j % ring`, so only the last `ring` positions are readable. 0: no ring.
     ring: usize,
@@ -358,7 +378,8 @@ impl<'a> KvView<'a> {
         }
     }
 
-    /// A paged view: logical row `j` lives in physical block `table[j / block_size]`.
+    /// A paged view: logical row `j` lives in physical block `table[j / block_size]`, laid
+    /// out as `layout` says.
     pub fn paged(
         ty: KvType,
         row_bytes: usize,
@@ -366,6 +387,7 @@ impl<'a> KvView<'a> {
         data: &'a [u8],
         table: &'a [u32],
         block_size: usize,
+        layout: BlockLayout,
     ) -> Self {
         debug_assert!(table.len() * block_size >= len);
         KvView {
@@ -373,7 +395,7 @@ impl<'a> KvView<'a> {
             row_bytes,
             len,
             data,
-            table: Some((table, block_size)),
+            table: Some((table, block_size, layout)),
             ring: 0,
         }
     }
@@ -430,9 +452,18 @@ impl<'a> KvView<'a> {
         };
         match self.table {
             None => (start, max),
-            Some((table, bs)) => {
+            Some((table, bs, layout)) => {
                 let (blk, off) = (start / bs, start % bs);
-                (table[blk] as usize * bs + off, max.min(bs - off))
+                let mut run = max.min(bs - off);
+                if layout.heads_apart() && self.ring == 0 {
+                    // Physically consecutive blocks continue each head's run.
+                    let mut b = blk;
+                    while run < max && table.get(b + 1) == Some(&(table[b] + 1)) {
+                        b += 1;
+                        run = max.min(run + bs);
+                    }
+                }
+                (table[blk] as usize * bs + off, run)
             }
         }
     }
@@ -456,11 +487,16 @@ impl<'a> KvView<'a> {
                 self.row_bytes,
                 m,
             ),
-            Some((_, bs)) => {
+            Some((_, bs, layout)) => {
                 debug_assert!(self.row_bytes.is_multiple_of(hb), "heads of a paged row");
-                let (blk, off) = (row / bs, row % bs);
-                let head0 = blk * bs * self.row_bytes + head * bs * hb;
-                (&self.data[head0 + off * hb..head0 + bs * hb], hb, m)
+                let at = match layout {
+                    BlockLayout::HeadMajor => {
+                        let (blk, off) = (row / bs, row % bs);
+                        blk * bs * self.row_bytes + head * bs * hb + off * hb
+                    }
+                    BlockLayout::HeadRegions { blocks } => (head * blocks * bs + row) * hb,
+                };
+                (&self.data[at..at + m * hb], hb, m)
             }
         }
     }

@@ -11,8 +11,11 @@
 //! block on its first append. Beam search, parallel sampling and a server's prompt cache all
 //! reduce to `fork`.
 //!
-//! Physical buffers are reserved for the whole pool up front (address space only) and grown block
-//! by block, so appending never reallocates: the decode loop does not allocate.
+//! Physical buffers are allocated for the whole pool up front as zeroed memory, whose pages the
+//! operating system supplies on first write: memory follows the blocks written, and appending
+//! never reallocates (the decode loop does not allocate). Each layer's buffer keeps one region
+//! per KV head ([`BlockLayout::HeadRegions`]), so the blocks a growing sequence takes one after
+//! another hold each head's positions as one stream.
 //!
 //! Automatic prefix caching: a full block can be registered under the hash of its tokens and of
 //! every block before it ([`super::prefix`]). When the last sequence holding a registered block
@@ -32,7 +35,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::contiguous::check_format;
 use super::prefix::BlockHash;
 use super::ring_blocks::RingBlocks;
-use super::{CacheShape, KvError, KvFormat, KvSequence, KvView, Rings};
+use super::{BlockLayout, CacheShape, KvError, KvFormat, KvSequence, KvView, Rings};
 
 /// Positions per block unless asked otherwise (as vLLM): small enough that the unused tail of
 /// the last block wastes little, large enough that a table lookup covers many rows.
@@ -65,14 +68,15 @@ struct Seq {
 pub struct KvPool {
     n_layers: usize,
     kv_dim: usize,
-    /// Heads per row (keys-only rows: one), each stored head-major within a block.
+    /// Heads per row (keys-only rows: one), each in a region of its own.
     heads: usize,
     format: KvFormat,
     block_size: usize,
     total_blocks: usize,
     k_row: usize,
     v_row: usize,
-    /// Per layer; holds `fresh` blocks (grown within the reserved capacity).
+    /// Per layer, every block of the pool laid out as [`Self::layout`] (empty for a layer in
+    /// rings); only the blocks written so far occupy memory.
     k: Vec<Vec<u8>>,
     v: Vec<Vec<u8>>,
     /// Reference count of every materialized block (0 = in `free` or `evictable`).
@@ -86,7 +90,7 @@ pub struct KvPool {
     /// Release tick of each block in `evictable`.
     tick_of: Vec<u64>,
     clock: u64,
-    /// Blocks materialized so far; the rest of the pool is reserved address space only.
+    /// Blocks handed out at least once; the rest of the pool has never been written.
     fresh: usize,
     seqs: Vec<Option<Seq>>,
     /// The windowed layers' rings, and the blocks that hold them.
@@ -148,12 +152,11 @@ impl KvPool {
         for l in 0..n_layers {
             let windowed = ring.as_ref().is_some_and(|r| r.windowed[l]);
             for (side, rb) in [(&mut k, k_row), (&mut v, v_row)] {
-                let mut buf: Vec<u8> = Vec::new();
-                if !windowed {
-                    buf.try_reserve_exact(rows * rb)
-                        .map_err(|e| err(e.to_string()))?;
-                }
-                side.push(buf);
+                side.push(if windowed {
+                    Vec::new()
+                } else {
+                    zeroed(rows * rb).map_err(err)?
+                });
             }
         }
         Ok(KvPool {
@@ -179,6 +182,20 @@ impl KvPool {
             rings,
             ring,
         })
+    }
+
+    /// How the main buffers hold their blocks.
+    fn layout(&self) -> BlockLayout {
+        BlockLayout::HeadRegions {
+            blocks: self.total_blocks,
+        }
+    }
+
+    /// Byte offset, in a main buffer of rows of `row` bytes, of head `h` of position `off` of
+    /// physical block `blk`.
+    fn head_at(&self, row: usize, blk: usize, off: usize, h: usize) -> usize {
+        let bs = self.block_size;
+        head_in_regions(row / self.heads, self.total_blocks, bs, blk, off, h)
     }
 
     /// Whether layer `l` keeps its positions in a ring.
@@ -415,15 +432,6 @@ impl KvPool {
             None => {
                 let b = self.fresh;
                 self.fresh += 1;
-                let rows = self.fresh * self.block_size;
-                for l in 0..self.n_layers {
-                    if self.windowed(l) {
-                        continue; // its rows live in the ring blocks
-                    }
-                    // Within the reserved capacity: no reallocation.
-                    self.k[l].resize(rows * self.k_row, 0);
-                    self.v[l].resize(rows * self.v_row, 0);
-                }
                 self.refs.push(0);
                 self.hash_of.push(None);
                 self.tick_of.push(0);
@@ -483,9 +491,19 @@ impl KvPool {
                 if self.windowed(l) {
                     continue;
                 }
-                let (kr, vr) = (bs * self.k_row, bs * self.v_row);
-                self.k[l].copy_within(old * kr..(old + 1) * kr, new as usize * kr);
-                self.v[l].copy_within(old * vr..(old + 1) * vr, new as usize * vr);
+                for h in 0..self.heads {
+                    for (side, row) in [(0, self.k_row), (1, self.v_row)] {
+                        let run = bs * row / self.heads;
+                        let from = self.head_at(row, old, 0, h);
+                        let to = self.head_at(row, new as usize, 0, h);
+                        let buf = if side == 0 {
+                            &mut self.k[l]
+                        } else {
+                            &mut self.v[l]
+                        };
+                        buf.copy_within(from..from + run, to);
+                    }
+                }
             }
             self.release(old as u32);
             self.seq_mut(id).table[i] = new;
@@ -572,26 +590,40 @@ impl KvPool {
         let with_values = self.v_row > 0;
         debug_assert_eq!(v.len(), if with_values { k.len() } else { 0 });
         // A windowed layer writes into its ring: logical block `pos / bs` cycles through the
-        // sequence's `per_seq` ring blocks.
-        let (kd, vd, table, per_seq) = match self.ring.as_mut().filter(|r| r.windowed[layer]) {
-            Some(r) => (&mut r.k[layer], &mut r.v[layer], &s.ring, r.per_seq),
-            None => (&mut self.k[layer], &mut self.v[layer], &s.table, usize::MAX),
-        };
-        // Blocks are head-major (see `KvView`): head h of the block's position `off` is at
-        // `block * bs * row + h * bs * head_bytes + off * head_bytes`.
+        // sequence's `per_seq` ring blocks, which are head-major ([`BlockLayout::HeadMajor`]).
         let heads = self.heads;
+        let (k_row, v_row, blocks) = (self.k_row, self.v_row, self.total_blocks);
+        let (kd, vd, table, per_seq, regions) =
+            match self.ring.as_mut().filter(|r| r.windowed[layer]) {
+                Some(r) => (&mut r.k[layer], &mut r.v[layer], &s.ring, r.per_seq, false),
+                None => (
+                    &mut self.k[layer],
+                    &mut self.v[layer],
+                    &s.table,
+                    usize::MAX,
+                    true,
+                ),
+            };
+        let at = |row: usize, blk: usize, off: usize, h: usize| {
+            let hb = row / heads;
+            if regions {
+                head_in_regions(hb, blocks, bs, blk, off, h)
+            } else {
+                blk * bs * row + h * bs * hb + off * hb
+            }
+        };
         let hd = kv_dim / heads;
-        let (kh, vh) = (self.k_row / heads, self.v_row / heads);
+        let (kh, vh) = (k_row / heads, v_row / heads);
         for (i, kr) in k.chunks_exact(kv_dim).enumerate() {
             let pos = s.len + i;
             let (blk, off) = (table[(pos / bs) % per_seq] as usize, pos % bs);
             for h in 0..heads {
-                let at = blk * bs * self.k_row + h * bs * kh + off * kh;
+                let at_k = at(k_row, blk, off, h);
                 self.format
                     .k
-                    .encode(&kr[h * hd..(h + 1) * hd], &mut kd[at..at + kh]);
+                    .encode(&kr[h * hd..(h + 1) * hd], &mut kd[at_k..at_k + kh]);
                 if with_values {
-                    let at = blk * bs * self.v_row + h * bs * vh + off * vh;
+                    let at = at(v_row, blk, off, h);
                     let vr = &v[i * kv_dim + h * hd..i * kv_dim + (h + 1) * hd];
                     self.format.v.encode(vr, &mut vd[at..at + vh]);
                 }
@@ -616,11 +648,18 @@ impl KvPool {
             None => (&self.k[layer], &self.v[layer], &s.table, 0),
         };
         let bs = self.block_size;
-        let keys = KvView::paged(self.format.k, self.k_row, n, kd, table, bs).with_ring(ring);
+        let layout = if ring > 0 {
+            BlockLayout::HeadMajor
+        } else {
+            self.layout()
+        };
+        let keys =
+            KvView::paged(self.format.k, self.k_row, n, kd, table, bs, layout).with_ring(ring);
         if self.v_row == 0 {
             return (keys, keys);
         }
-        let values = KvView::paged(self.format.v, self.v_row, n, vd, table, bs).with_ring(ring);
+        let values =
+            KvView::paged(self.format.v, self.v_row, n, vd, table, bs, layout).with_ring(ring);
         (keys, values)
     }
 
@@ -629,6 +668,37 @@ impl KvPool {
         self.seq(id);
         PagedSeq { pool: self, id }
     }
+}
+
+/// Byte offset of head `h` of position `off` of block `blk` under [`BlockLayout::HeadRegions`]:
+/// heads of `head_bytes` each, regions of `blocks` blocks of `bs` positions.
+fn head_in_regions(
+    head_bytes: usize,
+    blocks: usize,
+    bs: usize,
+    blk: usize,
+    off: usize,
+    h: usize,
+) -> usize {
+    ((h * blocks + blk) * bs + off) * head_bytes
+}
+
+/// `n` zero bytes whose pages the operating system supplies on first write (the allocator's
+/// zeroed allocation maps fresh pages for sizes this large), so a pool nobody has written to
+/// costs address space only; an allocation that fails is an error, not an abort.
+fn zeroed(n: usize) -> Result<Vec<u8>, String> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n).map_err(|e| e.to_string())?;
+    // SAFETY: `layout` has a nonzero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(format!("cannot allocate {n} bytes"));
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `n` bytes (alignment 1,
+    // capacity `n`), and all `n` bytes are initialized (to zero).
+    Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
 /// One sequence of a pool, borrowed for a forward pass.
@@ -727,6 +797,42 @@ mod tests {
             }
             assert_eq!(pool.blocks_in_use(), 18usize.div_ceil(4));
         }
+    }
+
+    /// Blocks taken one after another continue each head's run across their boundaries (one
+    /// stream per head for a growing sequence); a copied block breaks the run, not the values.
+    #[test]
+    fn consecutive_blocks_continue_a_heads_run() {
+        let f = KvFormat::both(KvType::F16);
+        let mut pool = KvPool::new(1, CacheShape::new(2, 8), f, 4, 8).unwrap();
+        let a = pool.add_sequence(32);
+        push(&mut pool.slot(a), 1, 10, 16, 0.0);
+        let (k, v) = pool.layer(a, 0);
+        for view in [k, v] {
+            let (bytes, stride, m) = view.head_run(1, 8, 1, 100);
+            assert_eq!((stride, m, bytes.len()), (16, 9, 9 * 16));
+        }
+        let b = pool.fork(a).unwrap();
+        push(&mut pool.slot(b), 1, 1, 16, 3.0); // copies the shared partial block 2
+        assert_eq!(pool.block_table(b), &[0, 1, 3]);
+        let (kb, _) = pool.layer(b, 0);
+        assert_eq!(kb.head_run(1, 8, 1, 100).1, 16);
+        assert_eq!(
+            kb.head_run(1, 8, 1, 100).2,
+            7,
+            "the run stops before the copied block"
+        );
+        let mut flat = KvCache::with_format(1, CacheShape::new(2, 8), 32, f).unwrap();
+        push(&mut flat, 1, 10, 16, 0.0);
+        assert_eq!(
+            read_all(pool.layer(a, 0).0, 2, 16),
+            read_all(KvSequence::layer(&flat, 0).0, 2, 16)
+        );
+        push(&mut flat, 1, 1, 16, 3.0);
+        assert_eq!(
+            read_all(kb, 2, 16),
+            read_all(KvSequence::layer(&flat, 0).0, 2, 16)
+        );
     }
 
     #[test]
