@@ -24,9 +24,13 @@ t_act = [
  "What are the benefits of {}?", "Tell me a short story about someone {}.", "How long does it take to get good at {}?",
  "Give me three ideas for {}.", "Write a checklist for {}.", "What advice would you give a friend who is {}?",
 ]
+import sys
+# `--more`: the first 7,000 distinct requests of the same seeded draw, less the 3,400 of
+# heads-prompts.txt (more-prompts.txt: a second store's worth of different requests).
+more = "--more" in sys.argv
 rng = random.Random(20261204)
 out = set()
-while len(out) < 3400:
+while len(out) < (7000 if more else 3400):
     if rng.random() < 0.6:
         t = rng.choice(t_topic)
         if t.count("{}") == 2:
@@ -41,5 +45,8 @@ out = sorted(out)
 rng.shuffle(out)
 bench = ["lighthouse", "sky is blue", "guitar"]
 out = [p for p in out if not any(b in p for b in bench)]
-open("heads-prompts.txt", "w").write("\n".join(out) + "\n")
+if more:
+    first = set(open("heads-prompts.txt").read().split("\n"))
+    out = [p for p in out if p not in first]
+open("more-prompts.txt" if more else "heads-prompts.txt", "w").write("\n".join(out) + "\n")
 print(len(out))
