@@ -420,10 +420,13 @@ fn block_body<const R: usize>(
     // stay at the same absolute offsets from the chunk start).
     let first = s.first_visible(job.pos0 + span.t0);
     let mut j0 = span.lo + first.saturating_sub(span.lo) / bc * bc;
-    // The cache rows of the first tile, then each next tile's while this one is computed.
+    // The cache rows of the first tile, then each next tile's while this one is computed. The
+    // last tile's prefetch reaches into the keys after the span: a thread takes a run of
+    // consecutive chunks of one KV head (rayon splits the index range in halves), so that is
+    // most often the first tile of its next chunk, which would otherwise start cold.
     let prefetch = |kv: &KvView, from: usize| {
-        if from < hi {
-            let n = (hi - from).min(bc);
+        if from < kv.len() {
+            let n = (kv.len() - from).min(bc);
             kv.prefetch_head(span.kvh, hd, from, n);
         }
     };
