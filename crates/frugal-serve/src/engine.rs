@@ -31,6 +31,7 @@ use frugal::kv::{KvPool, SeqId};
 use frugal::model::{Model, RoutingStats, Scratch, Segment};
 use frugal::ops::log_sum_exp;
 use frugal::sample::{Sampler, SamplerParams};
+use frugal::speculate::store::{DEFAULT_MATCH, Datastore, Retrieval};
 use frugal::speculate::{LOOKUP_PASS_COST, ngram, rule};
 use frugal::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
@@ -126,6 +127,8 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Prompt-lookup speculation: (longest suffix n, most drafted tokens K).
     pub speculate: Option<(usize, usize)>,
+    /// With speculation, retrieval from this datastore where prompt lookup finds nothing.
+    pub store: Option<Arc<Datastore>>,
 }
 
 /// Speculation runs only while at most this many sequences decode: in a larger batch the step
@@ -172,6 +175,9 @@ struct Seq {
     admitted_before: bool,
     /// With speculation: prompt lookup with its draft length policy, and this step's draft.
     lookup: Option<ngram::Lookup>,
+    /// Retrieval from the server's datastore, and whether this step's draft came from it.
+    retrieval: Option<Retrieval>,
+    from_store: bool,
     draft: Vec<u32>,
 }
 
@@ -313,6 +319,14 @@ impl Scheduler {
                     .cfg
                     .speculate
                     .map(|(n, k)| ngram::Lookup::new(n, k, true, LOOKUP_PASS_COST)),
+                retrieval: self
+                    .cfg
+                    .speculate
+                    .zip(self.cfg.store.clone())
+                    .map(|((_, k), st)| {
+                        Retrieval::new(st, DEFAULT_MATCH, k, true, LOOKUP_PASS_COST)
+                    }),
+                from_store: false,
                 draft: Vec::new(),
             });
         }
@@ -540,8 +554,8 @@ impl Scheduler {
         true
     }
 
-    /// Prompt lookup for every decoding sequence, while the batch is small enough for drafts
-    /// to pay; none before `min_tokens` (masked sampling is not what the rule checks).
+    /// Prompt lookup (then retrieval from the datastore, where lookup finds nothing) for every
+    /// decoding sequence, while the batch is small enough for drafts to pay; none before `min_tokens` (masked sampling is not what the rule checks).
     fn draft(&mut self) {
         if self.cfg.speculate.is_none() {
             return;
@@ -554,6 +568,7 @@ impl Scheduler {
             .count();
         for s in &mut self.running {
             s.draft.clear();
+            s.from_store = false;
             let Some(lookup) = &mut s.lookup else {
                 continue;
             };
@@ -566,6 +581,10 @@ impl Scheduler {
             let room = ctx.saturating_sub(s.tokens.len());
             let wanted = s.shared.max_tokens.saturating_sub(s.generated + 1);
             lookup.propose(&s.tokens, room.min(wanted), &mut s.draft);
+            if let Some(r) = s.retrieval.as_mut().filter(|_| s.draft.is_empty()) {
+                r.propose(&s.tokens, room.min(wanted), &mut s.draft);
+                s.from_store = !s.draft.is_empty();
+            }
         }
     }
 
@@ -587,8 +606,10 @@ impl Scheduler {
             &mut s.sampler,
             &mut self.verify_ws,
         );
-        if let Some(lookup) = &mut s.lookup {
-            lookup.record(draft.len(), verdict.accepted);
+        match (&mut s.retrieval, &mut s.lookup) {
+            (Some(r), _) if s.from_store => r.record(draft.len(), verdict.accepted),
+            (_, Some(lookup)) => lookup.record(draft.len(), verdict.accepted),
+            _ => {}
         }
         let id = s.kv.expect("running");
         s.computed += 1;

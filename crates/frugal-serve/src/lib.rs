@@ -51,6 +51,9 @@ pub struct ServeConfig {
     pub threads: usize,
     /// Prompt-lookup speculation: (longest suffix n, most drafted tokens K).
     pub speculate: Option<(usize, usize)>,
+    /// With speculation, retrieval drafting from this datastore where prompt lookup finds
+    /// nothing (`--speculate store:FILE`).
+    pub store: Option<Arc<frugal::speculate::store::Datastore>>,
 }
 
 /// A loaded model, ready to serve.

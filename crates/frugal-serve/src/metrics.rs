@@ -318,7 +318,7 @@ impl Metrics {
         metric(
             "frugal_spec_draft_tokens_total",
             "counter",
-            "Tokens drafted by prompt-lookup speculation (--speculate).",
+            "Tokens drafted by speculation (--speculate: prompt lookup, retrieval).",
             &one(get(&self.spec_drafted).to_string()),
         );
         metric(

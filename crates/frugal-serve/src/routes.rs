@@ -67,6 +67,14 @@ impl App {
             probe.block_bytes()
         );
         let pool = l.model.new_kv_pool(c.kv_format, c.kv_block, blocks)?;
+        if let Some(store) = &c.store {
+            anyhow::ensure!(
+                store.n_vocab() == l.model.config.n_vocab,
+                "the datastore holds token ids of a vocabulary of {}, this model has {}: build it with this model",
+                store.n_vocab(),
+                l.model.config.n_vocab
+            );
+        }
         let ctx = c
             .ctx
             .unwrap_or(l.model.config.n_ctx_train)
@@ -94,6 +102,7 @@ impl App {
                 attention: c.attention,
                 threads: c.threads,
                 speculate: c.speculate,
+                store: c.store.clone(),
             },
             metrics.clone(),
         )?;

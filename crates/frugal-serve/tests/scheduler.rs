@@ -106,6 +106,7 @@ fn server_of(
         attention: Default::default(),
         threads: 2,
         speculate,
+        store: None,
     };
     let submit = engine::spawn(m, Arc::new(tok), pool, cfg, metrics.clone()).unwrap();
     Server { submit, metrics }
@@ -190,6 +191,82 @@ fn prompt_lookup_speculation_gives_the_lone_tokens() {
         };
         assert!(count("frugal_spec_draft_tokens_total") > 0, "{text}");
     }
+}
+
+/// Retrieval drafting in the server: a datastore of the answers themselves, every fourth
+/// token changed, drafts where prompt lookup finds nothing. The tokens stay the lone ones. The
+/// test model answers each prompt with one token repeated, which prompt lookup copies from the
+/// second decode step on; at the first, a prompt without that token gives lookup nothing to
+/// match, and only the store drafts: with at most 3 sequences decoding (under the batch limit,
+/// so every step drafts) more drafted tokens are kept than by prompt lookup alone.
+#[test]
+fn retrieval_speculation_gives_the_lone_tokens() {
+    use frugal::speculate::store::Datastore;
+    let (m, tok) = model();
+    // Each prompt loses the token its answer starts with until the answer starts with another.
+    let mut cases = cases();
+    for (p, n) in &mut cases {
+        for _ in 0..64 {
+            let first = alone(&m, &tok, p, *n)[0];
+            if !p.contains(&first) || p.iter().all(|&t| t == first) {
+                break;
+            }
+            p.retain(|&t| t != first);
+        }
+    }
+    let want: Vec<_> = cases.iter().map(|(p, n)| alone(&m, &tok, p, *n)).collect();
+    let n_vocab = m.config.n_vocab;
+    let docs: Vec<Vec<u32>> = want
+        .iter()
+        .map(|w| {
+            let mut d = w.clone();
+            for (j, t) in d.iter_mut().enumerate() {
+                if j % 4 == 3 {
+                    *t = (*t + 1) % n_vocab as u32;
+                }
+            }
+            d
+        })
+        .collect();
+    let store = Arc::new(Datastore::new(docs.iter().map(Vec::as_slice), n_vocab).unwrap());
+    assert!(
+        (0..cases.len()).any(|i| !cases[i].0.contains(&want[i][0])),
+        "no prompt lacks its answer's first token"
+    );
+    let mut kept = Vec::new();
+    for store in [None, Some(store)] {
+        let (m, tok) = model();
+        let pool = m.new_kv_pool(KvFormat::default(), 16, 512).unwrap();
+        let metrics = Arc::new(Metrics::new("synthetic", 16, 512));
+        let cfg = EngineConfig {
+            parallel: 3,
+            ctx: 1024,
+            batch_tokens: 64,
+            prefix_cache: true,
+            attention: Default::default(),
+            threads: 2,
+            speculate: Some((3, 6)),
+            store,
+        };
+        let submit = engine::spawn(m, Arc::new(tok), pool, cfg, metrics.clone()).unwrap();
+        let s = Server { submit, metrics };
+        let rxs: Vec<_> = cases.iter().map(|(p, n)| request(&s, p, *n)).collect();
+        for (i, (rx, w)) in rxs.into_iter().zip(&want).enumerate() {
+            assert_eq!(&tokens(rx).0, w, "request {i}");
+        }
+        let text = s.metrics.render();
+        let count = |name: &str| -> u64 {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().last()?.parse().ok())
+                .unwrap_or(0)
+        };
+        kept.push(count("frugal_spec_accepted_tokens_total"));
+    }
+    assert!(
+        kept[1] > kept[0],
+        "the store keeps more drafts than lookup alone: {kept:?}"
+    );
 }
 
 #[test]

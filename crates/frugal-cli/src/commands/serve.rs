@@ -41,10 +41,11 @@ pub struct Args {
     /// Model name clients use [default: the GGUF's general.basename, lowercased]
     #[arg(long = "alias")]
     pub alias: Option<String>,
-    /// Speculative decoding by prompt lookup, ngram[:N][:K], while at most 4 sequences decode
+    /// Speculative decoding by prompt lookup, ngram[:N][:K], or by prompt lookup then retrieval
+    /// from a datastore (`frugal build-store`), store:FILE[:K], while at most 4 sequences decode
     /// (a larger batch is compute-bound: drafts would cost what they save); tokens are the
     /// same, greedy or not in distribution
-    #[arg(long = "speculate", value_name = "ngram[:N][:K]")]
+    #[arg(long = "speculate", value_name = "ngram[:N][:K] | store:FILE[:K]")]
     pub speculate: Option<String>,
     #[command(flatten)]
     pub model: ModelArgs,
@@ -97,16 +98,26 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(c) = a.ctx {
         anyhow::ensure!(c > 1, "--ctx must be at least 2");
     }
-    let speculate = match &a.speculate {
-        None => None,
-        Some(spec) => match spec.parse::<frugal::speculate::SpecOptions>() {
-            Ok(frugal::speculate::SpecOptions {
-                method: frugal::speculate::Method::Ngram { n },
+    use frugal::speculate::{DEFAULT_NGRAM, Method, SpecOptions, store::Datastore};
+    let (speculate, store) = match &a.speculate {
+        None => (None, None),
+        Some(spec) => match spec.parse::<SpecOptions>() {
+            Ok(SpecOptions {
+                method: Method::Ngram { n },
                 k,
                 ..
-            }) => Some((n, k)),
+            }) => (Some((n, k)), None),
+            Ok(SpecOptions {
+                method: Method::Store { path },
+                k,
+                ..
+            }) => {
+                let store = Datastore::read(&path)
+                    .with_context(|| format!("reading the datastore {}", path.display()))?;
+                (Some((DEFAULT_NGRAM, k)), Some(std::sync::Arc::new(store)))
+            }
             Ok(_) => anyhow::bail!(
-                "the server drafts by prompt lookup only: --speculate ngram[:N][:K] (model drafters need a cache per sequence)"
+                "the server drafts by prompt lookup and retrieval only: --speculate ngram[:N][:K] or store:FILE[:K] (model drafters need a cache per sequence)"
             ),
             Err(e) => anyhow::bail!(e),
         },
@@ -125,6 +136,7 @@ pub fn run(a: Args) -> Result<()> {
         attention,
         threads: rayon::current_num_threads(),
         speculate,
+        store,
     };
     let model_args = a.model.clone();
     let alias = a.alias.clone();

@@ -781,7 +781,7 @@ mod tests {
     fn paged_reads_what_contiguous_reads_for_every_format() {
         for t in KvType::ALL {
             let f = KvFormat::both(t);
-            // Two heads: the pool stores blocks head-major, the contiguous cache whole rows.
+            // Two heads: the pool keeps a region per head, the contiguous cache whole rows.
             let mut pool = KvPool::new(2, CacheShape::new(2, 32), f, 4, 16).unwrap();
             let id = pool.add_sequence(50);
             let mut flat = KvCache::with_format(2, CacheShape::new(2, 32), 50, f).unwrap();

@@ -352,7 +352,7 @@ impl<'m> Speculator<'m> {
                 LOOKUP_PASS_COST,
             ),
             retrieval: Box::new(Retrieval::new(
-                store,
+                std::sync::Arc::new(store),
                 super::store::DEFAULT_MATCH,
                 opts.k,
                 opts.adaptive,

@@ -16,6 +16,7 @@
 
 use std::borrow::Cow;
 use std::path::Path;
+use std::sync::Arc;
 
 use super::decode::{DraftLength, PassCost};
 use crate::error::{Error, Result};
@@ -251,10 +252,11 @@ fn key(tokens: &[u32], i: u32) -> &[u32] {
 }
 
 /// Retrieval drafting with its draft length chosen per matched suffix length, as prompt
-/// lookup chooses it ([`super::ngram::Lookup`]).
+/// lookup chooses it ([`super::ngram::Lookup`]). The datastore is shared: a server gives
+/// every sequence its own `Retrieval` over one store.
 #[derive(Clone, Debug)]
 pub struct Retrieval {
-    store: Datastore,
+    store: Arc<Datastore>,
     n_max: usize,
     lengths: Vec<DraftLength>,
     last: usize,
@@ -262,7 +264,7 @@ pub struct Retrieval {
 
 impl Retrieval {
     pub fn new(
-        store: Datastore,
+        store: Arc<Datastore>,
         n_max: usize,
         k_max: usize,
         adaptive: bool,
