@@ -170,12 +170,12 @@ impl KvPool {
             v_row,
             k,
             v,
-            refs: Vec::with_capacity(n_blocks),
-            free: Vec::with_capacity(n_blocks),
-            hash_of: Vec::with_capacity(n_blocks),
+            refs: bookkeeping(n_blocks).map_err(err)?,
+            free: bookkeeping(n_blocks).map_err(err)?,
+            hash_of: bookkeeping(n_blocks).map_err(err)?,
             by_hash: HashMap::new(),
             evictable: BTreeMap::new(),
-            tick_of: Vec::with_capacity(n_blocks),
+            tick_of: bookkeeping(n_blocks).map_err(err)?,
             clock: 0,
             fresh: 0,
             seqs: Vec::new(),
@@ -701,6 +701,14 @@ fn zeroed(n: usize) -> Result<Vec<u8>, String> {
     Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
+/// An empty vector with room for one entry per block, or an error (not an abort) when that
+/// much cannot be reserved.
+fn bookkeeping<T>(n_blocks: usize) -> Result<Vec<T>, String> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n_blocks).map_err(|e| e.to_string())?;
+    Ok(v)
+}
+
 /// One sequence of a pool, borrowed for a forward pass.
 pub struct PagedSeq<'p> {
     pool: &'p mut KvPool,
@@ -891,6 +899,19 @@ mod tests {
         ));
         assert_eq!(pool.blocks_in_use(), 0);
         assert!(KvPool::new(1, CacheShape::new(1, 8), KvFormat::default(), 0, 2).is_err());
+    }
+
+    /// A pool larger than any address space is an error, not an abort: 2^31 blocks of 2^26
+    /// positions of 32 bytes is 4 EiB of keys, a size that does not overflow but that no
+    /// allocation can give.
+    #[test]
+    fn a_pool_too_large_for_memory_is_an_error() {
+        let f = KvFormat::default();
+        let e = KvPool::new(1, CacheShape::new(1, 8), f, 1 << 26, 1 << 31).unwrap_err();
+        assert!(matches!(e, KvError::Reserve { .. }), "{e}");
+        // Beyond what a block table can number.
+        let e = KvPool::new(1, CacheShape::new(1, 8), f, 1, 1 << 33).unwrap_err();
+        assert!(matches!(e, KvError::Reserve { .. }), "{e}");
     }
 
     #[test]
