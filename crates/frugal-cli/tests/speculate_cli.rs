@@ -171,8 +171,14 @@ fn bad_drafters_fail_cleanly() {
     assert_clean_error(&run("self:9"), "before the last");
     assert_clean_error(&run("medusa"), "unknown drafter");
     assert_clean_error(&run("draft:/nonexistent.gguf"), "nonexistent");
-    // A model file is not a heads file.
+    // A model file is not a heads file, nor a datastore.
     assert_clean_error(&run(&format!("heads:{m}")), "not a draft-heads file");
+    assert_clean_error(&run(&format!("store:{m}")), "not a datastore");
+    // The server drafts by prompt lookup and from a store only, and checks the store's file
+    // before it starts.
+    let serve = |spec: &str| frugal(&["serve", "-m", m, "--port", "0", "--speculate", spec]);
+    assert_clean_error(&serve("self:1"), "prompt lookup and retrieval only");
+    assert_clean_error(&serve(&format!("store:{m}")), "not a datastore");
     let out = frugal(&[
         "generate",
         "-m",
