@@ -15,6 +15,7 @@ use frugal::model::synthetic::{SyntheticMoe, SyntheticSpec, build};
 use frugal::quant::GgmlType;
 use frugal::quant::act::Activations;
 use frugal::sample::SamplerParams;
+use frugal::speculate::store::Datastore;
 use frugal::tokenizer::Tokenizer;
 use frugal_serve::engine::{self, EngineConfig, Event, GenRequest};
 use frugal_serve::metrics::Metrics;
@@ -85,6 +86,7 @@ fn server_spec(
         batch_tokens,
         prefix_cache,
         speculate,
+        None,
     )
 }
 
@@ -95,6 +97,7 @@ fn server_of(
     batch_tokens: usize,
     prefix_cache: bool,
     speculate: Option<(usize, usize)>,
+    store: Option<Arc<Datastore>>,
 ) -> Server {
     let pool = m.new_kv_pool(KvFormat::default(), 16, blocks).unwrap();
     let metrics = Arc::new(Metrics::new("synthetic", 16, blocks));
@@ -106,7 +109,7 @@ fn server_of(
         attention: Default::default(),
         threads: 2,
         speculate,
-        store: None,
+        store,
     };
     let submit = engine::spawn(m, Arc::new(tok), pool, cfg, metrics.clone()).unwrap();
     Server { submit, metrics }
@@ -152,6 +155,14 @@ fn tokens(mut rx: mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, usize) {
     }
 }
 
+/// The value of counter `name` in the metrics' text (0 when absent).
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or(0)
+}
+
 fn cases() -> Vec<(Vec<u32>, usize)> {
     [(5, 20), (70, 12), (300, 16), (33, 25), (600, 8), (17, 30)]
         .iter()
@@ -183,13 +194,10 @@ fn prompt_lookup_speculation_gives_the_lone_tokens() {
             assert_eq!(&tokens(rx).0, w, "{n_requests} requests: request {i}");
         }
         let text = s.metrics.render();
-        let count = |name: &str| -> u64 {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().last()?.parse().ok())
-                .unwrap_or(0)
-        };
-        assert!(count("frugal_spec_draft_tokens_total") > 0, "{text}");
+        assert!(
+            metric(&text, "frugal_spec_draft_tokens_total") > 0,
+            "{text}"
+        );
     }
 }
 
@@ -201,7 +209,6 @@ fn prompt_lookup_speculation_gives_the_lone_tokens() {
 /// so every step drafts) more drafted tokens are kept than by prompt lookup alone.
 #[test]
 fn retrieval_speculation_gives_the_lone_tokens() {
-    use frugal::speculate::store::Datastore;
     let (m, tok) = model();
     // Each prompt loses the token its answer starts with until the answer starts with another.
     let mut cases = cases();
@@ -235,33 +242,13 @@ fn retrieval_speculation_gives_the_lone_tokens() {
     );
     let mut kept = Vec::new();
     for store in [None, Some(store)] {
-        let (m, tok) = model();
-        let pool = m.new_kv_pool(KvFormat::default(), 16, 512).unwrap();
-        let metrics = Arc::new(Metrics::new("synthetic", 16, 512));
-        let cfg = EngineConfig {
-            parallel: 3,
-            ctx: 1024,
-            batch_tokens: 64,
-            prefix_cache: true,
-            attention: Default::default(),
-            threads: 2,
-            speculate: Some((3, 6)),
-            store,
-        };
-        let submit = engine::spawn(m, Arc::new(tok), pool, cfg, metrics.clone()).unwrap();
-        let s = Server { submit, metrics };
+        let s = server_of(model(), 512, 3, 64, true, Some((3, 6)), store);
         let rxs: Vec<_> = cases.iter().map(|(p, n)| request(&s, p, *n)).collect();
         for (i, (rx, w)) in rxs.into_iter().zip(&want).enumerate() {
             assert_eq!(&tokens(rx).0, w, "request {i}");
         }
         let text = s.metrics.render();
-        let count = |name: &str| -> u64 {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().last()?.parse().ok())
-                .unwrap_or(0)
-        };
-        kept.push(count("frugal_spec_accepted_tokens_total"));
+        kept.push(metric(&text, "frugal_spec_accepted_tokens_total"));
     }
     assert!(
         kept[1] > kept[0],
@@ -362,7 +349,7 @@ fn moe_model_batches_exactly_and_reports_its_routing() {
         selection_bias: false,
     };
     let (m, tok) = model_with(Some(moe.clone()));
-    let s = server_of(model_with(Some(moe)), 512, 16, 64, false, None);
+    let s = server_of(model_with(Some(moe)), 512, 16, 64, false, None, None);
     let rxs: Vec<_> = cases()
         .iter()
         .map(|(p, max)| (request(&s, p, *max), p.clone(), *max))

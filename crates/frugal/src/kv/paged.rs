@@ -491,18 +491,14 @@ impl KvPool {
                 if self.windowed(l) {
                     continue;
                 }
+                // Each head's run of the block lies in its own region.
                 for h in 0..self.heads {
-                    for (side, row) in [(0, self.k_row), (1, self.v_row)] {
-                        let run = bs * row / self.heads;
-                        let from = self.head_at(row, old, 0, h);
-                        let to = self.head_at(row, new as usize, 0, h);
-                        let buf = if side == 0 {
-                            &mut self.k[l]
-                        } else {
-                            &mut self.v[l]
-                        };
-                        buf.copy_within(from..from + run, to);
-                    }
+                    let at = |row, b| self.head_at(row, b, 0, h);
+                    let (kf, kt) = (at(self.k_row, old), at(self.k_row, new as usize));
+                    let (vf, vt) = (at(self.v_row, old), at(self.v_row, new as usize));
+                    let (kn, vn) = (bs * self.k_row / self.heads, bs * self.v_row / self.heads);
+                    self.k[l].copy_within(kf..kf + kn, kt);
+                    self.v[l].copy_within(vf..vf + vn, vt);
                 }
             }
             self.release(old as u32);

@@ -29,7 +29,7 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::gguf::{Array, GgufFile, GgufWriter, TensorData, Value};
+use crate::gguf::{Array, GgufWriter, TensorData, Value};
 use crate::model::Model;
 use crate::ops::rms_norm;
 use crate::quant::act::{Q8Acts, QK};
@@ -118,13 +118,8 @@ impl HeadWeights {
     }
 
     pub fn read(path: &Path) -> Result<Self> {
-        let f = GgufFile::open(path)?;
+        let f = super::open_kind(path, ARCH, "a draft-heads file", "train-heads")?;
         let bad = |m: String| Error::Invalid(format!("{}: {m}", path.display()));
-        if f.str_opt("general.architecture")? != Some(ARCH) {
-            return Err(bad(format!(
-                "not a draft-heads file (general.architecture is not {ARCH}; make one with `frugal train-heads`)"
-            )));
-        }
         let n = f.u32("frugal-heads.count")? as usize;
         let d = f.u32("frugal-heads.embedding_length")? as usize;
         let n_vocab = f.u32("frugal-heads.vocab_size")? as usize;

@@ -28,10 +28,25 @@ pub use decode::{
 pub use draft_model::{DraftModel, check_same_vocabulary};
 pub use heads::{DraftHeads, HeadWeights};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use crate::error::Error;
+use crate::gguf::GgufFile;
 use crate::sample::Sampler;
 use std::str::FromStr;
+
+/// Opens `path`, a GGUF of one of frugal's own kinds (`arch`: draft heads, a datastore), or
+/// says it is not `what` and which `frugal` command makes one.
+fn open_kind(path: &Path, arch: &str, what: &str, command: &str) -> crate::error::Result<GgufFile> {
+    let f = GgufFile::open(path)?;
+    if f.str_opt("general.architecture")? != Some(arch) {
+        return Err(Error::Invalid(format!(
+            "{}: not {what} (general.architecture is not {arch}; make one with `frugal {command}`)",
+            path.display()
+        )));
+    }
+    Ok(f)
+}
 
 /// Which drafter proposes tokens: the value of `--speculate`.
 #[derive(Clone, Debug, PartialEq)]

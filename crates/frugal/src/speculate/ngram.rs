@@ -44,26 +44,25 @@ pub fn lookup(context: &[u32], n_max: usize, k: usize, out: &mut Vec<u32>) -> us
     0
 }
 
-/// Prompt lookup with its draft length chosen per matched suffix length. A draft continuing a
-/// three-token match is a copy in progress and is mostly kept; one continuing a single-token
-/// match is a guess and mostly rejected. One acceptance estimate for both would draft too
-/// little during copies and too much elsewhere, so each match length keeps its own
-/// [`DraftLength`], and a pass records its outcome under the length that drafted it.
+/// A draft length per matched suffix length, for drafters that continue a match (prompt
+/// lookup, retrieval from a store). A draft continuing a three-token match is a copy in
+/// progress and is mostly kept; one continuing a single-token match is a guess and mostly
+/// rejected. One acceptance estimate for both would draft too little during copies and too
+/// much elsewhere, so each match length keeps its own [`DraftLength`], and a pass records its
+/// outcome under the length that drafted it.
 #[derive(Clone, Debug)]
-pub struct Lookup {
-    n_max: usize,
+pub struct LengthByMatch {
     /// Index `m - 1`: the draft length for matches of `m` tokens.
     lengths: Vec<DraftLength>,
-    /// The match length of the latest proposal (0: it drafted nothing).
+    /// The match length of the latest draft (0: none).
     last: usize,
 }
 
-impl Lookup {
-    /// Suffixes of up to `n_max` tokens, drafts of up to `k_max`; `pass` is what verifying
-    /// the drafted rows costs relative to a decode step (prompt lookup itself costs nothing).
+impl LengthByMatch {
+    /// Matches of 1 to `n_max` tokens, drafts of up to `k_max`; `pass` is what verifying the
+    /// drafted rows costs relative to a decode step (the drafter itself costs nothing).
     pub fn new(n_max: usize, k_max: usize, adaptive: bool, pass: PassCost) -> Self {
-        Lookup {
-            n_max,
+        LengthByMatch {
             lengths: (0..n_max.max(1))
                 .map(|_| DraftLength::new(k_max, adaptive, 0.0, pass))
                 .collect(),
@@ -71,22 +70,51 @@ impl Lookup {
         }
     }
 
-    /// Fills `out` with the draft for the next pass: at most `cap` tokens, as many as the
-    /// acceptance seen after matches of this length makes worth verifying.
-    pub fn propose(&mut self, context: &[u32], cap: usize, out: &mut Vec<u32>) {
-        let m = lookup(context, self.n_max, cap, out);
+    /// Cuts `out`, drafted after a match of `m` tokens (0: none), to as many tokens as the
+    /// acceptance seen after matches of that length makes worth verifying.
+    pub fn cut(&mut self, m: usize, out: &mut Vec<u32>) {
         self.last = m;
-        if m > 0 {
+        if m > 0 && !out.is_empty() {
             let k = self.lengths[m - 1].next_k();
             out.truncate(k);
         }
     }
 
-    /// The latest proposal's `drafted` tokens had their first `kept` accepted.
+    /// The latest draft's `drafted` tokens had their first `kept` accepted.
     pub fn record(&mut self, drafted: usize, kept: usize) {
         if self.last > 0 {
             self.lengths[self.last - 1].record(drafted, kept);
         }
+    }
+}
+
+/// Prompt lookup with its draft length chosen per matched suffix length ([`LengthByMatch`]).
+#[derive(Clone, Debug)]
+pub struct Lookup {
+    n_max: usize,
+    lengths: LengthByMatch,
+}
+
+impl Lookup {
+    /// Suffixes of up to `n_max` tokens, drafts of up to `k_max`; `pass` as for
+    /// [`LengthByMatch::new`].
+    pub fn new(n_max: usize, k_max: usize, adaptive: bool, pass: PassCost) -> Self {
+        Lookup {
+            n_max,
+            lengths: LengthByMatch::new(n_max, k_max, adaptive, pass),
+        }
+    }
+
+    /// Fills `out` with the draft for the next pass: at most `cap` tokens, as many as the
+    /// acceptance seen after matches of this length makes worth verifying.
+    pub fn propose(&mut self, context: &[u32], cap: usize, out: &mut Vec<u32>) {
+        let m = lookup(context, self.n_max, cap, out);
+        self.lengths.cut(m, out);
+    }
+
+    /// The latest proposal's `drafted` tokens had their first `kept` accepted.
+    pub fn record(&mut self, drafted: usize, kept: usize) {
+        self.lengths.record(drafted, kept);
     }
 }
 

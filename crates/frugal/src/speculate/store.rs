@@ -18,9 +18,10 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::decode::{DraftLength, PassCost};
+use super::decode::PassCost;
+use super::ngram::LengthByMatch;
 use crate::error::{Error, Result};
-use crate::gguf::{GgufFile, GgufWriter, TensorData, Value};
+use crate::gguf::{GgufWriter, TensorData, Value};
 use crate::quant::GgmlType;
 
 pub const ARCH: &str = "frugal-store";
@@ -211,13 +212,8 @@ impl Datastore {
     /// Reads a datastore written by [`write`](Self::write), checking every token against the
     /// vocabulary it declares.
     pub fn read(path: &Path) -> Result<Self> {
-        let f = GgufFile::open(path)?;
+        let f = super::open_kind(path, ARCH, "a datastore", "build-store")?;
         let bad = |m: String| Error::Invalid(format!("{}: {m}", path.display()));
-        if f.str_opt("general.architecture")? != Some(ARCH) {
-            return Err(bad(format!(
-                "not a datastore (general.architecture is not {ARCH}; make one with `frugal build-store`)"
-            )));
-        }
         let n_vocab = f.u32("frugal-store.vocab_size")? as usize;
         let (info, data) = f.tensor("store.tokens")?;
         if info.ty != GgmlType::I32 || data.len() % 4 != 0 {
@@ -251,15 +247,14 @@ fn key(tokens: &[u32], i: u32) -> &[u32] {
     &tokens[i..stop]
 }
 
-/// Retrieval drafting with its draft length chosen per matched suffix length, as prompt
-/// lookup chooses it ([`super::ngram::Lookup`]). The datastore is shared: a server gives
+/// Retrieval drafting with its draft length chosen per matched suffix length
+/// ([`LengthByMatch`]), as prompt lookup chooses it. The datastore is shared: a server gives
 /// every sequence its own `Retrieval` over one store.
 #[derive(Clone, Debug)]
 pub struct Retrieval {
     store: Arc<Datastore>,
     n_max: usize,
-    lengths: Vec<DraftLength>,
-    last: usize,
+    lengths: LengthByMatch,
 }
 
 impl Retrieval {
@@ -274,28 +269,19 @@ impl Retrieval {
         Retrieval {
             store,
             n_max,
-            lengths: (0..n_max)
-                .map(|_| DraftLength::new(k_max, adaptive, 0.0, pass))
-                .collect(),
-            last: 0,
+            lengths: LengthByMatch::new(n_max, k_max, adaptive, pass),
         }
     }
 
     /// Fills `out` with at most `cap` tokens for the next pass.
     pub fn propose(&mut self, context: &[u32], cap: usize, out: &mut Vec<u32>) {
         let m = self.store.draft(context, self.n_max, cap, out);
-        self.last = m;
-        if m > 0 && !out.is_empty() {
-            let k = self.lengths[m - 1].next_k();
-            out.truncate(k);
-        }
+        self.lengths.cut(m, out);
     }
 
     /// The latest proposal's `drafted` tokens had their first `kept` accepted.
     pub fn record(&mut self, drafted: usize, kept: usize) {
-        if self.last > 0 {
-            self.lengths[self.last - 1].record(drafted, kept);
-        }
+        self.lengths.record(drafted, kept);
     }
 }
 

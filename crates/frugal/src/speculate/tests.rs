@@ -146,10 +146,11 @@ fn greedy_retrieval_drafting_reproduces_plain_decoding() {
             d
         })
         .collect();
+    let store = super::store::Datastore::new(docs.iter().map(|d| &d[..]), n_vocab).unwrap();
     let mut accepted = 0;
     for (p, want) in &plain {
         for (k, adaptive) in [(1, false), (4, false), (6, true)] {
-            let store = super::store::Datastore::new(docs.iter().map(|d| &d[..]), n_vocab).unwrap();
+            let store = store.clone();
             let o = spec(
                 Method::Store {
                     path: "(in memory)".into(),
