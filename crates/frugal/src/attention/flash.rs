@@ -31,6 +31,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::q8_keys::{self, QuantQueries};
 use super::{AttnShape, AttnWorkspace, OutPtr};
 use crate::kv::{KvType, KvView};
 
@@ -44,11 +45,14 @@ const Q_BLOCK_BYTES: usize = 128 * 1024;
 /// few hundred tokens already has several chunks to spread across threads.
 const MIN_SPLIT_KEYS: usize = 256;
 
+/// The most keys a tile holds ([`key_tile`]'s upper clamp).
+const MAX_KEY_TILE: usize = 256;
+
 /// Keys per tile: 64 for head_dim 64, 32 for head_dim 128, 16 for MLA's 192-value rows; always
 /// a multiple of 8, the width the SIMD kernels transpose and weigh keys in (a tile of 21 keys
 /// for 192-wide rows sent every step down the scalar path: 2.2x slower decode, measured).
 pub fn key_tile(head_dim: usize) -> usize {
-    (KV_TILE_BYTES / (8 * head_dim.max(1)) / 8 * 8).clamp(8, 256)
+    (KV_TILE_BYTES / (8 * head_dim.max(1)) / 8 * 8).clamp(8, MAX_KEY_TILE)
 }
 
 /// Query tokens per block for heads of `head_dim` with `group` query heads per KV head.
@@ -68,6 +72,8 @@ struct Tiles {
     vt: Vec<f32>,
     s: Vec<f32>,
     pv: Vec<f32>,
+    /// The block's queries quantized, over a Q8_0 key cache.
+    qq: QuantQueries,
 }
 
 thread_local! {
@@ -86,6 +92,8 @@ struct Job<'a> {
     simd: bool,
     /// With `simd`: the score, exponential and weighted-value loops in AVX-512 (same bits).
     wide: bool,
+    /// With `simd`: scores against a Q8_0 key cache by the VNNI kernel (same bits).
+    vnni: bool,
 }
 
 /// Query tokens `t0..t1` of the heads of KV head `kvh` against keys `lo..hi`.
@@ -135,6 +143,17 @@ fn wide_available() -> bool {
     }
 }
 
+fn vnni_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::flash_vnni::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `flash` with the instruction set chosen by the caller (tests run both).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_with(
@@ -162,6 +181,7 @@ pub(super) fn flash_with(
         scale: 1.0 / (hd as f32).sqrt(),
         simd,
         wide: simd && wide_available(),
+        vnni: simd && vnni_available(),
     };
     let br = query_block(hd, group);
     let chunk = key_chunk(hd);
@@ -411,6 +431,13 @@ fn block_body<const R: usize>(
         }
     }
     t.q[rows * hd..padded * hd].fill(0.0);
+    // A Q8_0 key cache is scored in integers against the queries quantized (see `q8_keys`).
+    let k_q8 = job.k.ty() == KvType::Q8_0;
+    if k_q8 {
+        t.qq.quantize(&t.q[..padded * hd], hd);
+    }
+    // Each key's stored bytes, for the integer scores (a tile's keys may lie in several runs).
+    let mut key_rows: [&[u8]; MAX_KEY_TILE] = [&[]; MAX_KEY_TILE];
     acc[..rows * hd].fill(0.0);
     m[..rows].fill(f32::NEG_INFINITY);
     l[..rows].fill(0.0);
@@ -438,16 +465,28 @@ fn block_body<const R: usize>(
         // smaller bursts, so fewer prefetches wait for a free line-fill buffer.
         prefetch(&job.k, j0 + nb);
         // An f32, f16 or bf16 cache is read in place on the SIMD path (keys transposed straight
-        // from it, values weighted where they lie, widened as they are loaded); Q8_0 is decoded
-        // a tile at a time.
+        // from it, values weighted where they lie, widened as they are loaded). Q8_0 keys are
+        // scored in integers where they lie; Q8_0 values are read in place by the AVX-512
+        // loop only (the AVX2 one decodes them a tile at a time).
         #[cfg(target_arch = "x86_64")]
         let (k_in_place, v_fmt_in_place) = (
             fast && super::flash_x86::reads_in_place(job.k.ty()),
-            fast && super::flash_x86::reads_in_place(job.v.ty()),
+            fast && (super::flash_x86::reads_in_place(job.v.ty())
+                || job.wide && job.v.ty() == KvType::Q8_0),
         );
         #[cfg(not(target_arch = "x86_64"))]
         let (k_in_place, v_fmt_in_place) = (false, false);
-        if k_in_place {
+        if k_q8 {
+            let hb = KvType::Q8_0.bytes(hd);
+            let mut j = 0;
+            while j < nb {
+                let (bytes, stride, m) = job.k.head_run(span.kvh, hd, j0 + j, nb - j);
+                for (r, row) in key_rows[j..j + m].iter_mut().enumerate() {
+                    *row = &bytes[r * stride..][..hb];
+                }
+                j += m;
+            }
+        } else if k_in_place {
             let mut j = 0;
             while j < nb {
                 let (bytes, stride, m) = job.k.head_run(span.kvh, hd, j0 + j, nb - j);
@@ -518,7 +557,18 @@ fn block_body<const R: usize>(
             }
             let sb = &mut t.s[..R * bc];
             let qb = &t.q[rb * hd..(rb + R) * hd];
-            if fast {
+            if k_q8 {
+                let keys = &key_rows[..nb];
+                #[cfg(target_arch = "x86_64")]
+                if job.vnni {
+                    // SAFETY: `vnni` is only set when the CPU has what the kernel needs.
+                    unsafe { super::flash_vnni::scores_q8::<R>(&t.qq, rb, hd, keys, jmax, bc, sb) };
+                } else {
+                    q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);
+            } else if fast {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                 unsafe {

@@ -232,55 +232,75 @@ pub(super) unsafe fn exp_row(s: &mut [f32], max: f32) -> f32 {
 
 /// Sixteen stored values widened to f32 lanes: how the in-place loops read each format.
 trait Lanes16 {
-    /// Bytes per stored value.
-    const BYTES: usize;
-    /// The sixteen values at `p` (unaligned).
+    /// The stored format.
+    const TY: KvType;
+    /// Values `d..d + 16` of the stored row at `row` (`d` a multiple of 16), as f32.
     ///
     /// # Safety
-    /// `p` points at `16 * BYTES` readable bytes, and the caller runs with AVX-512 F.
-    unsafe fn load16(p: *const u8) -> __m512;
+    /// The row has `TY.bytes(d + 16)` readable bytes, and the caller runs with AVX-512 F.
+    unsafe fn load16(row: *const u8, d: usize) -> __m512;
 }
 
 struct F32Lanes;
 struct F16Lanes;
 struct Bf16Lanes;
+struct Q8Lanes;
 
 impl Lanes16 for F32Lanes {
-    const BYTES: usize = 4;
+    const TY: KvType = KvType::F32;
     #[inline(always)]
-    unsafe fn load16(p: *const u8) -> __m512 {
+    unsafe fn load16(row: *const u8, d: usize) -> __m512 {
         // SAFETY: forwarded to the caller.
-        unsafe { _mm512_loadu_ps(p.cast()) }
+        unsafe { _mm512_loadu_ps(row.add(4 * d).cast()) }
     }
 }
 
 impl Lanes16 for F16Lanes {
-    const BYTES: usize = 2;
+    const TY: KvType = KvType::F16;
     #[inline(always)]
-    unsafe fn load16(p: *const u8) -> __m512 {
+    unsafe fn load16(row: *const u8, d: usize) -> __m512 {
         // SAFETY: forwarded to the caller.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(row.add(2 * d).cast())) }
     }
 }
 
 impl Lanes16 for Bf16Lanes {
-    const BYTES: usize = 2;
+    const TY: KvType = KvType::Bf16;
     #[inline(always)]
-    unsafe fn load16(p: *const u8) -> __m512 {
+    unsafe fn load16(row: *const u8, d: usize) -> __m512 {
         // SAFETY: forwarded to the caller.
         unsafe {
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-                _mm256_loadu_si256(p.cast()),
+                _mm256_loadu_si256(row.add(2 * d).cast()),
             )))
+        }
+    }
+}
+
+/// Q8_0 values as its decoder gives them: the block's f16 scale times each byte, one f32
+/// product (the widenings are exact), so the bits are those of a decoded tile.
+impl Lanes16 for Q8Lanes {
+    const TY: KvType = KvType::Q8_0;
+    #[inline(always)]
+    unsafe fn load16(row: *const u8, d: usize) -> __m512 {
+        let block = row.wrapping_add(d / 32 * 34);
+        // SAFETY: forwarded to the caller: the block's two scale bytes and 32 value bytes are
+        // inside the row.
+        unsafe {
+            let bits = u16::from_le_bytes([*block, *block.add(1)]);
+            let scale = _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16));
+            let ints = _mm_loadu_si128(block.add(2 + d % 32).cast());
+            _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ints)))
         }
     }
 }
 
 /// `pv[i] (+)= sum_j p[i][j] * v_j`, as `flash_x86::weighted_values` computes it (each output
 /// a chain of fused multiply-adds over the keys in order), with the same arguments: `p` is
-/// `R x bc`, value row `j` is `hd` values of type `ty` (f32, f16 or bf16; `hd` a multiple of
-/// 16) at byte `j * stride` of `v`. Up to sixty-four outputs by `R` rows in registers, so a
-/// 64-wide head takes one pass over the keys.
+/// `R x bc`, value row `j` is `hd` values of type `ty` (`hd` a multiple of 16) at byte
+/// `j * stride` of `v`. Up to sixty-four outputs by `R` rows in registers, so a 64-wide head
+/// takes one pass over the keys. A Q8_0 row (which the AVX2 loops do not read) is widened as
+/// its decoder widens it, so the bits are those of the same loop over a decoded tile.
 ///
 /// # Safety
 /// The CPU has AVX-512 F.
@@ -302,7 +322,7 @@ pub(super) unsafe fn weighted_values<const R: usize>(
             KvType::F32 => weighted::<F32Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
             KvType::F16 => weighted::<F16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
             KvType::Bf16 => weighted::<Bf16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
-            KvType::Q8_0 => panic!("flash weighted values: q8_0 rows are decoded first"),
+            KvType::Q8_0 => weighted::<Q8Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
         }
     }
 }
@@ -324,7 +344,7 @@ unsafe fn weighted<L: Lanes16, const R: usize>(
             && jn >= 1
             && jn <= bc
             && p.len() >= (R - 1) * bc + jn
-            && v.len() >= (jn - 1) * stride + L::BYTES * hd
+            && v.len() >= (jn - 1) * stride + L::TY.bytes(hd)
             && pv.len() >= R * hd,
         "flash weighted values: tile shapes"
     );
@@ -369,8 +389,7 @@ unsafe fn weighted_w<L: Lanes16, const R: usize, const W: usize>(
     d0: usize,
 ) {
     let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), pv.as_mut_ptr());
-    // SAFETY: reads 16 W values at byte j * stride + BYTES * d0 of v with j < jn and
-    // d0 + 16 W <= hd, and p[i * bc + j] with i < R, j < jn; reads and writes
+    // SAFETY: reads values d0..d0 + 16 W <= hd of the row at byte j * stride of v with j < jn, and p[i * bc + j] with i < R, j < jn; reads and writes
     // pv[i * hd + d0 ..+ 16 W]: all inside the lengths `weighted` checked.
     unsafe {
         let mut a = [[_mm512_setzero_ps(); W]; R];
@@ -382,8 +401,8 @@ unsafe fn weighted_w<L: Lanes16, const R: usize, const W: usize>(
             }
         }
         for j in 0..jn {
-            let row = vp.add(j * stride + L::BYTES * d0);
-            let vals: [__m512; W] = std::array::from_fn(|w| L::load16(row.add(16 * w * L::BYTES)));
+            let row = vp.add(j * stride);
+            let vals: [__m512; W] = std::array::from_fn(|w| L::load16(row, d0 + 16 * w));
             for (i, ai) in a.iter_mut().enumerate() {
                 let pj = _mm512_set1_ps(*pp.add(i * bc + j));
                 for (aw, vw) in ai.iter_mut().zip(&vals) {
@@ -421,6 +440,83 @@ mod tests {
         }
         same_bits::<3>();
         same_bits::<4>();
+    }
+
+    /// Q8_0 values weighed where they lie give the bits of the same loop over the tile
+    /// decoded to f32 first (how more rows read them), in one run or two.
+    #[test]
+    fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
+        if !super::available() {
+            return;
+        }
+        const R: usize = 3;
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        for (hd, bc) in [(64, 64), (128, 32), (32, 128), (96, 40)] {
+            let hb = KvType::Q8_0.bytes(hd);
+            let stride = 3 * hb + 8;
+            let vals: Vec<f32> = random(bc * hd, &mut rng).iter().map(|x| 40.0 * x).collect();
+            let mut v = vec![0u8; bc * stride];
+            let mut decoded = vec![0f32; bc * hd];
+            for (j, row) in vals.chunks_exact(hd).enumerate() {
+                KvType::Q8_0.encode(row, &mut v[j * stride..][..hb]);
+                crate::quant::dequantize(
+                    crate::quant::GgmlType::Q8_0,
+                    &v[j * stride..][..hb],
+                    &mut decoded[j * hd..][..hd],
+                )
+                .unwrap();
+            }
+            let dbytes: Vec<u8> = decoded.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let p: Vec<f32> = random(R * bc, &mut rng).iter().map(|x| x.abs()).collect();
+            for jn in [1, 5, 16, 17, bc - 1, bc] {
+                let mut want = vec![0f32; R * hd];
+                // SAFETY: available() was checked.
+                unsafe {
+                    super::weighted_values::<R>(
+                        &p,
+                        bc,
+                        &dbytes,
+                        4 * hd,
+                        KvType::F32,
+                        hd,
+                        jn,
+                        &mut want,
+                        false,
+                    )
+                };
+                let split = jn / 2;
+                let mut got = vec![0f32; R * hd];
+                // SAFETY: as above; the runs cover keys 0..split and split..jn.
+                unsafe {
+                    if split > 0 {
+                        super::weighted_values::<R>(
+                            &p,
+                            bc,
+                            &v,
+                            stride,
+                            KvType::Q8_0,
+                            hd,
+                            split,
+                            &mut got,
+                            false,
+                        );
+                    }
+                    super::weighted_values::<R>(
+                        &p[split..],
+                        bc,
+                        &v[split * stride..],
+                        stride,
+                        KvType::Q8_0,
+                        hd,
+                        jn - split,
+                        &mut got,
+                        split > 0,
+                    );
+                }
+                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "hd {hd} jn {jn}");
+            }
+        }
     }
 
     fn same_bits<const R: usize>() {

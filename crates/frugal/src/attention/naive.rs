@@ -6,14 +6,18 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::q8_keys::{self, QuantQueries};
 use super::{AttnShape, OutPtr, dot};
-use crate::kv::KvView;
+use crate::kv::{KvType, KvView};
 
 #[derive(Default)]
 struct Buffers {
     scores: Vec<f32>,
     row: Vec<f32>,
     part: Vec<f32>,
+    /// Over a Q8_0 key cache: the head's queries, scaled, then quantized.
+    qscaled: Vec<f32>,
+    qq: QuantQueries,
 }
 
 thread_local! {
@@ -40,14 +44,38 @@ pub fn naive(s: AttnShape, q: &[f32], k: KvView, v: KvView, pos0: usize, out: &m
         BUF.with_borrow_mut(|b| {
             b.scores.resize(n * width, 0.0);
             b.row.resize(hd, 0.0);
-            let (sc, row) = (&mut b.scores, &mut b.row);
+            // A Q8_0 key cache is scored as flash scores it: the scaled queries quantized, the
+            // dot products in integers (`q8_keys`).
+            let k_q8 = k.ty() == KvType::Q8_0;
+            if k_q8 {
+                b.qscaled.clear();
+                for t in 0..n {
+                    let qt = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+                    b.qscaled.extend(qt.iter().map(|&x| x * scale));
+                }
+                b.qq.quantize(&b.qscaled, hd);
+            }
+            let (sc, row, qq) = (&mut b.scores, &mut b.row, &b.qq);
+            let nblk = hd / crate::kv::Q8_0_BLOCK;
             // S = q k^T * scale, with the future (and keys outside the window) masked to -inf.
             for j in lo..len {
-                k.decode_head(kvh, hd, j, 1, row);
+                let key = if k_q8 {
+                    let (bytes, _, _) = k.head_run(kvh, hd, j, 1);
+                    &bytes[..KvType::Q8_0.bytes(hd)]
+                } else {
+                    k.decode_head(kvh, hd, j, 1, row);
+                    &[]
+                };
                 for t in 0..n {
                     sc[t * width + j - lo] = if j <= pos0 + t && j >= s.first_visible(pos0 + t) {
-                        let qt = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-                        dot(qt, row) * scale
+                        if k_q8 {
+                            let (ints, scales) =
+                                (&qq.ints[t * hd..][..hd], &qq.scales[t * nblk..][..nblk]);
+                            q8_keys::score(ints, scales, key)
+                        } else {
+                            let qt = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+                            dot(qt, row) * scale
+                        }
                     } else {
                         f32::NEG_INFINITY
                     };

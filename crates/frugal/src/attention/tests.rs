@@ -561,6 +561,78 @@ fn sixteen_bit_caches_read_in_place_equal_their_decoded_values() {
     }
 }
 
+/// Over a Q8_0 cache (keys scored in integers against quantized queries, values read in place
+/// for a few rows and decoded for many), a row's output has the same bits whichever rows share
+/// its call: a whole prefill, one row at a time (split-key decode over two chunks), or uneven
+/// groups; on the dispatched path (the VNNI kernel where the CPU has it) and the portable one.
+/// Greedy speculation and batching stay exact with a Q8_0 cache because of this.
+#[test]
+fn q8_0_rows_are_independent_of_how_calls_group_them() {
+    let s = AttnShape {
+        n_head: 9,
+        n_head_kv: 3,
+        head_dim: 64,
+        window: None,
+    };
+    let len = 300;
+    let ty = KvType::Q8_0;
+    let c = case(s, len, len, 1.5, 21);
+    let kv_dim = s.n_head_kv * s.head_dim;
+    let q_dim = s.n_head * s.head_dim;
+    let rb = ty.bytes(kv_dim);
+    let encode = |x: &[f32]| {
+        let mut b = vec![0u8; len * rb];
+        for (src, dst) in x.chunks(kv_dim).zip(b.chunks_mut(rb)) {
+            ty.encode(src, dst);
+        }
+        b
+    };
+    let (kb, vb) = (encode(&c.k), encode(&c.v));
+    fn view(b: &[u8], rb: usize, n: usize) -> KvView<'_> {
+        KvView::contiguous(KvType::Q8_0, rb, n, &b[..n * rb])
+    }
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for simd in [true, false] {
+        let mut ws = AttnWorkspace::default();
+        let mut whole = vec![0f32; c.q.len()];
+        flash_with(
+            s,
+            &c.q,
+            view(&kb, rb, len),
+            view(&vb, rb, len),
+            0,
+            &mut whole,
+            &mut ws,
+            simd,
+        );
+        let mut want = vec![0f32; c.q.len()];
+        naive(
+            s,
+            &c.q,
+            view(&kb, rb, len),
+            view(&vb, rb, len),
+            0,
+            &mut want,
+        );
+        let e = max_row_rel_err(&whole, &want, s.head_dim);
+        assert!(e < 1e-5, "against naive, simd {simd}: {e}");
+        for sizes in [vec![1usize], vec![37, 1, 64, 130, 5], vec![3, 200]] {
+            let mut got = vec![0f32; c.q.len()];
+            let (mut t, mut i) = (0, 0);
+            while t < len {
+                let n = sizes[i % sizes.len()].min(len - t);
+                let q = &c.q[t * q_dim..(t + n) * q_dim];
+                let out = &mut got[t * q_dim..(t + n) * q_dim];
+                let (k, v) = (view(&kb, rb, t + n), view(&vb, rb, t + n));
+                flash_with(s, q, k, v, t, out, &mut ws, simd);
+                t += n;
+                i += 1;
+            }
+            assert_eq!(bits(&got), bits(&whole), "simd {simd}, calls of {sizes:?}");
+        }
+    }
+}
+
 /// A window is the same as attending over only the visible keys: each query row of a windowed
 /// prefill equals an unwindowed single-query call on the slice `first_visible(p)..=p`. Same
 /// kernel, same keys in the same order, so the results agree to rounding of the score matrix

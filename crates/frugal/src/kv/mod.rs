@@ -514,14 +514,26 @@ impl<'a> KvView<'a> {
             let mut done = 0;
             while done < n {
                 let (bytes, stride, m) = self.head_run(head, head_dim, start + done, n - done);
-                for r in 0..m {
-                    let row = &bytes[r * stride..][..hb];
-                    for line in (0..hb).step_by(64) {
+                // A run whose heads lie back to back (a per-head region) is one span of bytes:
+                // each of its cache lines once, where row by row a head that is not a whole
+                // number of lines (68 bytes for a Q8_0 head of 64) would ask for most twice.
+                let (spans, span_bytes, span_stride) = if stride == hb {
+                    (1, m * hb, 0)
+                } else {
+                    (m, hb, stride)
+                };
+                for r in 0..spans {
+                    let span = &bytes[r * span_stride..][..span_bytes];
+                    // Every 64 bytes from the start, and the last byte when it lies on a line
+                    // after the last of those (a span that does not start on a line).
+                    let last = span.len() - 1;
+                    let tail = (span.as_ptr() as usize % 64 + last % 64 >= 64).then_some(last);
+                    for at in (0..span.len()).step_by(64).chain(tail) {
                         // SAFETY: prefetching is a hint that never faults; the address is
-                        // inside `row` anyway.
+                        // inside `span` anyway.
                         unsafe {
                             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                                row.as_ptr().add(line).cast(),
+                                span.as_ptr().add(at).cast(),
                             )
                         };
                     }
