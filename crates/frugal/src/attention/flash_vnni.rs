@@ -4,11 +4,11 @@
 //! Sixteen keys at a time: for each 32-value block, the sixteen keys' bytes are transposed so
 //! that 32-bit lane `j` of vector `c` holds bytes `4c..4c+4` of key `j` (three rounds of
 //! two-source permutes, 24 per block, shared by every query row). Then one `vpdpbusd` per four
-//! dimensions multiplies a query row's four bytes, broadcast, into all sixteen keys at once:
-//! sixty-four multiply-adds per instruction, against sixteen for an f32 FMA, and no decoding
-//! of the keys to f32 at all. `vpdpbusd` multiplies unsigned by signed bytes, so the keys are
-//! offset by 128 (an exclusive-or of the sign bit) and `128 x` the query block's sum, computed
-//! once per step, is subtracted: the integer dot is exact either way.
+//! dimensions and query part (`hi`, `lo`) multiplies a query row's four bytes, broadcast, into
+//! all sixteen keys at once: sixty-four multiply-adds per instruction, against sixteen for an
+//! f32 FMA, and no decoding of the keys to f32 at all. `vpdpbusd` multiplies unsigned by signed
+//! bytes, so the keys are offset by 128 (an exclusive-or of the sign bit) and the offset's
+//! share, computed once per call, is subtracted: the integer dots are exact either way.
 
 use std::arch::x86_64::*;
 
@@ -101,7 +101,8 @@ pub(super) unsafe fn scores_q8<const R: usize>(
         hd.is_multiple_of(Q8_0_BLOCK)
             && (1..=keys.len().min(bc)).contains(&jn)
             && s.len() >= R * bc
-            && qq.ints.len() >= (row0 + R) * hd
+            && qq.hi.len() >= (row0 + R) * hd
+            && qq.lo.len() >= (row0 + R) * hd
             && qq.scales.len() >= (row0 + R) * nb
             && qq.offsets.len() >= (row0 + R) * nb,
         "q8 scores: shapes"
@@ -129,13 +130,20 @@ pub(super) unsafe fn scores_q8<const R: usize>(
                 let t = transposed_block(&ptrs, b);
                 for (i, a) in acc.iter_mut().enumerate() {
                     let r = row0 + i;
-                    let q = qq.ints.as_ptr().add(r * hd + b * Q8_0_BLOCK);
-                    let mut d = _mm512_setzero_si512();
+                    let at = r * hd + b * Q8_0_BLOCK;
+                    let (hi, lo) = (qq.hi.as_ptr().add(at), qq.lo.as_ptr().add(at));
+                    let (mut dh, mut dl) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                     for (c, tc) in t.iter().enumerate() {
-                        let qc = std::ptr::read_unaligned(q.add(4 * c).cast::<i32>());
-                        d = _mm512_dpbusd_epi32(d, *tc, _mm512_set1_epi32(qc));
+                        let h = std::ptr::read_unaligned(hi.add(4 * c).cast::<i32>());
+                        let l = std::ptr::read_unaligned(lo.add(4 * c).cast::<i32>());
+                        dh = _mm512_dpbusd_epi32(dh, *tc, _mm512_set1_epi32(h));
+                        dl = _mm512_dpbusd_epi32(dl, *tc, _mm512_set1_epi32(l));
                     }
-                    d = _mm512_sub_epi32(d, _mm512_set1_epi32(qq.offsets[r * nb + b]));
+                    // 128 hi.k + lo.k, each with its 128-offset, less the offsets' sum.
+                    let d = _mm512_sub_epi32(
+                        _mm512_add_epi32(_mm512_slli_epi32::<7>(dh), dl),
+                        _mm512_set1_epi32(qq.offsets[r * nb + b]),
+                    );
                     let w = _mm512_mul_ps(_mm512_set1_ps(qq.scales[r * nb + b]), ks);
                     *a = _mm512_add_ps(*a, _mm512_mul_ps(_mm512_cvtepi32_ps(d), w));
                 }

@@ -69,9 +69,8 @@ pub fn naive(s: AttnShape, q: &[f32], k: KvView, v: KvView, pos0: usize, out: &m
                 for t in 0..n {
                     sc[t * width + j - lo] = if j <= pos0 + t && j >= s.first_visible(pos0 + t) {
                         if k_q8 {
-                            let (ints, scales) =
-                                (&qq.ints[t * hd..][..hd], &qq.scales[t * nblk..][..nblk]);
-                            q8_keys::score(ints, scales, key)
+                            let (hi, lo) = (&qq.hi[t * hd..][..hd], &qq.lo[t * hd..][..hd]);
+                            q8_keys::score(hi, lo, &qq.scales[t * nblk..][..nblk], key)
                         } else {
                             let qt = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
                             dot(qt, row) * scale
