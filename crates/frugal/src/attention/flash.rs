@@ -94,6 +94,8 @@ struct Job<'a> {
     wide: bool,
     /// With `simd`: scores against a Q8_0 key cache by the VNNI kernel (same bits).
     vnni: bool,
+    /// Over a Q8_0 key cache: every query row (`token x n_head`), scaled and quantized.
+    qq: Option<&'a QuantQueries>,
 }
 
 /// Query tokens `t0..t1` of the heads of KV head `kvh` against keys `lo..hi`.
@@ -171,6 +173,20 @@ pub(super) fn flash_with(
     let n = q.len() / q_dim;
     let len = pos0 + n;
     let group = s.n_head / s.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let AttnWorkspace {
+        partials,
+        qscaled,
+        qq,
+    } = ws;
+    // A Q8_0 key cache is scored in integers against the queries quantized (see `q8_keys`),
+    // once per call rather than once per key chunk.
+    let k_q8 = k.ty() == KvType::Q8_0;
+    if k_q8 {
+        qscaled.clear();
+        qscaled.extend(q.iter().map(|&x| x * scale));
+        qq.quantize(qscaled, hd);
+    }
     let job = Job {
         s,
         q,
@@ -178,10 +194,11 @@ pub(super) fn flash_with(
         v,
         pos0,
         bc: key_tile(hd),
-        scale: 1.0 / (hd as f32).sqrt(),
+        scale,
         simd,
         wide: simd && wide_available(),
         vnni: simd && vnni_available(),
+        qq: k_q8.then_some(&*qq),
     };
     let br = query_block(hd, group);
     let chunk = key_chunk(hd);
@@ -199,10 +216,10 @@ pub(super) fn flash_with(
         let rows = n * group;
         let stride = rows * (hd + 2);
         let total = s.n_head_kv * nchunks * stride;
-        if ws.partials.len() < total {
-            ws.partials.resize(total, 0.0);
+        if partials.len() < total {
+            partials.resize(total, 0.0);
         }
-        let parts = &mut ws.partials[..total];
+        let parts = &mut partials[..total];
         parts
             .par_chunks_mut(stride)
             .enumerate()
@@ -419,8 +436,18 @@ fn block_body<const R: usize>(
     grow(&mut t.vt, bc * hd);
     grow(&mut t.s, R * bc);
     grow(&mut t.pv, R * hd);
-    // Queries of the block, pre-scaled by 1/sqrt(d): row r = token (r / group), head (r % group).
-    for tok in span.t0..span.t1 {
+    // Queries of the block, pre-scaled by 1/sqrt(d): row r = token (r / group), head (r % group);
+    // over a Q8_0 key cache, the same rows of the call's quantized queries.
+    if let Some(qq) = job.qq {
+        t.qq.clear();
+        for tok in span.t0..span.t1 {
+            let first = tok * s.n_head + span.kvh * group;
+            t.qq.extend_from(qq, first..first + group, hd);
+        }
+        t.qq.pad(padded - rows, hd);
+    }
+    let k_q8 = job.qq.is_some();
+    for tok in (span.t0..span.t1).filter(|_| !k_q8) {
         for g in 0..group {
             let r = (tok - span.t0) * group + g;
             let h = span.kvh * group + g;
@@ -431,11 +458,6 @@ fn block_body<const R: usize>(
         }
     }
     t.q[rows * hd..padded * hd].fill(0.0);
-    // A Q8_0 key cache is scored in integers against the queries quantized (see `q8_keys`).
-    let k_q8 = job.k.ty() == KvType::Q8_0;
-    if k_q8 {
-        t.qq.quantize(&t.q[..padded * hd], hd);
-    }
     // Each key's stored bytes, for the integer scores (a tile's keys may lie in several runs).
     let mut key_rows: [&[u8]; MAX_KEY_TILE] = [&[]; MAX_KEY_TILE];
     acc[..rows * hd].fill(0.0);

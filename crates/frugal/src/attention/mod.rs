@@ -109,6 +109,9 @@ impl std::fmt::Display for Attention {
 #[derive(Default, Debug)]
 pub struct AttnWorkspace {
     partials: Vec<f32>,
+    /// Over a Q8_0 key cache: the call's queries, scaled, then quantized once for every block.
+    qscaled: Vec<f32>,
+    qq: q8_keys::QuantQueries,
 }
 
 /// `q` holds `n` query rows (`n x n_head*head_dim`) at positions `pos0..pos0+n`; `k` and `v`

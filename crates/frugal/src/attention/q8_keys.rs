@@ -29,7 +29,7 @@ pub(super) const BLOCK_BYTES: usize = 34;
 /// Query rows quantized in two parts: `hi` and `lo` (`rows x hd` each), and per row and block
 /// the scale `d / 128` of `128 hi + lo`, and `128 x` that combination's sum (the VNNI kernel
 /// multiplies unsigned bytes, so it offsets the keys by 128 and subtracts this afterwards).
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub(super) struct QuantQueries {
     pub hi: Vec<i8>,
     pub lo: Vec<i8>,
@@ -64,6 +64,47 @@ impl QuantQueries {
     }
 }
 
+impl QuantQueries {
+    /// Empties the rows, keeping the buffers.
+    pub fn clear(&mut self) {
+        self.hi.clear();
+        self.lo.clear();
+        self.scales.clear();
+        self.offsets.clear();
+    }
+
+    /// Appends rows `rows` of `src` (rows of `hd` values).
+    pub fn extend_from(&mut self, src: &QuantQueries, rows: std::ops::Range<usize>, hd: usize) {
+        let nb = hd / Q8_0_BLOCK;
+        let (v, b) = (
+            rows.start * hd..rows.end * hd,
+            rows.start * nb..rows.end * nb,
+        );
+        self.hi.extend_from_slice(&src.hi[v.clone()]);
+        self.lo.extend_from_slice(&src.lo[v]);
+        self.scales.extend_from_slice(&src.scales[b.clone()]);
+        self.offsets.extend_from_slice(&src.offsets[b]);
+    }
+
+    /// Appends `n` zero rows (a padded block's missing rows score 0 against every key).
+    pub fn pad(&mut self, n: usize, hd: usize) {
+        let nb = hd / Q8_0_BLOCK;
+        self.hi.resize(self.hi.len() + n * hd, 0);
+        self.lo.resize(self.lo.len() + n * hd, 0);
+        self.scales.resize(self.scales.len() + n * nb, 0.0);
+        self.offsets.resize(self.offsets.len() + n * nb, 0);
+    }
+}
+
+/// `t` rounded to the nearest integer, halves away from zero (as `f32::round`, which is a
+/// library call without SSE4.1; this runs a few thousand times per step), for `|t| <= 128`.
+#[inline(always)]
+fn round_half_away(t: f32) -> f32 {
+    let i = t as i32 as f32; // truncated: exact, |t| <= 128
+    let frac = t - i;
+    i + f32::from(u8::from(frac >= 0.5)) - f32::from(u8::from(frac <= -0.5))
+}
+
 /// Quantizes 32 values: `hi` with ggml's Q8_0 rule (the scale `d` maps the absolute maximum to
 /// 127; values round half away from zero), `lo` the remainder `x / d - hi` (within +-1/2) in
 /// steps of 1/128, so `x ~ d (hi + lo / 128)` to within `d / 256`. Returns `d`, kept in f32: a
@@ -73,11 +114,12 @@ pub(super) fn quantize_block(x: &[f32], hi: &mut [i8], lo: &mut [i8]) -> f32 {
     let d = amax / 127.0;
     let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
     for ((h, l), &v) in hi.iter_mut().zip(lo.iter_mut()).zip(x) {
-        let t = v * inv;
-        let r = t.round();
-        // `as` saturates (and sends NaN to 0): a hostile activation cannot wrap around.
+        // |t| <= 127 up to rounding for finite input; the clamp (and `as`, which saturates and
+        // sends NaN to 0) keeps a hostile activation from wrapping around.
+        let t = (v * inv).clamp(-128.0, 128.0);
+        let r = round_half_away(t);
         *h = r as i8;
-        *l = ((t - r) * 128.0).round().clamp(-64.0, 64.0) as i8;
+        *l = round_half_away((t - r) * 128.0).clamp(-64.0, 64.0) as i8;
     }
     d
 }
@@ -176,6 +218,23 @@ mod tests {
                 .sum();
             assert_eq!(qq.offsets[b], 128 * sum);
         }
+    }
+
+    #[test]
+    fn rounding_is_f32_round_on_its_range() {
+        let mut t = -128.0f32;
+        while t <= 128.0 {
+            for x in [t, t.next_up(), t.next_down()] {
+                if x.abs() <= 128.0 {
+                    assert_eq!(round_half_away(x), x.round(), "{x}");
+                }
+            }
+            t += 1.0 / 64.0;
+        }
+        for x in [0.49999997f32, -0.49999997, 0.5, -0.5, 2.5, -2.5] {
+            assert_eq!(round_half_away(x), x.round(), "{x}");
+        }
+        assert_eq!(round_half_away(f32::NAN) as i8, 0);
     }
 
     #[test]
