@@ -31,7 +31,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use super::q8_keys::{self, QuantQueries};
+use super::q8_keys::{self, KeyRows, QuantQueries};
 use super::{AttnShape, AttnWorkspace, OutPtr};
 use crate::kv::{KvType, KvView};
 
@@ -46,7 +46,7 @@ const Q_BLOCK_BYTES: usize = 128 * 1024;
 const MIN_SPLIT_KEYS: usize = 256;
 
 /// The most keys a tile holds ([`key_tile`]'s upper clamp).
-const MAX_KEY_TILE: usize = 256;
+pub(super) const MAX_KEY_TILE: usize = 256;
 
 /// Keys per tile: 64 for head_dim 64, 32 for head_dim 128, 16 for MLA's 192-value rows; always
 /// a multiple of 8, the width the SIMD kernels transpose and weigh keys in (a tile of 21 keys
@@ -458,8 +458,8 @@ fn block_body<const R: usize>(
         }
     }
     t.q[rows * hd..padded * hd].fill(0.0);
-    // Each key's stored bytes, for the integer scores (a tile's keys may lie in several runs).
-    let mut key_rows: [&[u8]; MAX_KEY_TILE] = [&[]; MAX_KEY_TILE];
+    // Where each key of a tile lies, for the integer scores (its keys may lie in several runs).
+    let mut key_rows = KeyRows::new(KvType::Q8_0.bytes(hd));
     acc[..rows * hd].fill(0.0);
     m[..rows].fill(f32::NEG_INFINITY);
     l[..rows].fill(0.0);
@@ -499,14 +499,11 @@ fn block_body<const R: usize>(
         #[cfg(not(target_arch = "x86_64"))]
         let (k_in_place, v_fmt_in_place) = (false, false);
         if k_q8 {
-            let hb = KvType::Q8_0.bytes(hd);
-            let mut j = 0;
-            while j < nb {
+            key_rows.clear();
+            while key_rows.len() < nb {
+                let j = key_rows.len();
                 let (bytes, stride, m) = job.k.head_run(span.kvh, hd, j0 + j, nb - j);
-                for (r, row) in key_rows[j..j + m].iter_mut().enumerate() {
-                    *row = &bytes[r * stride..][..hb];
-                }
-                j += m;
+                key_rows.push_run(bytes, stride, m);
             }
         } else if k_in_place {
             let mut j = 0;
@@ -580,7 +577,7 @@ fn block_body<const R: usize>(
             let sb = &mut t.s[..R * bc];
             let qb = &t.q[rb * hd..(rb + R) * hd];
             if k_q8 {
-                let keys = &key_rows[..nb];
+                let keys = &key_rows;
                 #[cfg(target_arch = "x86_64")]
                 if job.vnni {
                     // SAFETY: `vnni` is only set when the CPU has what the kernel needs.

@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::q8_keys::{BLOCK_BYTES, QuantQueries};
+use super::q8_keys::{BLOCK_BYTES, KeyRows, QuantQueries};
 use crate::kv::Q8_0_BLOCK;
 
 /// Whether this CPU runs [`scores_q8`].
@@ -77,8 +77,8 @@ unsafe fn transposed_block(ptrs: &[*const u8; 16], b: usize) -> [__m512i; 8] {
     }
 }
 
-/// `s[i][j] = score(query row0 + i, key j)` for `R` rows and keys `0..jn` (each key's stored
-/// bytes in `keys`), into `s` (`R x bc`), with the bits of `q8_keys::scores`. Sixteen keys per
+/// `s[i][j] = score(query row0 + i, key j)` for `R` rows and keys `0..jn` of `keys`, into `s`
+/// (`R x bc`), with the bits of `q8_keys::scores`. Sixteen keys per
 /// round; columns past `jn` up to the next multiple of 16 (or the tile's end) hold scores of
 /// whatever key stands in for them and must be ignored.
 ///
@@ -90,15 +90,15 @@ pub(super) unsafe fn scores_q8<const R: usize>(
     qq: &QuantQueries,
     row0: usize,
     hd: usize,
-    keys: &[&[u8]],
+    keys: &KeyRows,
     jn: usize,
     bc: usize,
     s: &mut [f32],
 ) {
     let nb = hd / Q8_0_BLOCK;
-    let hb = nb * BLOCK_BYTES;
     assert!(
         hd.is_multiple_of(Q8_0_BLOCK)
+            && keys.head_bytes() == nb * BLOCK_BYTES
             && (1..=keys.len().min(bc)).contains(&jn)
             && s.len() >= R * bc
             && qq.hi.len() >= (row0 + R) * hd
@@ -107,19 +107,15 @@ pub(super) unsafe fn scores_q8<const R: usize>(
             && qq.offsets.len() >= (row0 + R) * nb,
         "q8 scores: shapes"
     );
-    assert!(
-        keys[..jn].iter().all(|k| k.len() >= hb),
-        "q8 scores: key rows"
-    );
     let mut j = 0;
-    // SAFETY: every key pointer is one of `keys[..jn]`, each `hb` bytes long (checked); query
+    // SAFETY: every key pointer is one of keys 0..jn, each a whole stored head; query
     // reads are inside rows row0..row0+R of `qq` (checked); stores are masked to row i's `bc`
     // columns of `s`.
     unsafe {
         while j < jn {
             // Keys past `jn` repeat key j: real bytes, scores to be ignored.
             let ptrs: [*const u8; 16] =
-                std::array::from_fn(|t| keys[if j + t < jn { j + t } else { j }].as_ptr());
+                std::array::from_fn(|t| keys.ptr(if j + t < jn { j + t } else { j }));
             let mut acc = [_mm512_setzero_ps(); R];
             for b in 0..nb {
                 let mut sc = [0u16; 16];
@@ -220,7 +216,10 @@ mod tests {
                         b
                     })
                     .collect();
-                let keys: Vec<&[u8]> = stored.iter().map(|v| v.as_slice()).collect();
+                let mut keys = q8_keys::KeyRows::new(hb);
+                for key in &stored {
+                    keys.push_run(key, 0, 1);
+                }
                 for jn in [1, 7, 16, 17, bc - 1, bc]
                     .into_iter()
                     .filter(|&jn| jn <= bc)

@@ -19,8 +19,11 @@
 //! the VNNI kernel in `flash_vnni`, and naive attention), so a row's scores have the same bits
 //! whichever computes them.
 
+use std::marker::PhantomData;
+
 use half::f16;
 
+use super::flash::MAX_KEY_TILE;
 use crate::kv::Q8_0_BLOCK;
 
 /// Bytes of one stored Q8_0 block: the f16 scale, then 32 signed bytes.
@@ -147,14 +150,75 @@ pub(super) fn score(hi: &[i8], lo: &[i8], scales: &[f32], key: &[u8]) -> f32 {
     s
 }
 
+/// Where a tile's keys lie: one pointer per key to its whole stored head (`head_bytes`),
+/// checked once per run of keys as the run is added, so the kernels read a key without a check
+/// of their own (a per-key slice check cost a sixth of the VNNI kernel's time, measured).
+pub(super) struct KeyRows<'a> {
+    ptrs: [*const u8; MAX_KEY_TILE],
+    len: usize,
+    head_bytes: usize,
+    _data: PhantomData<&'a [u8]>,
+}
+
+impl<'a> KeyRows<'a> {
+    pub fn new(head_bytes: usize) -> Self {
+        KeyRows {
+            ptrs: [std::ptr::null(); MAX_KEY_TILE],
+            len: 0,
+            head_bytes,
+            _data: PhantomData,
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends `m` keys, `stride` bytes apart from the start of `bytes`.
+    pub fn push_run(&mut self, bytes: &'a [u8], stride: usize, m: usize) {
+        assert!(
+            m >= 1
+                && self.len + m <= MAX_KEY_TILE
+                && bytes.len() >= (m - 1) * stride + self.head_bytes,
+            "q8 key rows: run of {m} at stride {stride} in {} bytes",
+            bytes.len()
+        );
+        for (r, p) in self.ptrs[self.len..self.len + m].iter_mut().enumerate() {
+            *p = bytes[r * stride..].as_ptr();
+        }
+        self.len += m;
+    }
+
+    /// Key `j`'s stored head: `head_bytes` readable bytes for as long as `'a`.
+    #[inline(always)]
+    pub fn ptr(&self, j: usize) -> *const u8 {
+        assert!(j < self.len);
+        self.ptrs[j]
+    }
+
+    /// Key `j`'s stored head.
+    pub fn get(&self, j: usize) -> &'a [u8] {
+        // SAFETY: `push_run` checked that `head_bytes` bytes from this pointer lie inside a
+        // slice borrowed for `'a`.
+        unsafe { std::slice::from_raw_parts(self.ptr(j), self.head_bytes) }
+    }
+
+    pub fn head_bytes(&self) -> usize {
+        self.head_bytes
+    }
+}
+
 /// `s[i][j] = score(query i, key j)` for `R` quantized rows (from row `row0` of `qq`) and keys
-/// `keys[0..jn]` (each key's stored bytes), into `s` (`R x bc`): the portable twin of
-/// `flash_vnni::scores_q8`.
+/// `0..jn` of `keys`, into `s` (`R x bc`): the portable twin of `flash_vnni::scores_q8`.
 pub(super) fn scores<const R: usize>(
     qq: &QuantQueries,
     row0: usize,
     hd: usize,
-    keys: &[&[u8]],
+    keys: &KeyRows,
     jn: usize,
     bc: usize,
     s: &mut [f32],
@@ -164,8 +228,8 @@ pub(super) fn scores<const R: usize>(
         let r = row0 + i;
         let (hi, lo) = (&qq.hi[r * hd..][..hd], &qq.lo[r * hd..][..hd]);
         let scales = &qq.scales[r * nb..][..nb];
-        for (j, key) in keys[..jn].iter().enumerate() {
-            s[i * bc + j] = score(hi, lo, scales, key);
+        for j in 0..jn {
+            s[i * bc + j] = score(hi, lo, scales, keys.get(j));
         }
     }
 }
