@@ -486,16 +486,12 @@ fn block_body<const R: usize>(
         // The next tile's keys now and its values once this tile's keys are transposed: two
         // smaller bursts, so fewer prefetches wait for a free line-fill buffer.
         prefetch(&job.k, j0 + nb);
-        // An f32, f16 or bf16 cache is read in place on the SIMD path (keys transposed straight
-        // from it, values weighted where they lie, widened as they are loaded). Q8_0 keys are
-        // scored in integers where they lie; Q8_0 values are read in place by the AVX-512
-        // loop only (the AVX2 one decodes them a tile at a time).
+        // The cache is read in place on the SIMD path: f32, f16 or bf16 keys transposed
+        // straight from it, Q8_0 keys scored in integers where they lie, values of every
+        // format weighted where they lie, widened as they are loaded.
         #[cfg(target_arch = "x86_64")]
-        let (k_in_place, v_fmt_in_place) = (
-            fast && super::flash_x86::reads_in_place(job.k.ty()),
-            fast && (super::flash_x86::reads_in_place(job.v.ty())
-                || job.wide && job.v.ty() == KvType::Q8_0),
-        );
+        let (k_in_place, v_fmt_in_place) =
+            (fast && super::flash_x86::reads_in_place(job.k.ty()), fast);
         #[cfg(not(target_arch = "x86_64"))]
         let (k_in_place, v_fmt_in_place) = (false, false);
         if k_q8 {
@@ -582,6 +578,11 @@ fn block_body<const R: usize>(
                 if job.vnni {
                     // SAFETY: `vnni` is only set when the CPU has what the kernel needs.
                     unsafe { super::flash_vnni::scores_q8::<R>(&t.qq, rb, hd, keys, jmax, bc, sb) };
+                } else if fast && hd <= super::flash_q8_avx2::MAX_BLOCKS * crate::kv::Q8_0_BLOCK {
+                    // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
+                    unsafe {
+                        super::flash_q8_avx2::scores_q8::<R>(&t.qq, rb, hd, keys, jmax, bc, sb)
+                    };
                 } else {
                     q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);
                 }

@@ -4,9 +4,10 @@
 //! two.
 //!
 //! The key transpose and the weighted values read cached rows in place when the cache holds
-//! f32, f16 or bf16: each load of eight stored values widens them to f32 lanes (F16C, or a
-//! shift for bf16), so a 16-bit cache costs no separate decode pass and half the memory
-//! traffic. The widening is exact, so the bits are those of decoding the tile first.
+//! f32, f16 or bf16 (and the values when it holds Q8_0): each load of eight stored values widens
+//! them to f32 lanes (F16C, a shift for bf16, the block scale times each byte for Q8_0), so a
+//! narrow cache costs no separate decode pass and less memory traffic. The widening is the
+//! decoder's own arithmetic, so the bits are those of decoding the tile first.
 
 use std::arch::x86_64::*;
 
@@ -167,58 +168,79 @@ pub(super) unsafe fn exp_row(s: &mut [f32], max: f32) -> f32 {
 
 /// Eight stored values widened to f32 lanes: how the in-place loops read each format.
 trait Lanes {
-    /// Bytes per stored value.
-    const BYTES: usize;
-    /// The eight values at `p` (unaligned).
+    /// The stored format.
+    const TY: KvType;
+    /// Values `d..d + 8` of the stored row at `row` (unaligned; `d` a multiple of 8).
     ///
     /// # Safety
-    /// `p` points at `8 * BYTES` readable bytes, and the caller runs with AVX2 and F16C.
-    unsafe fn load8(p: *const u8) -> __m256;
+    /// The row holds at least `d + 8` values of `TY` (whole blocks for Q8_0), and the caller runs
+    /// with AVX2 and F16C.
+    unsafe fn load8(row: *const u8, d: usize) -> __m256;
 }
 
 struct F32Lanes;
 struct F16Lanes;
 struct Bf16Lanes;
+struct Q8Lanes;
 
 impl Lanes for F32Lanes {
-    const BYTES: usize = 4;
+    const TY: KvType = KvType::F32;
     #[inline(always)]
-    unsafe fn load8(p: *const u8) -> __m256 {
+    unsafe fn load8(row: *const u8, d: usize) -> __m256 {
         // SAFETY: forwarded to the caller.
-        unsafe { _mm256_loadu_ps(p.cast()) }
+        unsafe { _mm256_loadu_ps(row.add(4 * d).cast()) }
     }
 }
 
 impl Lanes for F16Lanes {
-    const BYTES: usize = 2;
+    const TY: KvType = KvType::F16;
     #[inline(always)]
-    unsafe fn load8(p: *const u8) -> __m256 {
+    unsafe fn load8(row: *const u8, d: usize) -> __m256 {
         // SAFETY: forwarded to the caller.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * d).cast())) }
     }
 }
 
 impl Lanes for Bf16Lanes {
-    const BYTES: usize = 2;
+    const TY: KvType = KvType::Bf16;
     #[inline(always)]
-    unsafe fn load8(p: *const u8) -> __m256 {
+    unsafe fn load8(row: *const u8, d: usize) -> __m256 {
         // SAFETY: forwarded to the caller.
         unsafe {
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
-                _mm_loadu_si128(p.cast()),
+                _mm_loadu_si128(row.add(2 * d).cast()),
             )))
         }
     }
 }
 
-/// Whether the in-place loops read a cache of type `ty` (every format but Q8_0, whose blocks
-/// are decoded a tile at a time).
+/// Q8_0 values as its decoder gives them: the block's f16 scale times each byte, one f32
+/// product (the widenings are exact), so the bits are those of a decoded tile.
+impl Lanes for Q8Lanes {
+    const TY: KvType = KvType::Q8_0;
+    #[inline(always)]
+    unsafe fn load8(row: *const u8, d: usize) -> __m256 {
+        let block = row.wrapping_add(d / 32 * 34);
+        // SAFETY: forwarded to the caller: the block's two scale bytes and 32 value bytes are
+        // inside the row.
+        unsafe {
+            let bits = u16::from_le_bytes([*block, *block.add(1)]);
+            let scale = _mm256_cvtph_ps(_mm_set1_epi16(bits as i16));
+            let ints = _mm_loadl_epi64(block.add(2 + d % 32).cast());
+            _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(ints)))
+        }
+    }
+}
+
+/// Whether the key transpose reads a cache of type `ty` in place (every format but Q8_0, whose
+/// keys are scored in integers instead, see `flash_q8_avx2`). The weighted values read every
+/// format in place.
 pub(super) fn reads_in_place(ty: KvType) -> bool {
     matches!(ty, KvType::F32 | KvType::F16 | KvType::Bf16)
 }
 
 /// `pv[i] (+)= sum_j p[i][j] * v_j` for `R` rows and keys `0..jn`: `p` is `R x bc` (row `i` at
-/// `i * bc`), value row `j` is `hd` values of type `ty` (f32, f16 or bf16; `hd` a multiple of
+/// `i * bc`), value row `j` is `hd` values of type `ty` (any format; `hd` a multiple of
 /// 16) at byte `j * stride` of `v` (a decoded tile, or the cache itself read in place).
 /// Sixteen outputs by `R` rows in registers, each loaded value vector serving `R` rows. With
 /// `accumulate` the sums continue from `pv`, so a tile taken in several runs (a paged cache's
@@ -244,7 +266,7 @@ pub(super) unsafe fn weighted_values<const R: usize>(
             KvType::F32 => weighted::<F32Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
             KvType::F16 => weighted::<F16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
             KvType::Bf16 => weighted::<Bf16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
-            KvType::Q8_0 => panic!("flash weighted values: q8_0 rows are decoded first"),
+            KvType::Q8_0 => weighted::<Q8Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
         }
     }
 }
@@ -266,12 +288,12 @@ unsafe fn weighted<L: Lanes, const R: usize>(
             && jn >= 1
             && jn <= bc
             && p.len() >= (R - 1) * bc + jn
-            && v.len() >= (jn - 1) * stride + L::BYTES * hd
+            && v.len() >= (jn - 1) * stride + L::TY.bytes(hd)
             && pv.len() >= R * hd,
         "flash weighted values: tile shapes"
     );
     let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), pv.as_mut_ptr());
-    // SAFETY: reads 16 values at byte j * stride + BYTES * d0 of v with j < jn, d0 + 16 <= hd,
+    // SAFETY: reads values d0..d0 + 16 of the row at byte j * stride of v with j < jn, d0 + 16 <= hd,
     // and p[i * bc + j] with i < R, j < jn; reads and writes pv[i * hd + d0 ..+16]: all inside
     // the checked lengths (unaligned loads: the cache's bytes carry no alignment).
     unsafe {
@@ -284,9 +306,9 @@ unsafe fn weighted<L: Lanes, const R: usize>(
                 }
             }
             for j in 0..jn {
-                let row = vp.add(j * stride + L::BYTES * d0);
-                let v0 = L::load8(row);
-                let v1 = L::load8(row.add(8 * L::BYTES));
+                let row = vp.add(j * stride);
+                let v0 = L::load8(row, d0);
+                let v1 = L::load8(row, d0 + 8);
                 for (i, ai) in a.iter_mut().enumerate() {
                     let pj = _mm256_broadcast_ss(&*pp.add(i * bc + j));
                     ai[0] = _mm256_fmadd_ps(pj, v0, ai[0]);
@@ -301,8 +323,8 @@ unsafe fn weighted<L: Lanes, const R: usize>(
     }
 }
 
-/// `kt[c * bc + j0 + j] = row_j[c]` for `m` rows of `hd` values of type `ty` (f32, f16 or
-/// bf16; `hd` a multiple of 8) at byte `j * stride` of `src`: the transposed key tile `scores`
+/// `kt[c * bc + j0 + j] = row_j[c]` for `m` rows of `hd` values of type `ty` (any format; `hd`
+/// a multiple of 8, of 32 for Q8_0) at byte `j * stride` of `src`: the transposed key tile `scores`
 /// reads, filled eight rows by eight columns at a time with in-register 8x8 transposes, straight
 /// from the cache (the scalar twin is the element loop in `flash::block_body`).
 ///
@@ -325,7 +347,7 @@ pub(super) unsafe fn transpose_rows(
             KvType::F32 => transpose::<F32Lanes>(src, stride, m, hd, kt, bc, j0),
             KvType::F16 => transpose::<F16Lanes>(src, stride, m, hd, kt, bc, j0),
             KvType::Bf16 => transpose::<Bf16Lanes>(src, stride, m, hd, kt, bc, j0),
-            KvType::Q8_0 => panic!("flash key transpose: q8_0 rows are decoded first"),
+            KvType::Q8_0 => transpose::<Q8Lanes>(src, stride, m, hd, kt, bc, j0),
         }
     }
 }
@@ -345,11 +367,11 @@ unsafe fn transpose<L: Lanes>(
             && m >= 1
             && j0 + m <= bc
             && kt.len() >= hd * bc
-            && src.len() >= (m - 1) * stride + L::BYTES * hd,
+            && src.len() >= (m - 1) * stride + L::TY.bytes(hd),
         "flash key transpose: tile shapes"
     );
     let (sp, kp) = (src.as_ptr(), kt.as_mut_ptr());
-    // SAFETY: reads 8 values at byte (j + i) * stride + BYTES * c0 with j + i < m and
+    // SAFETY: reads values c0..c0 + 8 of the row at byte (j + i) * stride with j + i < m and
     // c0 + 8 <= hd; writes kt[(c0 + c) * bc + j0 + j ..+8] with j0 + j + 8 <= j0 + m <= bc; the
     // tail reads the row's first hd values into a local: all inside the checked lengths.
     unsafe {
@@ -357,8 +379,7 @@ unsafe fn transpose<L: Lanes>(
         let mut j = 0;
         while j + 8 <= m {
             for c0 in (0..hd).step_by(8) {
-                let r: [__m256; 8] =
-                    std::array::from_fn(|i| L::load8(row(j + i).add(L::BYTES * c0)));
+                let r: [__m256; 8] = std::array::from_fn(|i| L::load8(row(j + i), c0));
                 let t: [__m256; 8] = std::array::from_fn(|i| {
                     let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
                     if i % 2 == 0 {
@@ -392,7 +413,7 @@ unsafe fn transpose<L: Lanes>(
         let mut lanes = [0f32; 8];
         for jj in j..m {
             for c0 in (0..hd).step_by(8) {
-                _mm256_storeu_ps(lanes.as_mut_ptr(), L::load8(row(jj).add(L::BYTES * c0)));
+                _mm256_storeu_ps(lanes.as_mut_ptr(), L::load8(row(jj), c0));
                 for (c, &x) in lanes.iter().enumerate() {
                     *kp.add((c0 + c) * bc + j0 + jj) = x;
                 }

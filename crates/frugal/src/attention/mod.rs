@@ -25,6 +25,8 @@ mod flash;
 #[cfg(target_arch = "x86_64")]
 mod flash_avx512;
 #[cfg(target_arch = "x86_64")]
+mod flash_q8_avx2;
+#[cfg(target_arch = "x86_64")]
 mod flash_vnni;
 #[cfg(target_arch = "x86_64")]
 mod flash_x86;

@@ -29,13 +29,16 @@ use crate::kv::Q8_0_BLOCK;
 /// Bytes of one stored Q8_0 block: the f16 scale, then 32 signed bytes.
 pub(super) const BLOCK_BYTES: usize = 34;
 
-/// Query rows quantized in two parts: `hi` and `lo` (`rows x hd` each), and per row and block
-/// the scale `d / 128` of `128 hi + lo`, and `128 x` that combination's sum (the VNNI kernel
-/// multiplies unsigned bytes, so it offsets the keys by 128 and subtracts this afterwards).
+/// Query rows quantized in two parts: `hi` and `lo` (`rows x hd` each), the same values as
+/// sixteen-bit words `128 hi + lo` (for the AVX2 kernel, which multiplies words), and per row
+/// and block the scale `d / 128` of `128 hi + lo`, and `128 x` that combination's sum (the VNNI
+/// kernel multiplies unsigned bytes, so it offsets the keys by 128 and subtracts this
+/// afterwards).
 #[derive(Default, Debug)]
 pub(super) struct QuantQueries {
     pub hi: Vec<i8>,
     pub lo: Vec<i8>,
+    pub words: Vec<i16>,
     pub scales: Vec<f32>,
     pub offsets: Vec<i32>,
 }
@@ -50,6 +53,7 @@ impl QuantQueries {
         }
         self.scales.clear();
         self.offsets.clear();
+        self.words.clear();
         for ((x, hi), lo) in q
             .chunks_exact(Q8_0_BLOCK)
             .zip(self.hi.chunks_exact_mut(Q8_0_BLOCK))
@@ -57,6 +61,9 @@ impl QuantQueries {
         {
             let d = quantize_block(x, hi, lo);
             self.scales.push(d / 128.0);
+            let words = hi.iter().zip(lo.iter());
+            self.words
+                .extend(words.map(|(&h, &l)| 128 * i16::from(h) + i16::from(l)));
             let sum: i32 = hi
                 .iter()
                 .zip(lo.iter())
@@ -72,6 +79,7 @@ impl QuantQueries {
     pub fn clear(&mut self) {
         self.hi.clear();
         self.lo.clear();
+        self.words.clear();
         self.scales.clear();
         self.offsets.clear();
     }
@@ -84,7 +92,8 @@ impl QuantQueries {
             rows.start * nb..rows.end * nb,
         );
         self.hi.extend_from_slice(&src.hi[v.clone()]);
-        self.lo.extend_from_slice(&src.lo[v]);
+        self.lo.extend_from_slice(&src.lo[v.clone()]);
+        self.words.extend_from_slice(&src.words[v]);
         self.scales.extend_from_slice(&src.scales[b.clone()]);
         self.offsets.extend_from_slice(&src.offsets[b]);
     }
@@ -94,6 +103,7 @@ impl QuantQueries {
         let nb = hd / Q8_0_BLOCK;
         self.hi.resize(self.hi.len() + n * hd, 0);
         self.lo.resize(self.lo.len() + n * hd, 0);
+        self.words.resize(self.words.len() + n * hd, 0);
         self.scales.resize(self.scales.len() + n * nb, 0.0);
         self.offsets.resize(self.offsets.len() + n * nb, 0);
     }

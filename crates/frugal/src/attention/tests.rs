@@ -753,3 +753,87 @@ fn three_and_four_rows_at_a_time_give_the_same_bits() {
         "weighted values"
     );
 }
+
+/// The signature both instruction sets' weighted-value loops share.
+#[cfg(target_arch = "x86_64")]
+type WeightedValues =
+    unsafe fn(&[f32], usize, &[u8], usize, KvType, usize, usize, &mut [f32], bool);
+
+/// Q8_0 values weighed where they lie give the bits of the same loop over the tile decoded to
+/// f32 first (how more rows read them), in one run or two, in the AVX2 and AVX-512 loops.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
+    const R: usize = 3;
+    let mut loops: Vec<(&str, WeightedValues)> = Vec::new();
+    if is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+    {
+        loops.push(("avx2", super::flash_x86::weighted_values::<R>));
+    }
+    if super::flash_avx512::available() {
+        loops.push(("avx512", super::flash_avx512::weighted_values::<R>));
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for (hd, bc) in [(64, 64), (128, 32), (32, 128), (96, 40)] {
+        let hb = KvType::Q8_0.bytes(hd);
+        let stride = 3 * hb + 8;
+        let vals = random(bc * hd, 40.0, &mut rng);
+        let mut v = vec![0u8; bc * stride];
+        let mut decoded = vec![0f32; bc * hd];
+        for (j, row) in vals.chunks_exact(hd).enumerate() {
+            KvType::Q8_0.encode(row, &mut v[j * stride..][..hb]);
+            crate::quant::dequantize(
+                crate::quant::GgmlType::Q8_0,
+                &v[j * stride..][..hb],
+                &mut decoded[j * hd..][..hd],
+            )
+            .unwrap();
+        }
+        let dbytes: Vec<u8> = decoded.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let p: Vec<f32> = random(R * bc, 1.0, &mut rng)
+            .iter()
+            .map(|x| x.abs())
+            .collect();
+        for &(name, weighted) in &loops {
+            for jn in [1, 5, 16, 17, bc - 1, bc] {
+                let mut want = vec![0f32; R * hd];
+                let mut got = vec![0f32; R * hd];
+                let split = jn / 2;
+                // SAFETY: the loop's features were checked above; the runs cover keys 0..split
+                // and split..jn of tiles of `bc` rows.
+                unsafe {
+                    weighted(
+                        &p,
+                        bc,
+                        &dbytes,
+                        4 * hd,
+                        KvType::F32,
+                        hd,
+                        jn,
+                        &mut want,
+                        false,
+                    );
+                    if split > 0 {
+                        weighted(&p, bc, &v, stride, KvType::Q8_0, hd, split, &mut got, false);
+                    }
+                    let rest = &v[split * stride..];
+                    weighted(
+                        &p[split..],
+                        bc,
+                        rest,
+                        stride,
+                        KvType::Q8_0,
+                        hd,
+                        jn - split,
+                        &mut got,
+                        split > 0,
+                    );
+                }
+                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{name}: hd {hd} jn {jn}");
+            }
+        }
+    }
+}
