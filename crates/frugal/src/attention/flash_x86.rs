@@ -176,6 +176,17 @@ trait Lanes {
     /// The row holds at least `d + 8` values of `TY` (whole blocks for Q8_0), and the caller runs
     /// with AVX2 and F16C.
     unsafe fn load8(row: *const u8, d: usize) -> __m256;
+
+    /// Values `d..d + 16` (`d` a multiple of 16): two [`Self::load8`]s, which a format may
+    /// share work between.
+    ///
+    /// # Safety
+    /// As for [`Self::load8`], with `d + 16` values.
+    #[inline(always)]
+    unsafe fn load16(row: *const u8, d: usize) -> [__m256; 2] {
+        // SAFETY: forwarded to the caller.
+        unsafe { [Self::load8(row, d), Self::load8(row, d + 8)] }
+    }
 }
 
 struct F32Lanes;
@@ -228,6 +239,24 @@ impl Lanes for Q8Lanes {
             let scale = _mm256_cvtph_ps(_mm_set1_epi16(bits as i16));
             let ints = _mm_loadl_epi64(block.add(2 + d % 32).cast());
             _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(ints)))
+        }
+    }
+
+    /// Sixteen values of one block (`d` a multiple of 16), its scale widened once.
+    #[inline(always)]
+    unsafe fn load16(row: *const u8, d: usize) -> [__m256; 2] {
+        let block = row.wrapping_add(d / 32 * 34);
+        // SAFETY: forwarded to the caller: the block's two scale bytes and 32 value bytes are
+        // inside the row.
+        unsafe {
+            let bits = u16::from_le_bytes([*block, *block.add(1)]);
+            let scale = _mm256_cvtph_ps(_mm_set1_epi16(bits as i16));
+            let ints = _mm_loadu_si128(block.add(2 + d % 32).cast());
+            let widen = |x: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
+            [
+                _mm256_mul_ps(scale, widen(ints)),
+                _mm256_mul_ps(scale, widen(_mm_srli_si128::<8>(ints))),
+            ]
         }
     }
 }
@@ -307,8 +336,7 @@ unsafe fn weighted<L: Lanes, const R: usize>(
             }
             for j in 0..jn {
                 let row = vp.add(j * stride);
-                let v0 = L::load8(row, d0);
-                let v1 = L::load8(row, d0 + 8);
+                let [v0, v1] = L::load16(row, d0);
                 for (i, ai) in a.iter_mut().enumerate() {
                     let pj = _mm256_broadcast_ss(&*pp.add(i * bc + j));
                     ai[0] = _mm256_fmadd_ps(pj, v0, ai[0]);
