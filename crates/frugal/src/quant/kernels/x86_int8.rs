@@ -365,6 +365,19 @@ macro_rules! dot_packed_kernel {
                         for t in 0..T {
                             let xp = xs[t].qs.as_ptr().add(32 * b);
                             let mut isum = [_mm256_setzero_si256(); 2];
+                            // AVX2 with unsigned codes of at most 5 bits: `maddubs` pair sums
+                            // (at most 2 x 31 x 128 = 7,936, or 3,840 for 4 bits) are added in
+                            // 16 bits, 4 (8 for 4-bit codes) at a time, before one widening
+                            // `madd` (at most 31,744 or 30,720 < 32,767: exact, so the sums and
+                            // bits are those of widening each product).
+                            let short = if $biased || signed || ty == GgmlType::Q6_K {
+                                0
+                            } else if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
+                                4
+                            } else {
+                                8
+                            };
+                            let mut p16 = _mm256_setzero_si256();
                             for i in 0..8 {
                                 let xa = _mm256_set1_epi32(std::ptr::read_unaligned(
                                     xp.add(4 * i) as *const i32
@@ -374,7 +387,16 @@ macro_rules! dot_packed_kernel {
                                 } else {
                                     xa
                                 };
-                                isum[i / 4] = $udot(isum[i / 4], wu[i], xa);
+                                if short == 0 {
+                                    isum[i / 4] = $udot(isum[i / 4], wu[i], xa);
+                                } else {
+                                    p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(wu[i], xa));
+                                    if (i + 1) % short == 0 {
+                                        let wide = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+                                        isum[0] = _mm256_add_epi32(isum[0], wide);
+                                        p16 = _mm256_setzero_si256();
+                                    }
+                                }
                             }
                             let dx = _mm256_set1_ps(*xs[t].d.get_unchecked(b));
                             if ty == GgmlType::Q6_K {
