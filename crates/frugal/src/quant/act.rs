@@ -205,6 +205,9 @@ pub const WIDE_MAX: i32 = 127 * 128;
 pub struct WideActs {
     pub hi: Vec<i8>,
     pub lo: Vec<u8>,
+    /// The same integers `128 hi + lo` as sixteen-bit words (for AVX2, which multiplies words
+    /// exactly where its byte products would saturate).
+    pub words: Vec<i16>,
     pub d: Vec<f32>,
     /// Sum of the block's integers (for kernels that bias the weights to unsigned).
     pub qsum: Vec<i32>,
@@ -217,6 +220,7 @@ pub struct WideActs {
 pub struct WideRow<'a> {
     pub hi: &'a [i8],
     pub lo: &'a [u8],
+    pub words: &'a [i16],
     pub d: &'a [f32],
     pub qsum: &'a [i32],
 }
@@ -241,6 +245,7 @@ impl WideActs {
         self.n = x.len() / k;
         self.hi.resize(x.len(), 0);
         self.lo.resize(x.len(), 0);
+        self.words.resize(x.len(), 0);
         self.d.resize(x.len() / QK, 0.0);
         self.qsum.resize(x.len() / QK, 0);
         for (b, xb) in x.chunks_exact(QK).enumerate() {
@@ -254,6 +259,7 @@ impl WideActs {
                 let hi = q.div_euclid(128);
                 self.hi[b * QK + i] = hi as i8;
                 self.lo[b * QK + i] = (q - 128 * hi) as u8;
+                self.words[b * QK + i] = q as i16; // |q| <= WIDE_MAX < 2^15
                 qsum += q;
             }
             self.d[b] = d;
@@ -266,6 +272,7 @@ impl WideActs {
         WideRow {
             hi: &self.hi[t * self.k..(t + 1) * self.k],
             lo: &self.lo[t * self.k..(t + 1) * self.k],
+            words: &self.words[t * self.k..(t + 1) * self.k],
             d: &self.d[t * nb..(t + 1) * nb],
             qsum: &self.qsum[t * nb..(t + 1) * nb],
         }

@@ -280,6 +280,7 @@ pub fn dot_packed_wide<const T: usize>(
         cols.is_multiple_of(32)
             && xs.iter().all(|x| x.hi.len() == cols
                 && x.lo.len() == cols
+                && x.words.len() == cols
                 && x.d.len() == cols / 32
                 && x.qsum.len() == cols / 32)
             && group.len() >= cols / 32 * packed::column_bytes(GgmlType::Q8_0),

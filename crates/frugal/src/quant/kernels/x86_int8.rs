@@ -163,9 +163,10 @@ const KINDS: [GgmlType; 8] = FORMATS;
 macro_rules! dot_packed_kernel {
     ($name:ident, $inner:ident, $wide:ident, $features:literal, $udot:ident, $biased:literal) => {
         /// Dot products of one packed group of eight Q8_0 rows with `T` rows of 15-bit
-        /// activations `q = 128 hi + lo` (`act::WideActs`): two byte products per four elements
-        /// (`|w| * (hi * sign(w))` and `lo * w`, or with VNNI `(w + 128) * hi` and
-        /// `(w + 128) * lo` less `128 * sum(q)`), then `128 * hi_sum + lo_sum`, exact in i32.
+        /// activations `q = 128 hi + lo` (`act::WideActs`): with VNNI two byte products per four
+        /// elements, `(w + 128) * hi` and `(w + 128) * lo`, then `128 * hi_sum + lo_sum` less
+        /// `128 * sum(q)`; with AVX2 one word product per two elements, `w * q`. Exact in i32
+        /// either way, so the same sums.
         ///
         /// # Safety
         /// `group` holds a whole packed Q8_0 group covering `xs[t].hi.len()` elements (equal for
@@ -183,8 +184,8 @@ macro_rules! dot_packed_kernel {
             debug_assert!(group.len() >= ncols * col);
             let mut acc = [_mm256_setzero_ps(); T];
             // SAFETY (whole body): column c spans base + c*col .. base + (c+1)*col inside
-            // `group`; activation block c spans 32 bytes at 32c of each `hi` and `lo`, and `d`
-            // holds ncols entries.
+            // `group`; activation block c spans 32 elements at 32c of each `hi`, `lo` and
+            // `words`, and `d` and `qsum` hold ncols entries.
             unsafe {
                 let base = group.as_ptr();
                 for c in 0..ncols {
@@ -195,42 +196,57 @@ macro_rules! dot_packed_kernel {
                     let w: [__m256i; 8] = std::array::from_fn(|i| {
                         _mm256_loadu_si256(data.add(32 * i) as *const __m256i)
                     });
-                    // Biased: the weights as unsigned w + 128 (a sign-bit flip), both activation
-                    // planes as the signed operand, and 128 * sum(q) taken off at the end; no
-                    // per-token sign moves. Needs non-saturating products (VNNI); AVX2's
-                    // `maddubs` would saturate 255 x 127 pairs, so it moves signs instead.
-                    let wu: [__m256i; 8] = std::array::from_fn(|i| {
-                        if $biased {
-                            _mm256_xor_si256(w[i], _mm256_set1_epi8(-128))
-                        } else {
-                            _mm256_sign_epi8(w[i], w[i])
-                        }
+                    // Biased (VNNI): the weights as unsigned w + 128 (a sign-bit flip), both
+                    // activation planes as the signed operand, and 128 * sum(q) taken off at the
+                    // end. AVX2's `maddubs` would saturate those 255 x 127 pairs, so there the
+                    // weights are widened to words once per unit, and `madd` multiplies them by
+                    // the integers `q` as words (`act::WideActs::words`): a pair is at most
+                    // 2 x 128 x 16,256, and a lane's sixteen products stay below 2^26.
+                    let wu: [__m256i; 8] =
+                        std::array::from_fn(|i| _mm256_xor_si256(w[i], _mm256_set1_epi8(-128)));
+                    // Words of rows 0..4 ([0]) and 4..8 ([1]), four elements each, of w[i].
+                    let ww: [[__m256i; 2]; 8] = std::array::from_fn(|i| {
+                        [
+                            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w[i])),
+                            _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w[i])),
+                        ]
                     });
+                    let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
                     for t in 0..T {
-                        let hp = xs[t].hi.as_ptr().add(32 * c);
-                        let lp = xs[t].lo.as_ptr().add(32 * c);
-                        let mut ih = _mm256_setzero_si256();
-                        let mut il = _mm256_setzero_si256();
-                        for i in 0..8 {
-                            let h = _mm256_set1_epi32(std::ptr::read_unaligned(
-                                hp.add(4 * i) as *const i32
-                            ));
-                            let lo = _mm256_set1_epi32(std::ptr::read_unaligned(
-                                lp.add(4 * i) as *const i32
-                            ));
-                            if $biased {
+                        let isum = if $biased {
+                            let hp = xs[t].hi.as_ptr().add(32 * c);
+                            let lp = xs[t].lo.as_ptr().add(32 * c);
+                            let mut ih = _mm256_setzero_si256();
+                            let mut il = _mm256_setzero_si256();
+                            for i in 0..8 {
+                                let h = _mm256_set1_epi32(std::ptr::read_unaligned(
+                                    hp.add(4 * i) as *const i32
+                                ));
+                                let lo = _mm256_set1_epi32(std::ptr::read_unaligned(
+                                    lp.add(4 * i) as *const i32
+                                ));
                                 ih = $udot(ih, wu[i], h);
                                 il = $udot(il, wu[i], lo);
-                            } else {
-                                ih = $udot(ih, wu[i], _mm256_sign_epi8(h, w[i]));
-                                il = $udot(il, lo, w[i]);
                             }
-                        }
-                        let mut isum = _mm256_add_epi32(_mm256_slli_epi32(ih, 7), il);
-                        if $biased {
+                            let isum = _mm256_add_epi32(_mm256_slli_epi32(ih, 7), il);
                             let bias = 128 * *xs[t].qsum.get_unchecked(c);
-                            isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(bias));
-                        }
+                            _mm256_sub_epi32(isum, _mm256_set1_epi32(bias))
+                        } else {
+                            let qp = xs[t].words.as_ptr().add(32 * c);
+                            let mut a = _mm256_setzero_si256();
+                            let mut b = _mm256_setzero_si256();
+                            for (i, [w0, w1]) in ww.iter().enumerate() {
+                                // Elements 4i..4i+4 of the token, in every row's lanes.
+                                let q = _mm256_set1_epi64x(std::ptr::read_unaligned(
+                                    qp.add(4 * i) as *const i64
+                                ));
+                                a = _mm256_add_epi32(a, _mm256_madd_epi16(*w0, q));
+                                b = _mm256_add_epi32(b, _mm256_madd_epi16(*w1, q));
+                            }
+                            // a: two lanes per row 0..4, b: per row 4..8; pairwise sums give
+                            // rows 0, 1, 4, 5 | 2, 3, 6, 7, put in order.
+                            _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a, b), order)
+                        };
                         let dx = _mm256_set1_ps(*xs[t].d.get_unchecked(c));
                         acc[t] = _mm256_fmadd_ps(
                             _mm256_cvtepi32_ps(isum),
