@@ -21,9 +21,9 @@ pub struct ModelArgs {
     #[arg(short = 'm', long = "model", value_parser = model_arg)]
     pub model: Option<PathBuf>,
     /// Activation precision in products with block-quantized weights: q8 (8 bits per block of
-    /// 32 and integer kernels, as llama.cpp runs quantized files; the output head stays f32),
-    /// q8-full (the head too, exactly as llama.cpp) or f32 (exact arithmetic on the dequantized
-    /// weights)
+    /// 32 and integer kernels, as llama.cpp runs quantized files; a Q8_0 output head takes 15
+    /// bits, any other head f32), q8-full (the head at 8 bits too, exactly as llama.cpp) or f32
+    /// (exact arithmetic on the dequantized weights)
     #[arg(long = "activations", default_value = "q8")]
     pub activations: Activations,
     /// Re-quantize the weights in memory at load time (in-situ quantization): a GGUF type
