@@ -157,9 +157,6 @@ pub(super) unsafe fn scores_q8<const R: usize>(
 mod tests {
     use super::*;
     use crate::attention::q8_keys;
-    use crate::kv::KvType;
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
 
     #[test]
     fn transposes_sixteen_keys() {
@@ -191,60 +188,11 @@ mod tests {
         }
     }
 
-    /// Random queries and keys (head dims 32 to 192, tiles of any width, `jn` anywhere in the
-    /// tile, large and tiny scales): the kernel's scores have the portable twin's bits.
     #[test]
     fn vnni_scores_have_the_portable_bits() {
         if !available() {
             return;
         }
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
-        for &(hd, bc) in &[(64, 64), (32, 128), (128, 32), (96, 40), (192, 16)] {
-            for &amp in &[1e-3f32, 1.0, 300.0] {
-                let rows = 8;
-                let q: Vec<f32> = (0..rows * hd)
-                    .map(|_| rng.random_range(-amp..amp))
-                    .collect();
-                let mut qq = q8_keys::QuantQueries::default();
-                qq.quantize(&q, hd);
-                let hb = KvType::Q8_0.bytes(hd);
-                let stored: Vec<Vec<u8>> = (0..bc)
-                    .map(|_| {
-                        let k: Vec<f32> = (0..hd).map(|_| rng.random_range(-amp..amp)).collect();
-                        let mut b = vec![0u8; hb];
-                        KvType::Q8_0.encode(&k, &mut b);
-                        b
-                    })
-                    .collect();
-                let mut keys = q8_keys::KeyRows::new(hb);
-                for key in &stored {
-                    keys.push_run(key, 0, 1);
-                }
-                for jn in [1, 7, 16, 17, bc - 1, bc]
-                    .into_iter()
-                    .filter(|&jn| jn <= bc)
-                {
-                    for row0 in [0, 4] {
-                        let mut want = vec![0f32; 4 * bc];
-                        let mut got = vec![f32::NAN; 4 * bc];
-                        q8_keys::scores::<4>(&qq, row0, hd, &keys, jn, bc, &mut want);
-                        // SAFETY: checked above.
-                        unsafe { scores_q8::<4>(&qq, row0, hd, &keys, jn, bc, &mut got) };
-                        let mut got3 = vec![f32::NAN; 3 * bc];
-                        // SAFETY: as above.
-                        unsafe { scores_q8::<3>(&qq, row0, hd, &keys, jn, bc, &mut got3) };
-                        for i in 0..4 {
-                            for j in 0..jn {
-                                let w = want[i * bc + j].to_bits();
-                                assert_eq!(got[i * bc + j].to_bits(), w, "hd {hd} row {i} key {j}");
-                                if i < 3 {
-                                    assert_eq!(got3[i * bc + j].to_bits(), w);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        q8_keys::check_kernel_bits(5, scores_q8::<4>, scores_q8::<3>);
     }
 }

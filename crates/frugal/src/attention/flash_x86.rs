@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kv::KvType;
+use crate::kv::{KvType, Q8_0_BLOCK};
 
 use super::flash::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx};
 
@@ -231,13 +231,13 @@ impl Lanes for Q8Lanes {
     const TY: KvType = KvType::Q8_0;
     #[inline(always)]
     unsafe fn load8(row: *const u8, d: usize) -> __m256 {
-        let block = row.wrapping_add(d / 32 * 34);
+        let block = row.wrapping_add(d / Q8_0_BLOCK * (Q8_0_BLOCK + 2));
         // SAFETY: forwarded to the caller: the block's two scale bytes and 32 value bytes are
         // inside the row.
         unsafe {
             let bits = u16::from_le_bytes([*block, *block.add(1)]);
             let scale = _mm256_cvtph_ps(_mm_set1_epi16(bits as i16));
-            let ints = _mm_loadl_epi64(block.add(2 + d % 32).cast());
+            let ints = _mm_loadl_epi64(block.add(2 + d % Q8_0_BLOCK).cast());
             _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(ints)))
         }
     }
@@ -245,13 +245,13 @@ impl Lanes for Q8Lanes {
     /// Sixteen values of one block (`d` a multiple of 16), its scale widened once.
     #[inline(always)]
     unsafe fn load16(row: *const u8, d: usize) -> [__m256; 2] {
-        let block = row.wrapping_add(d / 32 * 34);
+        let block = row.wrapping_add(d / Q8_0_BLOCK * (Q8_0_BLOCK + 2));
         // SAFETY: forwarded to the caller: the block's two scale bytes and 32 value bytes are
         // inside the row.
         unsafe {
             let bits = u16::from_le_bytes([*block, *block.add(1)]);
             let scale = _mm256_cvtph_ps(_mm_set1_epi16(bits as i16));
-            let ints = _mm_loadu_si128(block.add(2 + d % 32).cast());
+            let ints = _mm_loadu_si128(block.add(2 + d % Q8_0_BLOCK).cast());
             let widen = |x: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
             [
                 _mm256_mul_ps(scale, widen(ints)),

@@ -61,14 +61,11 @@ impl QuantQueries {
         {
             let d = quantize_block(x, hi, lo);
             self.scales.push(d / 128.0);
+            let from = self.words.len();
             let words = hi.iter().zip(lo.iter());
             self.words
                 .extend(words.map(|(&h, &l)| 128 * i16::from(h) + i16::from(l)));
-            let sum: i32 = hi
-                .iter()
-                .zip(lo.iter())
-                .map(|(&h, &l)| 128 * i32::from(h) + i32::from(l))
-                .sum();
+            let sum: i32 = self.words[from..].iter().map(|&w| i32::from(w)).sum();
             self.offsets.push(128 * sum);
         }
     }
@@ -240,6 +237,77 @@ pub(super) fn scores<const R: usize>(
         let scales = &qq.scales[r * nb..][..nb];
         for j in 0..jn {
             s[i * bc + j] = score(hi, lo, scales, keys.get(j));
+        }
+    }
+}
+
+/// A kernel of [`scores`]' signature, for [`check_kernel_bits`].
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(super) type ScoresKernel<const R: usize> =
+    unsafe fn(&QuantQueries, usize, usize, &KeyRows, usize, usize, &mut [f32]);
+
+/// Random queries and keys (head dims 32 to 192, tiles of several widths, `jn` anywhere in the
+/// tile, large and tiny scales, one key holding both ends of the byte range, -128 included):
+/// `k4` and `k3` (a SIMD kernel for 4 and 3 rows, whose CPU features the caller checked) give
+/// the bits of the portable [`scores`].
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(super) fn check_kernel_bits(seed: u64, k4: ScoresKernel<4>, k3: ScoresKernel<3>) {
+    use crate::kv::KvType;
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for &(hd, bc) in &[(64, 64), (32, 128), (128, 32), (96, 40), (192, 16)] {
+        for &amp in &[1e-3f32, 1.0, 300.0] {
+            let rows = 8;
+            let q: Vec<f32> = (0..rows * hd)
+                .map(|_| rng.random_range(-amp..amp))
+                .collect();
+            let mut qq = QuantQueries::default();
+            qq.quantize(&q, hd);
+            let hb = KvType::Q8_0.bytes(hd);
+            let stored: Vec<Vec<u8>> = (0..bc)
+                .map(|j| {
+                    let k: Vec<f32> = (0..hd).map(|_| rng.random_range(-amp..amp)).collect();
+                    let mut b = vec![0u8; hb];
+                    KvType::Q8_0.encode(&k, &mut b);
+                    if j == 3 {
+                        for blk in b.chunks_exact_mut(BLOCK_BYTES) {
+                            for (x, v) in blk[2..].iter_mut().enumerate() {
+                                *v = if x % 2 == 0 { 0x80 } else { 0x7f };
+                            }
+                        }
+                    }
+                    b
+                })
+                .collect();
+            let mut keys = KeyRows::new(hb);
+            for key in &stored {
+                keys.push_run(key, 0, 1);
+            }
+            for jn in [1, 7, 8, 9, 16, 17, bc - 1, bc]
+                .into_iter()
+                .filter(|&jn| jn <= bc)
+            {
+                for row0 in [0, 4] {
+                    let mut want = vec![0f32; 4 * bc];
+                    let mut got = vec![f32::NAN; 4 * bc];
+                    let mut got3 = vec![f32::NAN; 3 * bc];
+                    scores::<4>(&qq, row0, hd, &keys, jn, bc, &mut want);
+                    // SAFETY: the caller checked the kernels' CPU features.
+                    unsafe {
+                        k4(&qq, row0, hd, &keys, jn, bc, &mut got);
+                        k3(&qq, row0, hd, &keys, jn, bc, &mut got3);
+                    }
+                    for i in 0..4 {
+                        for j in 0..jn {
+                            let w = want[i * bc + j].to_bits();
+                            assert_eq!(got[i * bc + j].to_bits(), w, "hd {hd} row {i} key {j}");
+                            if i < 3 {
+                                assert_eq!(got3[i * bc + j].to_bits(), w, "3 rows: hd {hd}");
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -205,6 +205,8 @@ macro_rules! dot_packed_kernel {
                     let wu: [__m256i; 8] =
                         std::array::from_fn(|i| _mm256_xor_si256(w[i], _mm256_set1_epi8(-128)));
                     // Words of rows 0..4 ([0]) and 4..8 ([1]), four elements each, of w[i].
+                    // (`wu` serves the biased kernel, `ww` the other; `$biased` is a constant,
+                    // so each compiled kernel keeps only its own.)
                     let ww: [[__m256i; 2]; 8] = std::array::from_fn(|i| {
                         [
                             _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w[i])),
@@ -309,6 +311,18 @@ macro_rules! dot_packed_kernel {
             let ncols = xs[0].qs.len() / l.span;
             debug_assert!(group.len() >= ncols * col);
             let signed = matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::Q6_K);
+            // AVX2 with unsigned codes of at most 5 bits: `maddubs` pair sums (at most
+            // 2 x 31 x 128 = 7,936, or 3,840 for 4 bits) are added in 16 bits, `short` (4, or 8
+            // for 4-bit codes) at a time, before one widening `madd` (at most 31,744 or
+            // 30,720 < 32,767: exact, so the sums and bits are those of widening each product).
+            // 0: every product widened at once.
+            let short = if $biased || signed || ty == GgmlType::Q6_K {
+                0
+            } else if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
+                4
+            } else {
+                8
+            };
             // SAFETY: MXFP4_INT is 16 bytes.
             let lut = _mm256_broadcastsi128_si256(unsafe {
                 _mm_loadu_si128(MXFP4_INT.as_ptr() as *const __m128i)
@@ -381,18 +395,6 @@ macro_rules! dot_packed_kernel {
                         for t in 0..T {
                             let xp = xs[t].qs.as_ptr().add(32 * b);
                             let mut isum = [_mm256_setzero_si256(); 2];
-                            // AVX2 with unsigned codes of at most 5 bits: `maddubs` pair sums
-                            // (at most 2 x 31 x 128 = 7,936, or 3,840 for 4 bits) are added in
-                            // 16 bits, 4 (8 for 4-bit codes) at a time, before one widening
-                            // `madd` (at most 31,744 or 30,720 < 32,767: exact, so the sums and
-                            // bits are those of widening each product).
-                            let short = if $biased || signed || ty == GgmlType::Q6_K {
-                                0
-                            } else if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
-                                4
-                            } else {
-                                8
-                            };
                             let mut p16 = _mm256_setzero_si256();
                             for i in 0..8 {
                                 let xa = _mm256_set1_epi32(std::ptr::read_unaligned(
