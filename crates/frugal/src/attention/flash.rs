@@ -31,6 +31,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::ahead::Ahead;
 use super::q8_keys::{self, KeyRows, QuantQueries};
 use super::{AttnShape, AttnWorkspace, OutPtr};
 use crate::kv::{KvType, KvView};
@@ -74,6 +75,8 @@ struct Tiles {
     pv: Vec<f32>,
     /// The block's queries quantized, over a Q8_0 key cache.
     qq: QuantQueries,
+    /// The next tile's cache lines, requested as this tile's keys are computed.
+    ahead: Ahead,
 }
 
 thread_local! {
@@ -469,23 +472,18 @@ fn block_body<const R: usize>(
     // stay at the same absolute offsets from the chunk start).
     let first = s.first_visible(job.pos0 + span.t0);
     let mut j0 = span.lo + first.saturating_sub(span.lo) / bc * bc;
-    // The cache rows of the first tile, then each next tile's while this one is computed. The
-    // last tile's prefetch reaches into the keys after the span: a thread takes a run of
-    // consecutive chunks of one KV head (rayon splits the index range in halves), so that is
-    // most often the first tile of its next chunk, which would otherwise start cold.
-    let prefetch = |kv: &KvView, from: usize| {
-        if from < kv.len() {
-            let n = (kv.len() - from).min(bc);
-            kv.prefetch_head(span.kvh, hd, from, n);
+    // The cache rows of the first tile at once, then each next tile's spread over this one's
+    // work (`ahead`). The last tile's plan reaches into the keys after the span: a thread takes
+    // a run of consecutive chunks of one KV head (rayon splits the index range in halves), so
+    // that is most often the first tile of its next chunk, which would otherwise start cold.
+    for kv in [&job.k, &job.v] {
+        if j0 < kv.len() {
+            kv.prefetch_head(span.kvh, hd, j0, (kv.len() - j0).min(bc));
         }
-    };
-    prefetch(&job.k, j0);
-    prefetch(&job.v, j0);
+    }
     while j0 < hi {
         let nb = (hi - j0).min(bc);
-        // The next tile's keys now and its values once this tile's keys are transposed: two
-        // smaller bursts, so fewer prefetches wait for a free line-fill buffer.
-        prefetch(&job.k, j0 + nb);
+        t.ahead.plan(&job.k, &job.v, span.kvh, hd, j0 + nb, bc, nb);
         // The cache is read in place on the SIMD path: f32, f16 or bf16 keys transposed
         // straight from it, Q8_0 keys scored in integers where they lie, values of every
         // format weighted where they lie, widened as they are loaded.
@@ -517,6 +515,7 @@ fn block_body<const R: usize>(
                         &mut t.kt,
                         bc,
                         j,
+                        &mut t.ahead,
                     )
                 };
                 j += m;
@@ -537,6 +536,7 @@ fn block_body<const R: usize>(
                         &mut t.kt,
                         bc,
                         0,
+                        &mut t.ahead,
                     )
                 };
             } else {
@@ -547,7 +547,6 @@ fn block_body<const R: usize>(
                 }
             }
         }
-        prefetch(&job.v, j0 + nb);
         // Values in place only for a few rows (decode): more rows re-read the tile once per
         // R of them, which a decoded tile serves from L1. The bits are the same either way.
         let v_in_place = v_fmt_in_place && rows <= 2 * R;
@@ -577,11 +576,31 @@ fn block_body<const R: usize>(
                 #[cfg(target_arch = "x86_64")]
                 if job.vnni {
                     // SAFETY: `vnni` is only set when the CPU has what the kernel needs.
-                    unsafe { super::flash_vnni::scores_q8::<R>(&t.qq, rb, hd, keys, jmax, bc, sb) };
+                    unsafe {
+                        super::flash_vnni::scores_q8::<R>(
+                            &t.qq,
+                            rb,
+                            hd,
+                            keys,
+                            jmax,
+                            bc,
+                            sb,
+                            &mut t.ahead,
+                        )
+                    };
                 } else if fast && hd <= super::flash_q8_avx2::MAX_BLOCKS * crate::kv::Q8_0_BLOCK {
                     // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                     unsafe {
-                        super::flash_q8_avx2::scores_q8::<R>(&t.qq, rb, hd, keys, jmax, bc, sb)
+                        super::flash_q8_avx2::scores_q8::<R>(
+                            &t.qq,
+                            rb,
+                            hd,
+                            keys,
+                            jmax,
+                            bc,
+                            sb,
+                            &mut t.ahead,
+                        )
                     };
                 } else {
                     q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);
@@ -667,7 +686,19 @@ fn block_body<const R: usize>(
                         } else {
                             super::flash_x86::weighted_values::<R>
                         };
-                        weighted(&sb[j..], bc, bytes, stride, job.v.ty(), hd, m, pv, j > 0)
+                        let ty = job.v.ty();
+                        weighted(
+                            &sb[j..],
+                            bc,
+                            bytes,
+                            stride,
+                            ty,
+                            hd,
+                            m,
+                            pv,
+                            j > 0,
+                            &mut t.ahead,
+                        )
                     };
                     j += m;
                 }
@@ -690,6 +721,7 @@ fn block_body<const R: usize>(
                         jmax,
                         pv,
                         false,
+                        &mut t.ahead,
                     )
                 };
             } else {
@@ -705,6 +737,7 @@ fn block_body<const R: usize>(
                 }
             }
         }
+        t.ahead.finish();
         j0 += nb;
     }
 }

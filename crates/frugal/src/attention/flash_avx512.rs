@@ -13,6 +13,7 @@
 
 use std::arch::x86_64::*;
 
+use super::ahead::Ahead;
 use crate::kv::KvType;
 
 use super::flash::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx};
@@ -315,14 +316,16 @@ pub(super) unsafe fn weighted_values<const R: usize>(
     jn: usize,
     pv: &mut [f32],
     accumulate: bool,
+    ahead: &mut Ahead,
 ) {
+    let a = ahead;
     // SAFETY: forwarded (the caller has AVX-512 F).
     unsafe {
         match ty {
-            KvType::F32 => weighted::<F32Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
-            KvType::F16 => weighted::<F16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
-            KvType::Bf16 => weighted::<Bf16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
-            KvType::Q8_0 => weighted::<Q8Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
+            KvType::F32 => weighted::<F32Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate, a),
+            KvType::F16 => weighted::<F16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate, a),
+            KvType::Bf16 => weighted::<Bf16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate, a),
+            KvType::Q8_0 => weighted::<Q8Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate, a),
         }
     }
 }
@@ -338,6 +341,7 @@ unsafe fn weighted<L: Lanes16, const R: usize>(
     jn: usize,
     pv: &mut [f32],
     accumulate: bool,
+    ahead: &mut Ahead,
 ) {
     assert!(
         hd.is_multiple_of(16)
@@ -354,15 +358,15 @@ unsafe fn weighted<L: Lanes16, const R: usize>(
         while d0 < hd {
             match hd - d0 {
                 64.. => {
-                    weighted_w::<L, R, 4>(p, bc, v, stride, hd, jn, pv, accumulate, d0);
+                    weighted_w::<L, R, 4>(p, bc, v, stride, hd, jn, pv, accumulate, d0, ahead);
                     d0 += 64;
                 }
                 32.. => {
-                    weighted_w::<L, R, 2>(p, bc, v, stride, hd, jn, pv, accumulate, d0);
+                    weighted_w::<L, R, 2>(p, bc, v, stride, hd, jn, pv, accumulate, d0, ahead);
                     d0 += 32;
                 }
                 _ => {
-                    weighted_w::<L, R, 1>(p, bc, v, stride, hd, jn, pv, accumulate, d0);
+                    weighted_w::<L, R, 1>(p, bc, v, stride, hd, jn, pv, accumulate, d0, ahead);
                     d0 += 16;
                 }
             }
@@ -387,6 +391,7 @@ unsafe fn weighted_w<L: Lanes16, const R: usize, const W: usize>(
     pv: &mut [f32],
     accumulate: bool,
     d0: usize,
+    ahead: &mut Ahead,
 ) {
     let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), pv.as_mut_ptr());
     // SAFETY: reads values d0..d0 + 16 W <= hd of the row at byte j * stride of v with j < jn, and p[i * bc + j] with i < R, j < jn; reads and writes
@@ -401,6 +406,9 @@ unsafe fn weighted_w<L: Lanes16, const R: usize, const W: usize>(
             }
         }
         for j in 0..jn {
+            if d0 == 0 {
+                ahead.advance(1);
+            }
             let row = vp.add(j * stride);
             let vals: [__m512; W] = std::array::from_fn(|w| L::load16(row, d0 + 16 * w));
             for (i, ai) in a.iter_mut().enumerate() {
@@ -511,10 +519,11 @@ mod tests {
                         } else {
                             flash_x86::weighted_values::<R>
                         };
+                        let ahead = &mut super::Ahead::default();
                         // SAFETY: as above; the runs cover keys 0..split and split..jn.
                         unsafe {
                             if split > 0 {
-                                f(&p, bc, &v, stride, ty, hd, split, out, false);
+                                f(&p, bc, &v, stride, ty, hd, split, out, false, ahead);
                             }
                             f(
                                 &p[split..],
@@ -526,6 +535,7 @@ mod tests {
                                 jn - split,
                                 out,
                                 split > 0,
+                                ahead,
                             );
                         }
                     };

@@ -14,6 +14,7 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
+use super::ahead::Ahead;
 use super::q8_keys::{BLOCK_BYTES, KeyRows, QuantQueries};
 use crate::kv::Q8_0_BLOCK;
 
@@ -27,7 +28,7 @@ pub(super) const MAX_BLOCKS: usize = 16;
 /// `s[i][j] = score(query row0 + i, key j)` for `R` rows and keys `0..jn` of `keys`, into `s`
 /// (`R x bc`, `bc` a multiple of 8), with the bits of `q8_keys::scores`. Eight keys per round;
 /// columns past `jn` up to the next multiple of 8 hold scores of whatever key stands in for
-/// them and must be ignored.
+/// them and must be ignored. Each round of keys reports to `ahead`.
 ///
 /// # Safety
 /// The CPU has AVX2 and F16C.
@@ -41,6 +42,7 @@ pub(super) unsafe fn scores_q8<const R: usize>(
     jn: usize,
     bc: usize,
     s: &mut [f32],
+    ahead: &mut Ahead,
 ) {
     let nb = hd / Q8_0_BLOCK;
     assert!(
@@ -67,6 +69,7 @@ pub(super) unsafe fn scores_q8<const R: usize>(
             // Keys past `jn` repeat key j: real bytes, scores to be ignored.
             let ptrs: [*const u8; KEYS] =
                 std::array::from_fn(|t| keys.ptr(if j + t < jn { j + t } else { j }));
+            ahead.advance(KEYS.min(jn - j));
             for (b, wb) in wide[..nb].iter_mut().enumerate() {
                 for (w, p) in wb.iter_mut().zip(&ptrs) {
                     let at = p.add(b * BLOCK_BYTES + 2);

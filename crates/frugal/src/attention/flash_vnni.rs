@@ -12,6 +12,7 @@
 
 use std::arch::x86_64::*;
 
+use super::ahead::Ahead;
 use super::q8_keys::{BLOCK_BYTES, KeyRows, QuantQueries};
 use crate::kv::Q8_0_BLOCK;
 
@@ -80,7 +81,7 @@ unsafe fn transposed_block(ptrs: &[*const u8; 16], b: usize) -> [__m512i; 8] {
 /// `s[i][j] = score(query row0 + i, key j)` for `R` rows and keys `0..jn` of `keys`, into `s`
 /// (`R x bc`), with the bits of `q8_keys::scores`. Sixteen keys per
 /// round; columns past `jn` up to the next multiple of 16 (or the tile's end) hold scores of
-/// whatever key stands in for them and must be ignored.
+/// whatever key stands in for them and must be ignored. Each round of keys reports to `ahead`.
 ///
 /// # Safety
 /// The CPU has what [`available`] checks.
@@ -94,6 +95,7 @@ pub(super) unsafe fn scores_q8<const R: usize>(
     jn: usize,
     bc: usize,
     s: &mut [f32],
+    ahead: &mut Ahead,
 ) {
     let nb = hd / Q8_0_BLOCK;
     assert!(
@@ -116,6 +118,7 @@ pub(super) unsafe fn scores_q8<const R: usize>(
             // Keys past `jn` repeat key j: real bytes, scores to be ignored.
             let ptrs: [*const u8; 16] =
                 std::array::from_fn(|t| keys.ptr(if j + t < jn { j + t } else { j }));
+            ahead.advance(16.min(jn - j));
             let mut acc = [_mm512_setzero_ps(); R];
             for b in 0..nb {
                 let mut sc = [0u16; 16];

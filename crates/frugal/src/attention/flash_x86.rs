@@ -11,6 +11,7 @@
 
 use std::arch::x86_64::*;
 
+use super::ahead::Ahead;
 use crate::kv::{KvType, Q8_0_BLOCK};
 
 use super::flash::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx};
@@ -288,14 +289,16 @@ pub(super) unsafe fn weighted_values<const R: usize>(
     jn: usize,
     pv: &mut [f32],
     accumulate: bool,
+    ahead: &mut Ahead,
 ) {
+    let a = ahead;
     // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
     unsafe {
         match ty {
-            KvType::F32 => weighted::<F32Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
-            KvType::F16 => weighted::<F16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
-            KvType::Bf16 => weighted::<Bf16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
-            KvType::Q8_0 => weighted::<Q8Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate),
+            KvType::F32 => weighted::<F32Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate, a),
+            KvType::F16 => weighted::<F16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate, a),
+            KvType::Bf16 => weighted::<Bf16Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate, a),
+            KvType::Q8_0 => weighted::<Q8Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate, a),
         }
     }
 }
@@ -311,6 +314,7 @@ unsafe fn weighted<L: Lanes, const R: usize>(
     jn: usize,
     pv: &mut [f32],
     accumulate: bool,
+    ahead: &mut Ahead,
 ) {
     assert!(
         hd.is_multiple_of(16)
@@ -335,6 +339,9 @@ unsafe fn weighted<L: Lanes, const R: usize>(
                 }
             }
             for j in 0..jn {
+                if d0 == 0 {
+                    ahead.advance(1);
+                }
                 let row = vp.add(j * stride);
                 let [v0, v1] = L::load16(row, d0);
                 for (i, ai) in a.iter_mut().enumerate() {
@@ -368,18 +375,21 @@ pub(super) unsafe fn transpose_rows(
     kt: &mut [f32],
     bc: usize,
     j0: usize,
+    ahead: &mut Ahead,
 ) {
+    let a = ahead;
     // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
     unsafe {
         match ty {
-            KvType::F32 => transpose::<F32Lanes>(src, stride, m, hd, kt, bc, j0),
-            KvType::F16 => transpose::<F16Lanes>(src, stride, m, hd, kt, bc, j0),
-            KvType::Bf16 => transpose::<Bf16Lanes>(src, stride, m, hd, kt, bc, j0),
-            KvType::Q8_0 => transpose::<Q8Lanes>(src, stride, m, hd, kt, bc, j0),
+            KvType::F32 => transpose::<F32Lanes>(src, stride, m, hd, kt, bc, j0, a),
+            KvType::F16 => transpose::<F16Lanes>(src, stride, m, hd, kt, bc, j0, a),
+            KvType::Bf16 => transpose::<Bf16Lanes>(src, stride, m, hd, kt, bc, j0, a),
+            KvType::Q8_0 => transpose::<Q8Lanes>(src, stride, m, hd, kt, bc, j0, a),
         }
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn transpose<L: Lanes>(
     src: &[u8],
@@ -389,6 +399,7 @@ unsafe fn transpose<L: Lanes>(
     kt: &mut [f32],
     bc: usize,
     j0: usize,
+    ahead: &mut Ahead,
 ) {
     assert!(
         hd.is_multiple_of(8)
@@ -406,6 +417,7 @@ unsafe fn transpose<L: Lanes>(
         let row = |j: usize| sp.add(j * stride);
         let mut j = 0;
         while j + 8 <= m {
+            ahead.advance(8);
             for c0 in (0..hd).step_by(8) {
                 let r: [__m256; 8] = std::array::from_fn(|i| L::load8(row(j + i), c0));
                 let t: [__m256; 8] = std::array::from_fn(|i| {
@@ -440,6 +452,7 @@ unsafe fn transpose<L: Lanes>(
         // The last rows one at a time, eight columns per load, scattered down the columns.
         let mut lanes = [0f32; 8];
         for jj in j..m {
+            ahead.advance(1);
             for c0 in (0..hd).step_by(8) {
                 _mm256_storeu_ps(lanes.as_mut_ptr(), L::load8(row(jj), c0));
                 for (c, &x) in lanes.iter().enumerate() {

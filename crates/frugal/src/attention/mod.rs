@@ -21,6 +21,7 @@
 //! dot products (`q8_keys`): the keys already carry 8 bits, and the integer path is what makes
 //! such a cache cheap to read at long context.
 
+mod ahead;
 mod flash;
 #[cfg(target_arch = "x86_64")]
 mod flash_avx512;

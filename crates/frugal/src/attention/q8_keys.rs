@@ -241,10 +241,19 @@ pub(super) fn scores<const R: usize>(
     }
 }
 
-/// A kernel of [`scores`]' signature, for [`check_kernel_bits`].
+/// A SIMD kernel of [`scores`]' signature (plus the next tile's prefetches), for
+/// [`check_kernel_bits`].
 #[cfg(all(test, target_arch = "x86_64"))]
-pub(super) type ScoresKernel<const R: usize> =
-    unsafe fn(&QuantQueries, usize, usize, &KeyRows, usize, usize, &mut [f32]);
+pub(super) type ScoresKernel<const R: usize> = unsafe fn(
+    &QuantQueries,
+    usize,
+    usize,
+    &KeyRows,
+    usize,
+    usize,
+    &mut [f32],
+    &mut super::ahead::Ahead,
+);
 
 /// Random queries and keys (head dims 32 to 192, tiles of several widths, `jn` anywhere in the
 /// tile, large and tiny scales, one key holding both ends of the byte range, -128 included):
@@ -294,8 +303,9 @@ pub(super) fn check_kernel_bits(seed: u64, k4: ScoresKernel<4>, k3: ScoresKernel
                     scores::<4>(&qq, row0, hd, &keys, jn, bc, &mut want);
                     // SAFETY: the caller checked the kernels' CPU features.
                     unsafe {
-                        k4(&qq, row0, hd, &keys, jn, bc, &mut got);
-                        k3(&qq, row0, hd, &keys, jn, bc, &mut got3);
+                        let ahead = &mut super::ahead::Ahead::default();
+                        k4(&qq, row0, hd, &keys, jn, bc, &mut got, ahead);
+                        k3(&qq, row0, hd, &keys, jn, bc, &mut got3, ahead);
                     }
                     for i in 0..4 {
                         for j in 0..jn {

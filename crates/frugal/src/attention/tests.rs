@@ -19,6 +19,7 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::ahead::Ahead;
 use super::flash::flash_with;
 use super::*;
 use crate::kv::{CacheShape, KvFormat, KvPool, KvSequence, KvType};
@@ -305,6 +306,7 @@ fn simd_loops_match<const R: usize>() {
                     jn,
                     &mut pb,
                     false,
+                    &mut Ahead::default(),
                 )
             };
             for (x, y) in pa.iter().zip(&pb) {
@@ -337,6 +339,7 @@ fn simd_loops_match<const R: usize>() {
                         split,
                         &mut pc,
                         false,
+                        &mut Ahead::default(),
                     );
                 }
                 flash_x86::weighted_values::<R>(
@@ -349,6 +352,7 @@ fn simd_loops_match<const R: usize>() {
                     jn - split,
                     &mut pc,
                     split > 0,
+                    &mut Ahead::default(),
                 );
             }
             assert_eq!(pb, pc, "values in two strided runs");
@@ -366,6 +370,7 @@ fn simd_loops_match<const R: usize>() {
                         &mut kt_simd,
                         bc,
                         0,
+                        &mut Ahead::default(),
                     );
                 }
                 flash_x86::transpose_rows(
@@ -377,6 +382,7 @@ fn simd_loops_match<const R: usize>() {
                     &mut kt_simd,
                     bc,
                     split,
+                    &mut Ahead::default(),
                 );
             }
             for j in 0..jn {
@@ -709,7 +715,9 @@ fn flash_window_matches_naive() {
 
 /// Rows computed three at a time (GQA groups of three) get the same bits as when computed
 /// four at a time: each row's sums run in the same order whatever the row count, so the
-/// choice in `flash::block` changes speed only.
+/// choice in `flash::block` changes speed only. Up to three rows weigh values 32 dimensions a
+/// pass where four take 16, so this also holds the wide pass to the narrow one's bits (head
+/// dimension 48 takes the narrow pass for both).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn three_and_four_rows_at_a_time_give_the_same_bits() {
@@ -721,43 +729,93 @@ fn three_and_four_rows_at_a_time_give_the_same_bits() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(9);
-    let (hd, bc, jn) = (64, 64, 57);
-    let q = random(4 * hd, 1.0, &mut rng);
-    let kt = random(hd * bc, 1.0, &mut rng);
-    let v = f32_bytes(&random(bc * hd, 1.0, &mut rng)).to_vec();
-    let p: Vec<f32> = random(4 * bc, 1.0, &mut rng)
-        .iter()
-        .map(|x| x.abs())
-        .collect();
-    let (mut s4, mut s3) = (vec![0f32; 4 * bc], vec![0f32; 3 * bc]);
-    let (mut o4, mut o3) = (vec![0f32; 4 * hd], vec![0f32; 3 * hd]);
-    // SAFETY: features checked above.
-    unsafe {
-        flash_x86::scores::<4>(&q, &kt, bc, jn, &mut s4);
-        flash_x86::scores::<3>(&q[..3 * hd], &kt, bc, jn, &mut s3);
-        flash_x86::weighted_values::<4>(&p, bc, &v, 4 * hd, KvType::F32, hd, jn, &mut o4, false);
-        flash_x86::weighted_values::<3>(&p, bc, &v, 4 * hd, KvType::F32, hd, jn, &mut o3, false);
-    }
-    for i in 0..3 {
-        let (a, b) = (&s4[i * bc..i * bc + jn], &s3[i * bc..i * bc + jn]);
+    for (hd, bc, jn) in [(64, 64, 57), (32, 64, 64), (48, 40, 33), (128, 32, 1)] {
+        let q = random(4 * hd, 1.0, &mut rng);
+        let kt = random(hd * bc, 1.0, &mut rng);
+        let v = f32_bytes(&random(bc * hd, 1.0, &mut rng)).to_vec();
+        let p: Vec<f32> = random(4 * bc, 1.0, &mut rng)
+            .iter()
+            .map(|x| x.abs())
+            .collect();
+        let (mut s4, mut s3) = (vec![0f32; 4 * bc], vec![0f32; 3 * bc]);
+        let (mut o4, mut o3) = (vec![0f32; 4 * hd], vec![0f32; 3 * hd]);
+        // SAFETY: features checked above.
+        unsafe {
+            flash_x86::scores::<4>(&q, &kt, bc, jn, &mut s4);
+            flash_x86::scores::<3>(&q[..3 * hd], &kt, bc, jn, &mut s3);
+            let w4 = flash_x86::weighted_values::<4>;
+            let w3 = flash_x86::weighted_values::<3>;
+            w4(
+                &p,
+                bc,
+                &v,
+                4 * hd,
+                KvType::F32,
+                hd,
+                jn,
+                &mut o4,
+                false,
+                &mut Ahead::default(),
+            );
+            w3(
+                &p,
+                bc,
+                &v,
+                4 * hd,
+                KvType::F32,
+                hd,
+                jn,
+                &mut o3,
+                false,
+                &mut Ahead::default(),
+            );
+            // A second run of keys continuing the sums (a paged cache's next block).
+            w4(
+                &p,
+                bc,
+                &v,
+                4 * hd,
+                KvType::F32,
+                hd,
+                jn,
+                &mut o4,
+                true,
+                &mut Ahead::default(),
+            );
+            w3(
+                &p,
+                bc,
+                &v,
+                4 * hd,
+                KvType::F32,
+                hd,
+                jn,
+                &mut o3,
+                true,
+                &mut Ahead::default(),
+            );
+        }
+        for i in 0..3 {
+            let (a, b) = (&s4[i * bc..i * bc + jn], &s3[i * bc..i * bc + jn]);
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "hd {hd}: scores row {i}"
+            );
+        }
         assert!(
-            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "scores row {i}"
+            o4[..3 * hd]
+                .iter()
+                .zip(&o3)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "hd {hd}: weighted values"
         );
     }
-    assert!(
-        o4[..3 * hd]
-            .iter()
-            .zip(&o3)
-            .all(|(x, y)| x.to_bits() == y.to_bits()),
-        "weighted values"
-    );
 }
 
 /// The signature both instruction sets' weighted-value loops share.
 #[cfg(target_arch = "x86_64")]
 type WeightedValues =
-    unsafe fn(&[f32], usize, &[u8], usize, KvType, usize, usize, &mut [f32], bool);
+    unsafe fn(&[f32], usize, &[u8], usize, KvType, usize, usize, &mut [f32], bool, &mut Ahead);
 
 /// Q8_0 values weighed where they lie give the bits of the same loop over the tile decoded to
 /// f32 first (how more rows read them), in one run or two, in the AVX2 and AVX-512 loops.
@@ -814,9 +872,21 @@ fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
                         jn,
                         &mut want,
                         false,
+                        &mut Ahead::default(),
                     );
                     if split > 0 {
-                        weighted(&p, bc, &v, stride, KvType::Q8_0, hd, split, &mut got, false);
+                        weighted(
+                            &p,
+                            bc,
+                            &v,
+                            stride,
+                            KvType::Q8_0,
+                            hd,
+                            split,
+                            &mut got,
+                            false,
+                            &mut Ahead::default(),
+                        );
                     }
                     let rest = &v[split * stride..];
                     weighted(
@@ -829,6 +899,7 @@ fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
                         jn - split,
                         &mut got,
                         split > 0,
+                        &mut Ahead::default(),
                     );
                 }
                 let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();

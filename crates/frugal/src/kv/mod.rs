@@ -509,40 +509,44 @@ impl<'a> KvView<'a> {
     #[inline]
     pub fn prefetch_head(&self, head: usize, head_dim: usize, start: usize, n: usize) {
         #[cfg(target_arch = "x86_64")]
-        {
-            let hb = self.ty.bytes(head_dim);
-            let mut done = 0;
-            while done < n {
-                let (bytes, stride, m) = self.head_run(head, head_dim, start + done, n - done);
-                // A run whose heads lie back to back (a per-head region) is one span of bytes:
-                // each of its cache lines once, where row by row a head that is not a whole
-                // number of lines (68 bytes for a Q8_0 head of 64) would ask for most twice.
-                let (spans, span_bytes, span_stride) = if stride == hb {
-                    (1, m * hb, 0)
-                } else {
-                    (m, hb, stride)
-                };
-                for r in 0..spans {
-                    let span = &bytes[r * span_stride..][..span_bytes];
-                    // Every 64 bytes from the start, and the last byte when it lies on a line
-                    // after the last of those (a span that does not start on a line).
-                    let last = span.len() - 1;
-                    let tail = (span.as_ptr() as usize % 64 + last % 64 >= 64).then_some(last);
-                    for at in (0..span.len()).step_by(64).chain(tail) {
-                        // SAFETY: prefetching is a hint that never faults; the address is
-                        // inside `span` anyway.
-                        unsafe {
-                            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                                span.as_ptr().add(at).cast(),
-                            )
-                        };
-                    }
+        self.head_spans(head, head_dim, start, n, |span| {
+            for line in cache_lines(span) {
+                // SAFETY: prefetching is a hint that never faults; the line is the span's anyway.
+                unsafe {
+                    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+                    _mm_prefetch::<_MM_HINT_T1>(std::ptr::without_provenance(line * 64))
                 }
-                done += m;
             }
-        }
+        });
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (head, head_dim, start, n);
+    }
+
+    /// Calls `f` with the bytes of head `head` of rows `start..start+n`, one span per run of
+    /// rows whose heads lie back to back (a per-head region: a whole run at once, so a head that
+    /// is not a whole number of lines, 68 bytes for a Q8_0 head of 64, shares its lines with
+    /// its neighbours rather than asking for them twice), else one per row.
+    pub fn head_spans(
+        &self,
+        head: usize,
+        head_dim: usize,
+        start: usize,
+        n: usize,
+        mut f: impl FnMut(&'a [u8]),
+    ) {
+        let hb = self.ty.bytes(head_dim);
+        let mut done = 0;
+        while done < n {
+            let (bytes, stride, m) = self.head_run(head, head_dim, start + done, n - done);
+            if stride == hb {
+                f(&bytes[..m * hb]);
+            } else {
+                for r in 0..m {
+                    f(&bytes[r * stride..][..hb]);
+                }
+            }
+            done += m;
+        }
     }
 
     /// Decodes head `head` (of `head_dim` values) of rows `start..start+n` into `out`
@@ -718,4 +722,10 @@ impl KvSequence for SeqCache {
             SeqCache::Paged { pool, seq } => pool.rewind_floor(*seq),
         }
     }
+}
+
+/// The indices (address / 64) of the cache lines `span` touches.
+pub fn cache_lines(span: &[u8]) -> std::ops::Range<usize> {
+    let at = span.as_ptr() as usize;
+    at / 64..(at + span.len()).div_ceil(64)
 }
