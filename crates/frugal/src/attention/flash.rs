@@ -574,36 +574,23 @@ fn block_body<const R: usize>(
             if k_q8 {
                 let keys = &key_rows;
                 #[cfg(target_arch = "x86_64")]
-                if job.vnni {
-                    // SAFETY: `vnni` is only set when the CPU has what the kernel needs.
-                    unsafe {
-                        super::flash_vnni::scores_q8::<R>(
-                            &t.qq,
-                            rb,
-                            hd,
-                            keys,
-                            jmax,
-                            bc,
-                            sb,
-                            &mut t.ahead,
-                        )
+                {
+                    let simd = if job.vnni {
+                        Some(super::flash_vnni::scores_q8::<R> as q8_keys::ScoresKernel<R>)
+                    } else if fast && hd <= super::flash_q8_avx2::MAX_BLOCKS * crate::kv::Q8_0_BLOCK
+                    {
+                        Some(super::flash_q8_avx2::scores_q8::<R> as q8_keys::ScoresKernel<R>)
+                    } else {
+                        None
                     };
-                } else if fast && hd <= super::flash_q8_avx2::MAX_BLOCKS * crate::kv::Q8_0_BLOCK {
-                    // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
-                    unsafe {
-                        super::flash_q8_avx2::scores_q8::<R>(
-                            &t.qq,
-                            rb,
-                            hd,
-                            keys,
-                            jmax,
-                            bc,
-                            sb,
-                            &mut t.ahead,
-                        )
-                    };
-                } else {
-                    q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);
+                    match simd {
+                        // SAFETY: `vnni` is only set when the CPU has what that kernel needs;
+                        // `fast` implies AVX2, FMA and F16C.
+                        Some(kernel) => unsafe {
+                            kernel(&t.qq, rb, hd, keys, jmax, bc, sb, &mut t.ahead)
+                        },
+                        None => q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb),
+                    }
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);

@@ -241,9 +241,9 @@ pub(super) fn scores<const R: usize>(
     }
 }
 
-/// A SIMD kernel of [`scores`]' signature (plus the next tile's prefetches), for
-/// [`check_kernel_bits`].
-#[cfg(all(test, target_arch = "x86_64"))]
+/// A SIMD kernel of [`scores`]' signature (plus the next tile's prefetches): what
+/// `flash::block_body` dispatches to and [`check_kernel_bits`] checks.
+#[cfg(target_arch = "x86_64")]
 pub(super) type ScoresKernel<const R: usize> = unsafe fn(
     &QuantQueries,
     usize,

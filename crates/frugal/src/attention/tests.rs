@@ -743,57 +743,35 @@ fn three_and_four_rows_at_a_time_give_the_same_bits() {
         unsafe {
             flash_x86::scores::<4>(&q, &kt, bc, jn, &mut s4);
             flash_x86::scores::<3>(&q[..3 * hd], &kt, bc, jn, &mut s3);
-            let w4 = flash_x86::weighted_values::<4>;
-            let w3 = flash_x86::weighted_values::<3>;
-            w4(
-                &p,
-                bc,
-                &v,
-                4 * hd,
-                KvType::F32,
-                hd,
-                jn,
-                &mut o4,
-                false,
-                &mut Ahead::default(),
-            );
-            w3(
-                &p,
-                bc,
-                &v,
-                4 * hd,
-                KvType::F32,
-                hd,
-                jn,
-                &mut o3,
-                false,
-                &mut Ahead::default(),
-            );
-            // A second run of keys continuing the sums (a paged cache's next block).
-            w4(
-                &p,
-                bc,
-                &v,
-                4 * hd,
-                KvType::F32,
-                hd,
-                jn,
-                &mut o4,
-                true,
-                &mut Ahead::default(),
-            );
-            w3(
-                &p,
-                bc,
-                &v,
-                4 * hd,
-                KvType::F32,
-                hd,
-                jn,
-                &mut o3,
-                true,
-                &mut Ahead::default(),
-            );
+            // A second run of keys continues the sums (a paged cache's next block).
+            for accumulate in [false, true] {
+                let ahead = &mut Ahead::default();
+                let f32v = KvType::F32;
+                flash_x86::weighted_values::<4>(
+                    &p,
+                    bc,
+                    &v,
+                    4 * hd,
+                    f32v,
+                    hd,
+                    jn,
+                    &mut o4,
+                    accumulate,
+                    ahead,
+                );
+                flash_x86::weighted_values::<3>(
+                    &p,
+                    bc,
+                    &v,
+                    4 * hd,
+                    f32v,
+                    hd,
+                    jn,
+                    &mut o3,
+                    accumulate,
+                    ahead,
+                );
+            }
         }
         for i in 0..3 {
             let (a, b) = (&s4[i * bc..i * bc + jn], &s3[i * bc..i * bc + jn]);
