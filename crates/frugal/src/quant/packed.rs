@@ -31,7 +31,7 @@ use rayon::prelude::*;
 
 use super::act::{PairActs, PairRow, Q8Acts, Q8Row, WideActs, WidePairActs, WidePairRow, WideRow};
 use super::kernels;
-use super::matmul::par_row_groups;
+use super::matmul::{RowsOut, par_row_groups};
 use super::unit::{UNIT, Unit, has_units, int_of, unit, unit_dot};
 use super::{GgmlType, QuantError, WeightMatrix, f16_to_f32};
 
@@ -410,21 +410,38 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
             let group = w.group(r0 / GROUP + gi);
             let mut t = 0;
             while t + TOKENS_PER_CALL <= n {
-                let xs: [A::Row<'_>; TOKENS_PER_CALL] = std::array::from_fn(|i| x.row(t + i));
-                let mut o = [[0f32; GROUP]; TOKENS_PER_CALL];
-                A::dot(isa, w.ty, group, &xs, &mut o);
-                for (dt, ot) in o.iter().enumerate() {
-                    out.put(t + dt, gi * GROUP, ot);
-                }
+                dot_tokens::<A, TOKENS_PER_CALL>(isa, w.ty, group, x, t, gi, out);
                 t += TOKENS_PER_CALL;
             }
-            for t in t..n {
-                let mut o = [[0f32; GROUP]; 1];
-                A::dot(isa, w.ty, group, &[x.row(t)], &mut o);
-                out.put(t, gi * GROUP, &o[0]);
+            // The last one to three tokens in one call too, so their unpacked weights are
+            // shared as well (a verification pass is usually that short).
+            match n - t {
+                0 => {}
+                1 => dot_tokens::<A, 1>(isa, w.ty, group, x, t, gi, out),
+                2 => dot_tokens::<A, 2>(isa, w.ty, group, x, t, gi, out),
+                3 => dot_tokens::<A, 3>(isa, w.ty, group, x, t, gi, out),
+                _ => unreachable!("fewer than TOKENS_PER_CALL tokens remain"),
             }
         }
     });
+}
+
+/// Tokens `t..t + T` of `x` times packed group `gi` of the task, written to `out`.
+fn dot_tokens<A: PackedActs, const T: usize>(
+    isa: kernels::Isa,
+    ty: GgmlType,
+    group: &[u8],
+    x: &A,
+    t: usize,
+    gi: usize,
+    out: &mut RowsOut,
+) {
+    let xs: [A::Row<'_>; T] = std::array::from_fn(|i| x.row(t + i));
+    let mut o = [[0f32; GROUP]; T];
+    A::dot(isa, ty, group, &xs, &mut o);
+    for (dt, ot) in o.iter().enumerate() {
+        out.put(t + dt, gi * GROUP, ot);
+    }
 }
 
 thread_local! {
@@ -571,11 +588,8 @@ struct PairCall<'r, 'a, R> {
 
 impl<R: Copy> PairCall<'_, '_, R> {
     /// Runs the call and writes its outputs into `out` (the tail token is row `n - 1`).
-    fn run<'x, I, const P: usize>(
-        &self,
-        tail: Option<I::Single<'_>>,
-        out: &mut super::matmul::RowsOut,
-    ) where
+    fn run<'x, I, const P: usize>(&self, tail: Option<I::Single<'_>>, out: &mut RowsOut)
+    where
         I: Interleaved<Row<'x> = R> + 'x,
     {
         let xs: &[R; P] = self.rows[self.p..self.p + P].try_into().expect("P pairs");
@@ -722,6 +736,61 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// However many tokens one product takes (four per call, then one call of one to three),
+    /// every token gets the bits of its one-token product, for every format and for 15-bit
+    /// activations: a verification pass must score its rows exactly as decode steps would.
+    #[test]
+    fn every_token_count_gives_the_one_token_bits() {
+        let (rows, cols) = (13, 512);
+        let wf = weights(rows * cols);
+        let x: Vec<f32> = (0..9 * cols)
+            .map(|i| ((i * 11 % 19) as f32 - 9.0) / 3.0 + (i % 5) as f32 * 0.01)
+            .collect();
+        let bits = |y: &[f32]| y.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for n in 1..=9 {
+            let x = &x[..n * cols];
+            let mut acts = Q8Acts::default();
+            acts.quantize(x, cols);
+            for ty in FORMATS {
+                let data = quantize(ty, &wf).unwrap();
+                let p =
+                    PackedMatrix::pack(&WeightMatrix::new(ty, rows, cols, &data).unwrap()).unwrap();
+                let mut y = vec![0f32; n * rows];
+                matmul_packed(&p, &acts, &mut y);
+                for t in 0..n {
+                    let mut one = Q8Acts::default();
+                    one.quantize(&x[t * cols..(t + 1) * cols], cols);
+                    let mut yt = vec![0f32; rows];
+                    matmul_packed(&p, &one, &mut yt);
+                    assert_eq!(
+                        bits(&y[t * rows..(t + 1) * rows]),
+                        bits(&yt),
+                        "{ty} n{n} t{t}"
+                    );
+                }
+            }
+            let data = quantize(GgmlType::Q8_0, &wf).unwrap();
+            let p =
+                PackedMatrix::pack(&WeightMatrix::new(GgmlType::Q8_0, rows, cols, &data).unwrap())
+                    .unwrap();
+            let mut wide = WideActs::default();
+            wide.quantize(x, cols);
+            let mut y = vec![0f32; n * rows];
+            matmul_packed(&p, &wide, &mut y);
+            for t in 0..n {
+                let mut one = WideActs::default();
+                one.quantize(&x[t * cols..(t + 1) * cols], cols);
+                let mut yt = vec![0f32; rows];
+                matmul_packed(&p, &one, &mut yt);
+                assert_eq!(
+                    bits(&y[t * rows..(t + 1) * rows]),
+                    bits(&yt),
+                    "wide n{n} t{t}"
+                );
             }
         }
     }

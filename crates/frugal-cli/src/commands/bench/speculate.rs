@@ -248,7 +248,7 @@ pub fn run(a: Args) -> Result<()> {
         let text = template.render(&[Message::new("user", p)], true)?;
         Ok(tok.encode(&text, true)?)
     };
-    let costs = pass_costs(&model, &a, &[1, 2, 3, 5, 9, 17])?;
+    let costs = pass_costs(&model, &a, &[1, 2, 3, 4, 5, 6, 7, 9, 17])?;
     if !a.output.json {
         println!("cost of one target pass over R tokens, relative to a one-token decode step:");
         println!();

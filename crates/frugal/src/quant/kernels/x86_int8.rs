@@ -145,15 +145,32 @@ unsafe fn halves(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p as *const __m128i) })
 }
 
-/// Prefetch hints for `len` bytes starting `PREFETCH` ahead of `p` (never fault).
+/// Prefetch hints for every cache line that `[p, p + len)` touches, `PREFETCH` bytes ahead
+/// (never fault). Callers walk a group's bytes as consecutive ranges, so every line of the
+/// stream is asked for: a hint per 64 bytes from a range's start (as this used to be, per
+/// unit and skipping the column headers) left one line in five of a Q4_1 group to a demand
+/// miss, and a decode step stalled on those loads.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn prefetch_ahead(p: *const u8, len: usize) {
+fn prefetch_lines(p: *const u8, len: usize) {
+    let ahead = p.wrapping_add(PREFETCH);
+    let skew = ahead as usize % 64;
     let mut at = 0;
-    while at < len {
-        _mm_prefetch(p.wrapping_add(PREFETCH + at) as *const i8, _MM_HINT_T0);
+    while at < skew + len {
+        _mm_prefetch(
+            ahead.wrapping_sub(skew).wrapping_add(at) as *const i8,
+            _MM_HINT_T0,
+        );
         at += 64;
     }
+}
+
+/// The bytes of column `blk` (`col` bytes, `units` units) whose lines unit `u` asks for: an
+/// even share, so a column of many units (Q4_K, Q6_K) is not asked for in one burst.
+#[inline]
+fn unit_share(blk: *const u8, col: usize, units: usize, u: usize) -> (*const u8, usize) {
+    let (a, b) = (u * col / units, (u + 1) * col / units);
+    (blk.wrapping_add(a), b - a)
 }
 
 /// The packed formats, indexed by the kernels' const parameter so each format gets its own
@@ -192,7 +209,7 @@ macro_rules! dot_packed_kernel {
                     let blk = base.add(c * col);
                     let d8 = halves(blk);
                     let data = blk.add(l.head);
-                    prefetch_ahead(data, l.unit);
+                    prefetch_lines(blk, col);
                     let w: [__m256i; 8] = std::array::from_fn(|i| {
                         _mm256_loadu_si256(data.add(32 * i) as *const __m256i)
                     });
@@ -351,7 +368,8 @@ macro_rules! dot_packed_kernel {
                     };
                     for u in 0..units {
                         let data = blk.add(l.head + u * l.unit);
-                        prefetch_ahead(data, l.unit);
+                        let (share, len) = unit_share(blk, col, units, u);
+                        prefetch_lines(share, len);
                         let b = c * units + u;
                         let mut w = if ty == GgmlType::Q8_0 {
                             std::array::from_fn(|i| {
@@ -564,7 +582,8 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
             };
             for u in 0..units {
                 let data = blk.add(l.head + u * l.unit);
-                prefetch_ahead(data, l.unit);
+                let (share, len) = unit_share(blk, col, units, u);
+                prefetch_lines(share, len);
                 let b = c * units + u;
                 let mut w = nibbles(data);
                 if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
@@ -674,7 +693,7 @@ pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
             let d8y = halves(blk);
             let d8 = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(d8y));
             let data = blk.add(l.head);
-            prefetch_ahead(data, l.unit);
+            prefetch_lines(blk, col);
             let wb: [__m256i; 8] = std::array::from_fn(|i| {
                 let w = _mm256_loadu_si256(data.add(32 * i) as *const __m256i);
                 _mm256_xor_si256(w, _mm256_set1_epi8(-128))
