@@ -750,48 +750,41 @@ mod tests {
         let x: Vec<f32> = (0..9 * cols)
             .map(|i| ((i * 11 % 19) as f32 - 9.0) / 3.0 + (i % 5) as f32 * 0.01)
             .collect();
-        let bits = |y: &[f32]| y.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let pack = |ty| {
+            let data = quantize(ty, &wf).unwrap();
+            PackedMatrix::pack(&WeightMatrix::new(ty, rows, cols, &data).unwrap()).unwrap()
+        };
         for n in 1..=9 {
             let x = &x[..n * cols];
-            let mut acts = Q8Acts::default();
-            acts.quantize(x, cols);
             for ty in FORMATS {
-                let data = quantize(ty, &wf).unwrap();
-                let p =
-                    PackedMatrix::pack(&WeightMatrix::new(ty, rows, cols, &data).unwrap()).unwrap();
-                let mut y = vec![0f32; n * rows];
-                matmul_packed(&p, &acts, &mut y);
-                for t in 0..n {
-                    let mut one = Q8Acts::default();
-                    one.quantize(&x[t * cols..(t + 1) * cols], cols);
-                    let mut yt = vec![0f32; rows];
-                    matmul_packed(&p, &one, &mut yt);
-                    assert_eq!(
-                        bits(&y[t * rows..(t + 1) * rows]),
-                        bits(&yt),
-                        "{ty} n{n} t{t}"
-                    );
-                }
+                same_bits_as_one_token(&pack(ty), x, cols, Q8Acts::quantize, &format!("{ty}"));
             }
-            let data = quantize(GgmlType::Q8_0, &wf).unwrap();
-            let p =
-                PackedMatrix::pack(&WeightMatrix::new(GgmlType::Q8_0, rows, cols, &data).unwrap())
-                    .unwrap();
-            let mut wide = WideActs::default();
-            wide.quantize(x, cols);
-            let mut y = vec![0f32; n * rows];
-            matmul_packed(&p, &wide, &mut y);
-            for t in 0..n {
-                let mut one = WideActs::default();
-                one.quantize(&x[t * cols..(t + 1) * cols], cols);
-                let mut yt = vec![0f32; rows];
-                matmul_packed(&p, &one, &mut yt);
-                assert_eq!(
-                    bits(&y[t * rows..(t + 1) * rows]),
-                    bits(&yt),
-                    "wide n{n} t{t}"
-                );
-            }
+            same_bits_as_one_token(&pack(GgmlType::Q8_0), x, cols, WideActs::quantize, "wide");
+        }
+    }
+
+    /// Asserts that every token of `x` (rows of `cols`), multiplied by `p` together with the
+    /// others, gets the bits of its product alone; `quantize` makes the activations.
+    fn same_bits_as_one_token<A: PackedActs + Default>(
+        p: &PackedMatrix,
+        x: &[f32],
+        cols: usize,
+        quantize: fn(&mut A, &[f32], usize),
+        what: &str,
+    ) {
+        let (n, rows) = (x.len() / cols, p.rows);
+        let bits = |y: &[f32]| y.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let mut acts = A::default();
+        quantize(&mut acts, x, cols);
+        let mut y = vec![0f32; n * rows];
+        matmul_packed(p, &acts, &mut y);
+        for t in 0..n {
+            let mut one = A::default();
+            quantize(&mut one, &x[t * cols..(t + 1) * cols], cols);
+            let mut yt = vec![0f32; rows];
+            matmul_packed(p, &one, &mut yt);
+            let got = bits(&y[t * rows..(t + 1) * rows]);
+            assert_eq!(got, bits(&yt), "{what} n{n} t{t}");
         }
     }
 
