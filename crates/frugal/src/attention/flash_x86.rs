@@ -17,7 +17,8 @@ use crate::kv::{KvType, Q8_0_BLOCK};
 use super::flash::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx};
 
 /// `s[i][j] = q_i . k_j` for `R` rows and keys `0..jn` of a transposed tile (`kt[c * bc + j]`),
-/// sixteen (or eight) keys by `R` rows in registers: each key vector loaded serves `R` rows.
+/// twenty-four, sixteen or eight keys by `R` rows in registers: each key vector loaded serves `R`
+/// rows, and each score is one chain of multiply-adds over the dimensions in order.
 /// Columns past `jn` up to the next multiple of 8 are computed on whatever the tile holds there.
 ///
 /// # Safety
@@ -37,39 +38,59 @@ pub(super) unsafe fn scores<const R: usize>(
     );
     let (qp, kp, sp) = (q.as_ptr(), kt.as_ptr(), s.as_mut_ptr());
     let mut j = 0;
-    // SAFETY: every read is kt[c * bc + j + 0..16] with c < hd and j + 16 <= bc (or + 8 for
-    // the single-chunk step), or q[i * hd + c] with i < R; writes are s[i * bc + j ..] in bounds.
+    // SAFETY: every read is kt[c * bc + j + 0..8W] with c < hd and j + 8W <= bc, or
+    // q[i * hd + c] with i < R; writes are s[i * bc + j ..+8W] in bounds.
     unsafe {
         while j < jn {
-            if j + 16 <= bc && jn - j > 8 {
-                let mut a = [[_mm256_setzero_ps(); 2]; R];
-                for c in 0..hd {
-                    let k0 = _mm256_loadu_ps(kp.add(c * bc + j));
-                    let k1 = _mm256_loadu_ps(kp.add(c * bc + j + 8));
-                    for (i, ai) in a.iter_mut().enumerate() {
-                        let qc = _mm256_broadcast_ss(&*qp.add(i * hd + c));
-                        ai[0] = _mm256_fmadd_ps(qc, k0, ai[0]);
-                        ai[1] = _mm256_fmadd_ps(qc, k1, ai[1]);
-                    }
-                }
-                for (i, ai) in a.iter().enumerate() {
-                    _mm256_storeu_ps(sp.add(i * bc + j), ai[0]);
-                    _mm256_storeu_ps(sp.add(i * bc + j + 8), ai[1]);
-                }
+            // Three vectors of keys when three rows or fewer leave registers for them: nine
+            // independent chains of multiply-adds keep both FMA pipes busy where six (two
+            // vectors by three rows, decode of a GQA group of three) waited on their latency.
+            if R <= 3 && j + 24 <= bc && jn - j > 16 {
+                score_keys::<R, 3>(qp, kp, sp, hd, bc, j);
+                j += 24;
+            } else if j + 16 <= bc && jn - j > 8 {
+                score_keys::<R, 2>(qp, kp, sp, hd, bc, j);
                 j += 16;
             } else {
-                let mut a = [_mm256_setzero_ps(); R];
-                for c in 0..hd {
-                    let k0 = _mm256_loadu_ps(kp.add(c * bc + j));
-                    for (i, ai) in a.iter_mut().enumerate() {
-                        let qc = _mm256_broadcast_ss(&*qp.add(i * hd + c));
-                        *ai = _mm256_fmadd_ps(qc, k0, *ai);
-                    }
-                }
-                for (i, ai) in a.iter().enumerate() {
-                    _mm256_storeu_ps(sp.add(i * bc + j), *ai);
-                }
+                score_keys::<R, 1>(qp, kp, sp, hd, bc, j);
                 j += 8;
+            }
+        }
+    }
+}
+
+/// Scores of keys `j..j + 8W` for `R` rows: `W` vectors of keys by `R` rows of accumulators,
+/// each a chain of multiply-adds over the dimensions in order.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `kt[c * bc + j ..+8W]` for `c < hd`, `q[i * hd + c]` for `i < R`
+/// and `s[i * bc + j ..+8W]` lie inside the caller's slices.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn score_keys<const R: usize, const W: usize>(
+    qp: *const f32,
+    kp: *const f32,
+    sp: *mut f32,
+    hd: usize,
+    bc: usize,
+    j: usize,
+) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let mut a = [[_mm256_setzero_ps(); W]; R];
+        for c in 0..hd {
+            let k: [__m256; W] =
+                std::array::from_fn(|w| _mm256_loadu_ps(kp.add(c * bc + j + 8 * w)));
+            for (i, ai) in a.iter_mut().enumerate() {
+                let qc = _mm256_broadcast_ss(&*qp.add(i * hd + c));
+                for (aw, &kw) in ai.iter_mut().zip(&k) {
+                    *aw = _mm256_fmadd_ps(qc, kw, *aw);
+                }
+            }
+        }
+        for (i, ai) in a.iter().enumerate() {
+            for (w, &aw) in ai.iter().enumerate() {
+                _mm256_storeu_ps(sp.add(i * bc + j + 8 * w), aw);
             }
         }
     }
@@ -178,6 +199,9 @@ trait Lanes {
     /// with AVX2 and F16C.
     unsafe fn load8(row: *const u8, d: usize) -> __m256;
 
+    /// Whether vectors are best read in pairs ([`Self::load16`] shares work between them).
+    const PAIRED: bool = false;
+
     /// Values `d..d + 16` (`d` a multiple of 16): two [`Self::load8`]s, which a format may
     /// share work between.
     ///
@@ -230,6 +254,7 @@ impl Lanes for Bf16Lanes {
 /// product (the widenings are exact), so the bits are those of a decoded tile.
 impl Lanes for Q8Lanes {
     const TY: KvType = KvType::Q8_0;
+    const PAIRED: bool = true;
     #[inline(always)]
     unsafe fn load8(row: *const u8, d: usize) -> __m256 {
         let block = row.wrapping_add(d / Q8_0_BLOCK * (Q8_0_BLOCK + 2));
@@ -272,7 +297,8 @@ pub(super) fn reads_in_place(ty: KvType) -> bool {
 /// `pv[i] (+)= sum_j p[i][j] * v_j` for `R` rows and keys `0..jn`: `p` is `R x bc` (row `i` at
 /// `i * bc`), value row `j` is `hd` values of type `ty` (any format; `hd` a multiple of
 /// 16) at byte `j * stride` of `v` (a decoded tile, or the cache itself read in place).
-/// Sixteen outputs by `R` rows in registers, each loaded value vector serving `R` rows. With
+/// Twenty-four or sixteen outputs by `R` rows in registers, each loaded value vector serving `R`
+/// rows, and each output one chain of multiply-adds over the keys in order. With
 /// `accumulate` the sums continue from `pv`, so a tile taken in several runs (a paged cache's
 /// blocks) gives the same bits as in one.
 ///
@@ -326,33 +352,91 @@ unsafe fn weighted<L: Lanes, const R: usize>(
         "flash weighted values: tile shapes"
     );
     let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), pv.as_mut_ptr());
-    // SAFETY: reads values d0..d0 + 16 of the row at byte j * stride of v with j < jn, d0 + 16 <= hd,
-    // and p[i * bc + j] with i < R, j < jn; reads and writes pv[i * hd + d0 ..+16]: all inside
-    // the checked lengths (unaligned loads: the cache's bytes carry no alignment).
+    // SAFETY: reads values d0..d0 + 8W of the row at byte j * stride of v with j < jn,
+    // d0 + 8W <= hd, and p[i * bc + j] with i < R, j < jn; reads and writes
+    // pv[i * hd + d0 ..+8W]: all inside the checked lengths (unaligned loads: the cache's bytes
+    // carry no alignment).
     unsafe {
-        for d0 in (0..hd).step_by(16) {
-            let mut a = [[_mm256_setzero_ps(); 2]; R];
-            if accumulate {
-                for (i, ai) in a.iter_mut().enumerate() {
-                    ai[0] = _mm256_loadu_ps(op.add(i * hd + d0));
-                    ai[1] = _mm256_loadu_ps(op.add(i * hd + d0 + 8));
+        let mut d0 = 0;
+        while d0 < hd {
+            // Twenty-four outputs a pass for three rows or fewer: nine independent chains of
+            // multiply-adds, where six (sixteen outputs by three rows, decode of a GQA group of
+            // three) waited on their latency at one multiply-add per key each. Thirty-two would
+            // want more registers than there are. Q8_0 keeps sixteen, which share a block scale.
+            if R <= 3 && !L::PAIRED && d0 + 24 <= hd {
+                weigh_pass::<L, R, 3>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
+                d0 += 24;
+            } else if d0 + 16 <= hd {
+                weigh_pass::<L, R, 2>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
+                d0 += 16;
+            } else {
+                // Eight left after passes of twenty-four (never for Q8_0, whose passes stay at
+                // multiples of sixteen).
+                weigh_pass::<L, R, 1>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
+                d0 += 8;
+            }
+        }
+    }
+}
+
+/// Outputs `d0..d0 + 8W` of [`weighted`]'s `R` rows: `W` vectors by `R` rows of accumulators,
+/// each a chain of multiply-adds over the keys in order. Reports the keys to `ahead` on the
+/// first pass (`d0 == 0`).
+///
+/// # Safety
+/// As for [`weighted`]'s body, with `d0 + 8W <= hd` (`W` even and `d0` a multiple of 16
+/// where `L` reads pairs of vectors).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn weigh_pass<L: Lanes, const R: usize, const W: usize>(
+    pp: *const f32,
+    bc: usize,
+    vp: *const u8,
+    stride: usize,
+    hd: usize,
+    jn: usize,
+    op: *mut f32,
+    accumulate: bool,
+    ahead: &mut Ahead,
+    d0: usize,
+) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let mut a = [[_mm256_setzero_ps(); W]; R];
+        if accumulate {
+            for (i, ai) in a.iter_mut().enumerate() {
+                for (w, aw) in ai.iter_mut().enumerate() {
+                    *aw = _mm256_loadu_ps(op.add(i * hd + d0 + 8 * w));
                 }
             }
-            for j in 0..jn {
-                if d0 == 0 {
-                    ahead.advance(1);
+        }
+        for j in 0..jn {
+            if d0 == 0 {
+                ahead.advance(1);
+            }
+            let row = vp.add(j * stride);
+            let mut v = [_mm256_setzero_ps(); W];
+            debug_assert!(!L::PAIRED || W.is_multiple_of(2));
+            if L::PAIRED {
+                for h in 0..W / 2 {
+                    [v[2 * h], v[2 * h + 1]] = L::load16(row, d0 + 16 * h);
                 }
-                let row = vp.add(j * stride);
-                let [v0, v1] = L::load16(row, d0);
-                for (i, ai) in a.iter_mut().enumerate() {
-                    let pj = _mm256_broadcast_ss(&*pp.add(i * bc + j));
-                    ai[0] = _mm256_fmadd_ps(pj, v0, ai[0]);
-                    ai[1] = _mm256_fmadd_ps(pj, v1, ai[1]);
+            } else {
+                for (w, vw) in v.iter_mut().enumerate() {
+                    *vw = L::load8(row, d0 + 8 * w);
                 }
             }
-            for (i, ai) in a.iter().enumerate() {
-                _mm256_storeu_ps(op.add(i * hd + d0), ai[0]);
-                _mm256_storeu_ps(op.add(i * hd + d0 + 8), ai[1]);
+            for (i, ai) in a.iter_mut().enumerate() {
+                let pj = _mm256_broadcast_ss(&*pp.add(i * bc + j));
+                for (aw, &vw) in ai.iter_mut().zip(&v) {
+                    *aw = _mm256_fmadd_ps(pj, vw, *aw);
+                }
+            }
+        }
+        for (i, ai) in a.iter().enumerate() {
+            for (w, &aw) in ai.iter().enumerate() {
+                _mm256_storeu_ps(op.add(i * hd + d0 + 8 * w), aw);
             }
         }
     }
