@@ -296,8 +296,13 @@ const MATVEC_ROWS: usize = 32;
 /// Rows per parallel task for many tokens.
 const MATMUL_ROWS: usize = 16;
 
-/// Tokens per kernel call for many tokens: each unit's unpacked weights serve four tokens.
-const TOKENS_PER_CALL: usize = 4;
+/// Tokens per kernel call for many tokens: each unit's unpacked weights serve up to sixteen.
+/// A verification pass of up to sixteen rows then unpacks each weight unit once; with calls of
+/// four, rows five to eight unpacked everything again and cost half as much more each (Zen 2,
+/// AVX2: passes of 5 to 17 rows 6-15% cheaper, pp512 +5%, speculative decoding on
+/// input-grounded prompts 1.66-1.69x -> 1.78x in the same session). The kernels' per-token
+/// sums spill to L1 past four tokens, which costs less than the unpacking saved.
+const TOKENS_PER_CALL: usize = 16;
 
 /// Rows of quantized activations that packed groups multiply: 8-bit ([`Q8Acts`]) or 15-bit
 /// ([`WideActs`], Q8_0 weights only).
@@ -413,15 +418,18 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
                 dot_tokens::<A, TOKENS_PER_CALL>(isa, w.ty, group, x, t, gi, out);
                 t += TOKENS_PER_CALL;
             }
-            // The last one to three tokens in one call too, so their unpacked weights are
+            // The last one to fifteen tokens in one call too, so their unpacked weights are
             // shared as well (a verification pass is usually that short).
-            match n - t {
-                0 => {}
-                1 => dot_tokens::<A, 1>(isa, w.ty, group, x, t, gi, out),
-                2 => dot_tokens::<A, 2>(isa, w.ty, group, x, t, gi, out),
-                3 => dot_tokens::<A, 3>(isa, w.ty, group, x, t, gi, out),
-                _ => unreachable!("fewer than TOKENS_PER_CALL tokens remain"),
+            macro_rules! tail {
+                ($($k:literal)*) => {
+                    match n - t {
+                        0 => {}
+                        $($k => dot_tokens::<A, $k>(isa, w.ty, group, x, t, gi, out),)*
+                        _ => unreachable!("fewer than TOKENS_PER_CALL tokens remain"),
+                    }
+                };
             }
+            tail!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
         }
     });
 }
@@ -740,21 +748,22 @@ mod tests {
         }
     }
 
-    /// However many tokens one product takes (four per call, then one call of one to three),
-    /// every token gets the bits of its one-token product, for every format and for 15-bit
+    /// However many tokens one product takes (sixteen per call, then one call of one to
+    /// fifteen), every token gets the bits of its one-token product, for every format and for 15-bit
     /// activations: a verification pass must score its rows exactly as decode steps would.
     #[test]
     fn every_token_count_gives_the_one_token_bits() {
         let (rows, cols) = (13, 512);
         let wf = weights(rows * cols);
-        let x: Vec<f32> = (0..9 * cols)
+        let x: Vec<f32> = (0..33 * cols)
             .map(|i| ((i * 11 % 19) as f32 - 9.0) / 3.0 + (i % 5) as f32 * 0.01)
             .collect();
         let pack = |ty| {
             let data = quantize(ty, &wf).unwrap();
             PackedMatrix::pack(&WeightMatrix::new(ty, rows, cols, &data).unwrap()).unwrap()
         };
-        for n in 1..=9 {
+        // Every tail length before the first whole call, and either side of one and two.
+        for n in (1..=17).chain([31, 32, 33]) {
             let x = &x[..n * cols];
             for ty in FORMATS {
                 same_bits_as_one_token(&pack(ty), x, cols, Q8Acts::quantize, &format!("{ty}"));
