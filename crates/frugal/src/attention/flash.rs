@@ -492,12 +492,39 @@ fn block_body<const R: usize>(
             (fast && super::flash_x86::reads_in_place(job.k.ty()), fast);
         #[cfg(not(target_arch = "x86_64"))]
         let (k_in_place, v_fmt_in_place) = (false, false);
+        // A few rows over keys kept by column: scored straight from the cache, no tile.
+        let direct = k_in_place && job.k.columns() && rows <= R && !job.wide;
         if k_q8 {
             key_rows.clear();
             while key_rows.len() < nb {
                 let j = key_rows.len();
                 let (bytes, stride, m) = job.k.head_run(span.kvh, hd, j0 + j, nb - j);
                 key_rows.push_run(bytes, stride, m);
+            }
+        } else if direct {
+            // Keys kept by column are scored where they lie (below), one block at a time.
+        } else if k_in_place && job.k.columns() {
+            // Keys kept by column: each block's columns widened into the tile's.
+            let mut j = 0;
+            while j < nb {
+                let (bytes, bs, off, m) = job.k.head_block(span.kvh, hd, j0 + j, nb - j);
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
+                unsafe {
+                    super::flash_columns::widen_columns(
+                        bytes,
+                        job.k.ty(),
+                        bs,
+                        off,
+                        m,
+                        hd,
+                        &mut t.kt,
+                        bc,
+                        j,
+                        &mut t.ahead,
+                    )
+                };
+                j += m;
             }
         } else if k_in_place {
             let mut j = 0;
@@ -594,6 +621,27 @@ fn block_body<const R: usize>(
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);
+            } else if direct {
+                let mut j = 0;
+                while j < jmax {
+                    let (bytes, bs, off, m) = job.k.head_block(span.kvh, hd, j0 + j, jmax - j);
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `direct` implies `fast`: the CPU has AVX2, FMA and F16C.
+                    unsafe {
+                        super::flash_columns::scores_columns::<R>(
+                            qb,
+                            bytes,
+                            job.k.ty(),
+                            bs,
+                            off,
+                            m,
+                            &mut sb[j..],
+                            bc,
+                            &mut t.ahead,
+                        )
+                    };
+                    j += m;
+                }
             } else if fast {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.

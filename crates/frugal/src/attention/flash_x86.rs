@@ -189,7 +189,7 @@ pub(super) unsafe fn exp_row(s: &mut [f32], max: f32) -> f32 {
 }
 
 /// Eight stored values widened to f32 lanes: how the in-place loops read each format.
-trait Lanes {
+pub(super) trait Lanes {
     /// The stored format.
     const TY: KvType;
     /// Values `d..d + 8` of the stored row at `row` (unaligned; `d` a multiple of 8).
@@ -214,10 +214,10 @@ trait Lanes {
     }
 }
 
-struct F32Lanes;
-struct F16Lanes;
-struct Bf16Lanes;
-struct Q8Lanes;
+pub(super) struct F32Lanes;
+pub(super) struct F16Lanes;
+pub(super) struct Bf16Lanes;
+pub(super) struct Q8Lanes;
 
 impl Lanes for F32Lanes {
     const TY: KvType = KvType::F32;

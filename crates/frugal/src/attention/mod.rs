@@ -26,6 +26,8 @@ mod flash;
 #[cfg(target_arch = "x86_64")]
 mod flash_avx512;
 #[cfg(target_arch = "x86_64")]
+mod flash_columns;
+#[cfg(target_arch = "x86_64")]
 mod flash_q8_avx2;
 #[cfg(target_arch = "x86_64")]
 mod flash_vnni;

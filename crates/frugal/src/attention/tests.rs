@@ -888,3 +888,103 @@ fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
         }
     }
 }
+
+/// Keys kept by column (a paged pool's f32, f16 and bf16 blocks): scored where they lie, and
+/// widened into a tile, they give the bits of the same keys transposed from rows and scored on
+/// the tile, for whole blocks, runs that start inside a block and runs shorter than a vector.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn keys_by_column_give_the_bits_of_keys_by_row() {
+    use super::{flash_columns, flash_x86};
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c"))
+    {
+        return;
+    }
+    const R: usize = 3;
+    let (hd, bc) = (64, 64);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let q = random(R * hd, 1.0, &mut rng);
+    for ty in [KvType::F32, KvType::F16, KvType::Bf16] {
+        for (bs, off, m) in [(16, 0, 16), (16, 3, 13), (16, 9, 5), (5, 0, 5), (24, 2, 19)] {
+            let keys = random(bs * hd, 1.0, &mut rng);
+            let es = ty.bytes(1);
+            // The block by rows and by column, in the stored format.
+            let mut rows = vec![0u8; ty.bytes(bs * hd)];
+            for (p, key) in keys.chunks_exact(hd).enumerate() {
+                ty.encode(key, &mut rows[ty.bytes(p * hd)..ty.bytes((p + 1) * hd)]);
+            }
+            let mut cols = vec![0u8; rows.len()];
+            for p in 0..bs {
+                for c in 0..hd {
+                    let (from, to) = ((p * hd + c) * es, (c * bs + p) * es);
+                    cols[to..to + es].copy_from_slice(&rows[from..from + es]);
+                }
+            }
+            // SAFETY (whole block): features checked above.
+            let mut by_rows = vec![f32::NAN; hd * bc];
+            unsafe {
+                flash_x86::transpose_rows(
+                    &rows[ty.bytes(off * hd)..],
+                    ty.bytes(hd),
+                    ty,
+                    m,
+                    hd,
+                    &mut by_rows,
+                    bc,
+                    0,
+                    &mut Ahead::default(),
+                )
+            };
+            let mut by_cols = vec![f32::NAN; hd * bc];
+            unsafe {
+                flash_columns::widen_columns(
+                    &cols,
+                    ty,
+                    bs,
+                    off,
+                    m,
+                    hd,
+                    &mut by_cols,
+                    bc,
+                    0,
+                    &mut Ahead::default(),
+                )
+            };
+            for c in 0..hd {
+                let (a, b) = (&by_rows[c * bc..][..m], &by_cols[c * bc..][..m]);
+                assert_eq!(a, b, "{ty} bs {bs} off {off} m {m}: column {c} of the tile");
+            }
+            let mut want = vec![0f32; R * bc];
+            unsafe { flash_x86::scores::<R>(&q, &by_rows, bc, m, &mut want) };
+            let mut got = vec![f32::NAN; R * bc];
+            unsafe {
+                flash_columns::scores_columns::<R>(
+                    &q,
+                    &cols,
+                    ty,
+                    bs,
+                    off,
+                    m,
+                    &mut got,
+                    bc,
+                    &mut Ahead::default(),
+                )
+            };
+            for i in 0..R {
+                let bits = |s: &[f32]| {
+                    s[i * bc..][..m]
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{ty} bs {bs} off {off} m {m}: row {i}"
+                );
+            }
+        }
+    }
+}

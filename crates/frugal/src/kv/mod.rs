@@ -362,6 +362,8 @@ pub struct KvView<'a> {
     /// A ring of this many rows (a sliding-window layer): position `j` lives in row
     /// `j % ring`, so only the last `ring` positions are readable. 0: no ring.
     ring: usize,
+    /// Keys of a paged pool stored by column within each block (see [`KvView::columns`]).
+    columns: bool,
 }
 
 impl<'a> KvView<'a> {
@@ -375,6 +377,7 @@ impl<'a> KvView<'a> {
             data,
             table: None,
             ring: 0,
+            columns: false,
         }
     }
 
@@ -397,6 +400,7 @@ impl<'a> KvView<'a> {
             data,
             table: Some((table, block_size, layout)),
             ring: 0,
+            columns: false,
         }
     }
 
@@ -405,6 +409,51 @@ impl<'a> KvView<'a> {
     pub fn with_ring(mut self, rows: usize) -> Self {
         self.ring = rows;
         self
+    }
+
+    /// The same paged view over blocks that keep each head's values by column: value `c` of
+    /// the block's position `p` at `c * block_size + p` of the head's part of the block
+    /// (`HeadRegions` layout, f32, f16 or bf16). Attention scores keys with the keys in vector
+    /// lanes, so keys stored this way are widened into its tile column by column instead of
+    /// being transposed from rows; read through [`head_block`](Self::head_block).
+    pub fn with_columns(mut self) -> Self {
+        debug_assert!(
+            matches!(self.table, Some((_, _, BlockLayout::HeadRegions { .. })))
+                && self.ring == 0
+                && matches!(self.ty, KvType::F32 | KvType::F16 | KvType::Bf16),
+            "columns are for the f32, f16 and bf16 blocks of a paged pool's regions"
+        );
+        self.columns = true;
+        self
+    }
+
+    /// Whether the blocks keep each head's values by column ([`with_columns`](Self::with_columns)):
+    /// then [`head_run`](Self::head_run) has no rows to give, and [`head_block`](Self::head_block)
+    /// reads them.
+    pub fn columns(&self) -> bool {
+        self.columns
+    }
+
+    /// For a view by columns: head `head` of the block holding position `start`, as the
+    /// block's bytes for that head (`block_size x head_dim` values, column after column), the
+    /// block size, the position's offset in the block, and how many positions from `start` on
+    /// (at most `max`) the block holds.
+    pub fn head_block(
+        &self,
+        head: usize,
+        head_dim: usize,
+        start: usize,
+        max: usize,
+    ) -> (&'a [u8], usize, usize, usize) {
+        let Some((table, bs, BlockLayout::HeadRegions { blocks })) = self.table else {
+            unreachable!("head_block reads a paged view by columns");
+        };
+        debug_assert!(self.columns && start < self.len);
+        let (blk, off) = (start / bs, start % bs);
+        let m = max.min(self.len - start).min(bs - off);
+        let hb = self.ty.bytes(head_dim);
+        let at = (head * blocks + table[blk] as usize) * bs * hb;
+        (&self.data[at..at + bs * hb], bs, off, m)
     }
 
     /// A view of plain f32 rows (`len x kv_dim`), for tests and benchmarks.
@@ -479,6 +528,10 @@ impl<'a> KvView<'a> {
         start: usize,
         max: usize,
     ) -> (&'a [u8], usize, usize) {
+        debug_assert!(
+            !self.columns,
+            "a view by columns has no rows: use head_block"
+        );
         let hb = self.ty.bytes(head_dim);
         let (row, m) = self.locate(start, max);
         match self.table {
@@ -535,6 +588,22 @@ impl<'a> KvView<'a> {
         mut f: impl FnMut(&'a [u8]),
     ) {
         let hb = self.ty.bytes(head_dim);
+        if self.columns {
+            // The whole blocks holding the positions (a block's part of a head is one span of
+            // columns); blocks one after another in the pool continue one region.
+            let Some((_, bs, BlockLayout::HeadRegions { blocks })) = self.table else {
+                unreachable!("only a paged view has columns");
+            };
+            let mut done = 0;
+            while done < n {
+                let (row, m) = self.locate(start + done, n - done);
+                let (r0, r1) = (row / bs * bs, (row + m).div_ceil(bs) * bs);
+                let base = head * blocks * bs;
+                f(&self.data[(base + r0) * hb..(base + r1) * hb]);
+                done += m;
+            }
+            return;
+        }
         let mut done = 0;
         while done < n {
             let (bytes, stride, m) = self.head_run(head, head_dim, start + done, n - done);
@@ -594,6 +663,19 @@ impl<'a> KvView<'a> {
         let hb = self.ty.bytes(head_dim);
         let mut done = 0;
         while done < n {
+            if self.columns {
+                let (bytes, bs, off, m) = self.head_block(head, head_dim, start + done, n - done);
+                let es = self.ty.bytes(1);
+                for r in 0..m {
+                    let o = &mut out[(done + r) * out_stride..][..head_dim];
+                    for (c, v) in o.iter_mut().enumerate() {
+                        let at = (c * bs + off + r) * es;
+                        self.ty.decode(&bytes[at..at + es], std::slice::from_mut(v));
+                    }
+                }
+                done += m;
+                continue;
+            }
             let (bytes, stride, m) = self.head_run(head, head_dim, start + done, n - done);
             for r in 0..m {
                 let o = &mut out[(done + r) * out_stride..][..head_dim];

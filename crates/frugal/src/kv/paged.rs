@@ -15,7 +15,12 @@
 //! operating system supplies on first write: memory follows the blocks written, and appending
 //! never reallocates (the decode loop does not allocate). Each layer's buffer keeps one region
 //! per KV head ([`BlockLayout::HeadRegions`]), so the blocks a growing sequence takes one after
-//! another hold each head's positions as one stream.
+//! another hold each head's positions as one stream. Keys stored as f32, f16 or bf16 are kept
+//! by column within each block's part of a head (value `c` of the block's position `p` at
+//! `c * block_size + p`, [`KvView::with_columns`]): attention scores keys with the keys in
+//! vector lanes, and reads them that way straight from the block instead of transposing rows
+//! (+8% decode at depth 4,096 with an f16 cache, +14% with f32, on Zen 2). Values, Q8_0 keys
+//! (scored in integers along the head) and the rings keep rows.
 //!
 //! Automatic prefix caching: a full block can be registered under the hash of its tokens and of
 //! every block before it ([`super::prefix`]). When the last sequence holding a registered block
@@ -35,7 +40,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::contiguous::check_format;
 use super::prefix::BlockHash;
 use super::ring_blocks::RingBlocks;
-use super::{BlockLayout, CacheShape, KvError, KvFormat, KvSequence, KvView, Rings};
+use super::{BlockLayout, CacheShape, KvError, KvFormat, KvSequence, KvType, KvView, Rings};
 
 /// Positions per block unless asked otherwise (as vLLM): small enough that the unused tail of
 /// the last block wastes little, large enough that a table lookup covers many rows.
@@ -96,6 +101,11 @@ pub struct KvPool {
     /// The windowed layers' rings, and the blocks that hold them.
     rings: Rings,
     ring: Option<RingBlocks>,
+    /// Whether the main buffers keep each block's keys by column ([`KvView::with_columns`]):
+    /// f32, f16 and bf16 keys of a cache with separate values.
+    k_columns: bool,
+    /// One head's key, encoded, on its way into its columns.
+    column_buf: Vec<u8>,
 }
 
 impl KvPool {
@@ -181,6 +191,9 @@ impl KvPool {
             seqs: Vec::new(),
             rings,
             ring,
+            k_columns: shape.separate_values
+                && matches!(format.k, KvType::F32 | KvType::F16 | KvType::Bf16),
+            column_buf: Vec::new(),
         })
     }
 
@@ -610,14 +623,26 @@ impl KvPool {
         };
         let hd = kv_dim / heads;
         let (kh, vh) = (k_row / heads, v_row / heads);
+        let columns = regions && self.k_columns;
+        let (buf, es) = (&mut self.column_buf, self.format.k.bytes(1));
         for (i, kr) in k.chunks_exact(kv_dim).enumerate() {
             let pos = s.len + i;
             let (blk, off) = (table[(pos / bs) % per_seq] as usize, pos % bs);
             for h in 0..heads {
-                let at_k = at(k_row, blk, off, h);
-                self.format
-                    .k
-                    .encode(&kr[h * hd..(h + 1) * hd], &mut kd[at_k..at_k + kh]);
+                let kr = &kr[h * hd..(h + 1) * hd];
+                if columns {
+                    // Value c of this position at c * bs + off of the head's part of the block.
+                    buf.resize(kh, 0);
+                    self.format.k.encode(kr, buf);
+                    let base = at(k_row, blk, 0, h);
+                    for (c, v) in buf.chunks_exact(es).enumerate() {
+                        let at = base + (c * bs + off) * es;
+                        kd[at..at + es].copy_from_slice(v);
+                    }
+                } else {
+                    let at_k = at(k_row, blk, off, h);
+                    self.format.k.encode(kr, &mut kd[at_k..at_k + kh]);
+                }
                 if with_values {
                     let at = at(v_row, blk, off, h);
                     let vr = &v[i * kv_dim + h * hd..i * kv_dim + (h + 1) * hd];
@@ -649,8 +674,11 @@ impl KvPool {
         } else {
             self.layout()
         };
-        let keys =
+        let mut keys =
             KvView::paged(self.format.k, self.k_row, n, kd, table, bs, layout).with_ring(ring);
+        if self.k_columns && ring == 0 {
+            keys = keys.with_columns();
+        }
         if self.v_row == 0 {
             return (keys, keys);
         }

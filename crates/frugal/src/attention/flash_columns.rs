@@ -1,0 +1,232 @@
+//! Keys kept by column (a paged pool's f32, f16 and bf16 key blocks, see
+//! `KvView::with_columns`): scored where they lie for decode's few query rows, or widened into
+//! the transposed tile that `flash_x86::scores` reads for many rows. Either way the key tile
+//! holds the values a transpose of the same keys kept by rows would give, so the bits are the
+//! same (`tests::keys_by_column_give_the_bits_of_keys_by_row`).
+
+use std::arch::x86_64::*;
+
+use super::ahead::Ahead;
+use super::flash_x86::{Bf16Lanes, F16Lanes, F32Lanes, Lanes};
+use crate::kv::KvType;
+
+/// [`scores`] for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
+/// positions `off..off + m` of one block (`bs` values of type `ty` per column, f32, f16 or
+/// bf16), read where they lie and widened as loaded; row `i`'s scores at `s[i * bc + j]`. Each
+/// score is the same chain of multiply-adds over the dimensions in order as `scores` computes
+/// on a transposed tile, so the bits are the same.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn scores_columns<const R: usize>(
+    q: &[f32],
+    block: &[u8],
+    ty: KvType,
+    bs: usize,
+    off: usize,
+    m: usize,
+    s: &mut [f32],
+    bc: usize,
+    ahead: &mut Ahead,
+) {
+    let a = ahead;
+    // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
+    unsafe {
+        match ty {
+            KvType::F32 => score_columns::<F32Lanes, R>(q, block, bs, off, m, s, bc, a),
+            KvType::F16 => score_columns::<F16Lanes, R>(q, block, bs, off, m, s, bc, a),
+            KvType::Bf16 => score_columns::<Bf16Lanes, R>(q, block, bs, off, m, s, bc, a),
+            KvType::Q8_0 => unreachable!("Q8_0 keys are kept by rows"),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_columns<L: Lanes, const R: usize>(
+    q: &[f32],
+    block: &[u8],
+    bs: usize,
+    off: usize,
+    m: usize,
+    s: &mut [f32],
+    bc: usize,
+    ahead: &mut Ahead,
+) {
+    let hd = q.len() / R;
+    let es = L::TY.bytes(1);
+    assert!(
+        m >= 1
+            && off + m <= bs
+            && m <= bc
+            && block.len() >= L::TY.bytes(hd * bs)
+            && s.len() >= (R - 1) * bc + m,
+        "flash key columns: block shapes"
+    );
+    ahead.advance(m);
+    let (qp, bp, sp) = (q.as_ptr(), block.as_ptr(), s.as_mut_ptr());
+    // SAFETY: column c is values c * bs .. (c + 1) * bs of `block`; whole vectors read values
+    // off + j .. off + j + 8 * W <= off + m <= bs of it; the last keys (fewer than eight) go
+    // through a local copy of their columns; writes are s[i * bc + j ..] for keys below m (a
+    // whole vector's only while j + 8 * W <= m): inside the checked lengths.
+    unsafe {
+        let mut j = 0;
+        while j + 16 <= m {
+            score_column_keys::<L, R, 2>(
+                qp,
+                hd,
+                |c, w| L::load8(bp.add(c * bs * es), off + j + 8 * w),
+                sp.add(j),
+                bc,
+            );
+            j += 16;
+        }
+        if j + 8 <= m {
+            score_column_keys::<L, R, 1>(
+                qp,
+                hd,
+                |c, _| L::load8(bp.add(c * bs * es), off + j),
+                sp.add(j),
+                bc,
+            );
+            j += 8;
+        }
+        if j < m {
+            let n = m - j;
+            let mut cols = vec![0u8; hd * 8 * es];
+            for c in 0..hd {
+                let from = bp.add((c * bs + off + j) * es);
+                std::ptr::copy_nonoverlapping(from, cols.as_mut_ptr().add(c * 8 * es), n * es);
+            }
+            let mut out = [[0f32; 8]; R];
+            let cp = cols.as_ptr();
+            score_column_keys::<L, R, 1>(
+                qp,
+                hd,
+                |c, _| L::load8(cp.add(c * 8 * es), 0),
+                out.as_mut_ptr().cast(),
+                8,
+            );
+            for (i, oi) in out.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(oi.as_ptr(), sp.add(i * bc + j), n);
+            }
+        }
+    }
+}
+
+/// Scores of `8W` keys for `R` rows, key vector `w` of dimension `c` from `key(c, w)`; row
+/// `i`'s at `s[i * bc ..+8W]`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `key` reads inside its source and `q[i * hd + c]`, `s[i * bc ..+8W]`
+/// lie inside the caller's slices.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn score_column_keys<L: Lanes, const R: usize, const W: usize>(
+    qp: *const f32,
+    hd: usize,
+    key: impl Fn(usize, usize) -> __m256,
+    sp: *mut f32,
+    bc: usize,
+) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let mut a = [[_mm256_setzero_ps(); W]; R];
+        for c in 0..hd {
+            let k: [__m256; W] = std::array::from_fn(|w| key(c, w));
+            for (i, ai) in a.iter_mut().enumerate() {
+                let qc = _mm256_broadcast_ss(&*qp.add(i * hd + c));
+                for (aw, &kw) in ai.iter_mut().zip(&k) {
+                    *aw = _mm256_fmadd_ps(qc, kw, *aw);
+                }
+            }
+        }
+        for (i, ai) in a.iter().enumerate() {
+            for (w, &aw) in ai.iter().enumerate() {
+                _mm256_storeu_ps(sp.add(i * bc + 8 * w), aw);
+            }
+        }
+    }
+}
+
+/// `kt[c * bc + j0 + j] = column_c[off + j]` for `j < m`: positions `off..off + m` of a block
+/// that keeps one head's `hd` values by column (`bs` values of type `ty` per column, f32, f16
+/// or bf16), widened into the transposed key tile `scores` reads. The same values as
+/// [`transpose_rows`] gives from rows, for two loads and two stores per sixteen keys and column
+/// instead of an 8 x 8 transpose per eight keys and eight columns.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn widen_columns(
+    block: &[u8],
+    ty: KvType,
+    bs: usize,
+    off: usize,
+    m: usize,
+    hd: usize,
+    kt: &mut [f32],
+    bc: usize,
+    j0: usize,
+    ahead: &mut Ahead,
+) {
+    let a = ahead;
+    // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
+    unsafe {
+        match ty {
+            KvType::F32 => widen::<F32Lanes>(block, bs, off, m, hd, kt, bc, j0, a),
+            KvType::F16 => widen::<F16Lanes>(block, bs, off, m, hd, kt, bc, j0, a),
+            KvType::Bf16 => widen::<Bf16Lanes>(block, bs, off, m, hd, kt, bc, j0, a),
+            KvType::Q8_0 => unreachable!("Q8_0 keys are kept by rows"),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen<L: Lanes>(
+    block: &[u8],
+    bs: usize,
+    off: usize,
+    m: usize,
+    hd: usize,
+    kt: &mut [f32],
+    bc: usize,
+    j0: usize,
+    ahead: &mut Ahead,
+) {
+    assert!(
+        m >= 1
+            && off + m <= bs
+            && j0 + m <= bc
+            && kt.len() >= hd * bc
+            && block.len() >= L::TY.bytes(hd * bs),
+        "flash key columns: tile shapes"
+    );
+    ahead.advance(m);
+    let (sp, kp) = (block.as_ptr(), kt.as_mut_ptr());
+    // SAFETY: column c is values c * bs .. (c + 1) * bs of `block`; the loads read values
+    // off + j .. off + j + 8 <= off + m <= bs of it, the tail goes through a local copy; writes
+    // are kt[c * bc + j0 + j ..] with j0 + j + 8 <= j0 + m <= bc: inside the checked lengths.
+    unsafe {
+        let es = L::TY.bytes(1);
+        for c in 0..hd {
+            let col = sp.add(c * bs * es);
+            let dst = kp.add(c * bc + j0);
+            let mut j = 0;
+            while j + 8 <= m {
+                _mm256_storeu_ps(dst.add(j), L::load8(col, off + j));
+                j += 8;
+            }
+            if j < m {
+                let mut tail = [0u8; 32];
+                let n = m - j;
+                std::ptr::copy_nonoverlapping(col.add((off + j) * es), tail.as_mut_ptr(), n * es);
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), L::load8(tail.as_ptr(), 0));
+                std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst.add(j), n);
+            }
+        }
+    }
+}
