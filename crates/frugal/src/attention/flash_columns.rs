@@ -7,10 +7,10 @@
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
-use super::flash_x86::{Bf16Lanes, F16Lanes, F32Lanes, Lanes};
+use super::flash_x86::{Bf16Lanes, F16Lanes, F32Lanes, Lanes, score_keys};
 use crate::kv::KvType;
 
-/// [`scores`] for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
+/// `flash_x86::scores` for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
 /// positions `off..off + m` of one block (`bs` values of type `ty` per column, f32, f16 or
 /// bf16), read where they lie and widened as loaded; row `i`'s scores at `s[i * bc + j]`. Each
 /// score is the same chain of multiply-adds over the dimensions in order as `scores` computes
@@ -67,84 +67,36 @@ unsafe fn score_columns<L: Lanes, const R: usize>(
     ahead.advance(m);
     let (qp, bp, sp) = (q.as_ptr(), block.as_ptr(), s.as_mut_ptr());
     // SAFETY: column c is values c * bs .. (c + 1) * bs of `block`; whole vectors read values
-    // off + j .. off + j + 8 * W <= off + m <= bs of it; the last keys (fewer than eight) go
-    // through a local copy of their columns; writes are s[i * bc + j ..] for keys below m (a
-    // whole vector's only while j + 8 * W <= m): inside the checked lengths.
+    // off + j .. off + j + 8 * W <= off + m <= bs of it; the last keys (fewer than eight) are
+    // copied from each column into a local vector's worth of bytes; writes are s[i * bc + j ..]
+    // for keys below m (a whole vector's only while j + 8 * W <= m): inside the checked lengths.
     unsafe {
+        let column = |c: usize| bp.add(c * bs * es);
         let mut j = 0;
         while j + 16 <= m {
-            score_column_keys::<L, R, 2>(
-                qp,
-                hd,
-                |c, w| L::load8(bp.add(c * bs * es), off + j + 8 * w),
-                sp.add(j),
-                bc,
-            );
+            let key = |c, w| L::load8(column(c), off + j + 8 * w);
+            score_keys::<R, 2>(qp, hd, key, sp.add(j), bc);
             j += 16;
         }
         if j + 8 <= m {
-            score_column_keys::<L, R, 1>(
-                qp,
-                hd,
-                |c, _| L::load8(bp.add(c * bs * es), off + j),
-                sp.add(j),
-                bc,
-            );
+            score_keys::<R, 1>(qp, hd, |c, _| L::load8(column(c), off + j), sp.add(j), bc);
             j += 8;
         }
         if j < m {
             let n = m - j;
-            let mut cols = vec![0u8; hd * 8 * es];
-            for c in 0..hd {
-                let from = bp.add((c * bs + off + j) * es);
-                std::ptr::copy_nonoverlapping(from, cols.as_mut_ptr().add(c * 8 * es), n * es);
-            }
+            let key = |c, _| {
+                let mut tail = [0u8; 32];
+                std::ptr::copy_nonoverlapping(
+                    column(c).add((off + j) * es),
+                    tail.as_mut_ptr(),
+                    n * es,
+                );
+                L::load8(tail.as_ptr(), 0)
+            };
             let mut out = [[0f32; 8]; R];
-            let cp = cols.as_ptr();
-            score_column_keys::<L, R, 1>(
-                qp,
-                hd,
-                |c, _| L::load8(cp.add(c * 8 * es), 0),
-                out.as_mut_ptr().cast(),
-                8,
-            );
+            score_keys::<R, 1>(qp, hd, key, out.as_mut_ptr().cast(), 8);
             for (i, oi) in out.iter().enumerate() {
                 std::ptr::copy_nonoverlapping(oi.as_ptr(), sp.add(i * bc + j), n);
-            }
-        }
-    }
-}
-
-/// Scores of `8W` keys for `R` rows, key vector `w` of dimension `c` from `key(c, w)`; row
-/// `i`'s at `s[i * bc ..+8W]`.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA; `key` reads inside its source and `q[i * hd + c]`, `s[i * bc ..+8W]`
-/// lie inside the caller's slices.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn score_column_keys<L: Lanes, const R: usize, const W: usize>(
-    qp: *const f32,
-    hd: usize,
-    key: impl Fn(usize, usize) -> __m256,
-    sp: *mut f32,
-    bc: usize,
-) {
-    // SAFETY: forwarded to the caller.
-    unsafe {
-        let mut a = [[_mm256_setzero_ps(); W]; R];
-        for c in 0..hd {
-            let k: [__m256; W] = std::array::from_fn(|w| key(c, w));
-            for (i, ai) in a.iter_mut().enumerate() {
-                let qc = _mm256_broadcast_ss(&*qp.add(i * hd + c));
-                for (aw, &kw) in ai.iter_mut().zip(&k) {
-                    *aw = _mm256_fmadd_ps(qc, kw, *aw);
-                }
-            }
-        }
-        for (i, ai) in a.iter().enumerate() {
-            for (w, &aw) in ai.iter().enumerate() {
-                _mm256_storeu_ps(sp.add(i * bc + 8 * w), aw);
             }
         }
     }

@@ -22,8 +22,8 @@ use super::flash::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROU
 /// Columns past `jn` up to the next multiple of 8 are computed on whatever the tile holds there.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn scores<const R: usize>(
     q: &[f32],
     kt: &[f32],
@@ -45,42 +45,43 @@ pub(super) unsafe fn scores<const R: usize>(
             // Three vectors of keys when three rows or fewer leave registers for them: nine
             // independent chains of multiply-adds keep both FMA pipes busy where six (two
             // vectors by three rows, decode of a GQA group of three) waited on their latency.
+            let key = |c: usize, w: usize| _mm256_loadu_ps(kp.add(c * bc + j + 8 * w));
             if R <= 3 && j + 24 <= bc && jn - j > 16 {
-                score_keys::<R, 3>(qp, kp, sp, hd, bc, j);
+                score_keys::<R, 3>(qp, hd, key, sp.add(j), bc);
                 j += 24;
             } else if j + 16 <= bc && jn - j > 8 {
-                score_keys::<R, 2>(qp, kp, sp, hd, bc, j);
+                score_keys::<R, 2>(qp, hd, key, sp.add(j), bc);
                 j += 16;
             } else {
-                score_keys::<R, 1>(qp, kp, sp, hd, bc, j);
+                score_keys::<R, 1>(qp, hd, key, sp.add(j), bc);
                 j += 8;
             }
         }
     }
 }
 
-/// Scores of keys `j..j + 8W` for `R` rows: `W` vectors of keys by `R` rows of accumulators,
-/// each a chain of multiply-adds over the dimensions in order.
+/// Scores of `8W` keys for `R` rows: `W` vectors of keys by `R` rows of accumulators, each a
+/// chain of multiply-adds over the dimensions in order; key vector `w` of dimension `c` comes
+/// from `key(c, w)` (a transposed tile, or a block of keys kept by column), row `i`'s scores go
+/// to `s[i * bc ..+8W]`.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `kt[c * bc + j ..+8W]` for `c < hd`, `q[i * hd + c]` for `i < R`
-/// and `s[i * bc + j ..+8W]` lie inside the caller's slices.
-#[target_feature(enable = "avx2,fma")]
+/// The CPU has AVX2, FMA and F16C; `key` reads inside its source, and `q[i * hd + c]` for
+/// `i < R`, `c < hd` and `s[i * bc ..+8W]` lie inside the caller's slices.
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn score_keys<const R: usize, const W: usize>(
+pub(super) unsafe fn score_keys<const R: usize, const W: usize>(
     qp: *const f32,
-    kp: *const f32,
-    sp: *mut f32,
     hd: usize,
+    key: impl Fn(usize, usize) -> __m256,
+    sp: *mut f32,
     bc: usize,
-    j: usize,
 ) {
     // SAFETY: forwarded to the caller.
     unsafe {
         let mut a = [[_mm256_setzero_ps(); W]; R];
         for c in 0..hd {
-            let k: [__m256; W] =
-                std::array::from_fn(|w| _mm256_loadu_ps(kp.add(c * bc + j + 8 * w)));
+            let k: [__m256; W] = std::array::from_fn(|w| key(c, w));
             for (i, ai) in a.iter_mut().enumerate() {
                 let qc = _mm256_broadcast_ss(&*qp.add(i * hd + c));
                 for (aw, &kw) in ai.iter_mut().zip(&k) {
@@ -90,7 +91,7 @@ unsafe fn score_keys<const R: usize, const W: usize>(
         }
         for (i, ai) in a.iter().enumerate() {
             for (w, &aw) in ai.iter().enumerate() {
-                _mm256_storeu_ps(sp.add(i * bc + j + 8 * w), aw);
+                _mm256_storeu_ps(sp.add(i * bc + 8 * w), aw);
             }
         }
     }
