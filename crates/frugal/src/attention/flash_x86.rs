@@ -298,7 +298,7 @@ pub(super) fn reads_in_place(ty: KvType) -> bool {
 /// `pv[i] (+)= sum_j p[i][j] * v_j` for `R` rows and keys `0..jn`: `p` is `R x bc` (row `i` at
 /// `i * bc`), value row `j` is `hd` values of type `ty` (any format; `hd` a multiple of
 /// 16) at byte `j * stride` of `v` (a decoded tile, or the cache itself read in place).
-/// Twenty-four or sixteen outputs by `R` rows in registers, each loaded value vector serving `R`
+/// Thirty-two, twenty-four or sixteen outputs by `R` rows in registers, each loaded value vector serving `R`
 /// rows, and each output one chain of multiply-adds over the keys in order. With
 /// `accumulate` the sums continue from `pv`, so a tile taken in several runs (a paged cache's
 /// blocks) gives the same bits as in one.
@@ -360,18 +360,21 @@ unsafe fn weighted<L: Lanes, const R: usize>(
     unsafe {
         let mut d0 = 0;
         while d0 < hd {
-            // Twenty-four outputs a pass for three rows or fewer: nine independent chains of
-            // multiply-adds, where six (sixteen outputs by three rows, decode of a GQA group of
-            // three) waited on their latency at one multiply-add per key each. Thirty-two would
-            // want more registers than there are. Q8_0 keeps sixteen, which share a block scale.
-            if R <= 3 && !L::PAIRED && d0 + 24 <= hd {
+            // Thirty-two outputs a pass for three rows or fewer (twelve independent chains of
+            // multiply-adds, where sixteen outputs by three rows, decode of a GQA group of three,
+            // gave six that waited on their latency), then twenty-four for what is left. Q8_0
+            // keeps sixteen, which share a block scale.
+            if R <= 3 && !L::PAIRED && d0 + 32 <= hd {
+                weigh_pass_wide::<L, R>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
+                d0 += 32;
+            } else if R <= 3 && !L::PAIRED && d0 + 24 <= hd {
                 weigh_pass::<L, R, 3>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
                 d0 += 24;
             } else if d0 + 16 <= hd {
                 weigh_pass::<L, R, 2>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
                 d0 += 16;
             } else {
-                // Eight left after passes of twenty-four (never for Q8_0, whose passes stay at
+                // Eight left after passes of thirty-two or twenty-four (never for Q8_0, whose passes stay at
                 // multiples of sixteen).
                 weigh_pass::<L, R, 1>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
                 d0 += 8;
@@ -434,6 +437,57 @@ unsafe fn weigh_pass<L: Lanes, const R: usize, const W: usize>(
                     *aw = _mm256_fmadd_ps(pj, vw, *aw);
                 }
             }
+        }
+        for (i, ai) in a.iter().enumerate() {
+            for (w, &aw) in ai.iter().enumerate() {
+                _mm256_storeu_ps(op.add(i * hd + d0 + 8 * w), aw);
+            }
+        }
+    }
+}
+
+/// [`weigh_pass`] for thirty-two outputs and at most three rows: twelve chains. The rows'
+/// weights are broadcast first and each value vector is loaded as it is used, so twelve sums,
+/// three weights and one value fit the sixteen registers.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn weigh_pass_wide<L: Lanes, const R: usize>(
+    pp: *const f32,
+    bc: usize,
+    vp: *const u8,
+    stride: usize,
+    hd: usize,
+    jn: usize,
+    op: *mut f32,
+    accumulate: bool,
+    ahead: &mut Ahead,
+    d0: usize,
+) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        let mut a = [[_mm256_setzero_ps(); 4]; R];
+        if accumulate {
+            for (i, ai) in a.iter_mut().enumerate() {
+                for (w, aw) in ai.iter_mut().enumerate() {
+                    *aw = _mm256_loadu_ps(op.add(i * hd + d0 + 8 * w));
+                }
+            }
+        }
+        let mut row = vp;
+        for j in 0..jn {
+            if d0 == 0 {
+                ahead.advance(1);
+            }
+            let pj: [__m256; R] =
+                std::array::from_fn(|i| _mm256_broadcast_ss(&*pp.add(i * bc + j)));
+            for w in 0..4 {
+                let v = L::load8(row, d0 + 8 * w);
+                for (ai, &p) in a.iter_mut().zip(&pj) {
+                    ai[w] = _mm256_fmadd_ps(p, v, ai[w]);
+                }
+            }
+            row = row.add(stride);
         }
         for (i, ai) in a.iter().enumerate() {
             for (w, &aw) in ai.iter().enumerate() {
