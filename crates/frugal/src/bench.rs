@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::eval::EvalOptions;
 use crate::kv::{KvSequence, SeqCache};
 use crate::model::{Logits, Model, Scratch};
+use crate::pages::Pages;
 
 /// Repeated timings of one test, in tokens per second.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -140,8 +141,25 @@ pub fn decode_at(
 pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
     const CHUNK: usize = 1 << 20;
     let bytes = bytes.max(CHUNK).next_multiple_of(CHUNK);
-    // u64 words written with distinct values, so every page is really backed.
-    let buf: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+    // u64 words written with distinct values, so every page is really backed; on huge pages
+    // where the system grants them, as the weights and the cache are (`crate::pages`), since a
+    // stream over small pages reads slower and would give a bound decode can pass.
+    let mut pages = Pages::zeroed(bytes, true).ok();
+    let heap: Vec<u64>;
+    let buf: &[u64] = match pages.as_mut() {
+        Some(p) => {
+            for (i, w) in p.chunks_exact_mut(8).enumerate() {
+                w.copy_from_slice(&(i as u64).to_le_bytes());
+            }
+            // SAFETY: a mapping starts on a page boundary (8-byte aligned); `bytes` is a
+            // multiple of 8 and every bit pattern is a u64.
+            unsafe { std::slice::from_raw_parts(p.as_ptr().cast(), bytes / 8) }
+        }
+        None => {
+            heap = (0..bytes as u64 / 8).collect();
+            &heap
+        }
+    };
     let threads = rayon::current_num_threads().max(1);
     let share = (buf.len() / threads).next_multiple_of(CHUNK / 8);
     let pass = || {

@@ -20,6 +20,7 @@ pub mod gguf;
 pub mod kv;
 pub mod model;
 pub mod ops;
+mod pages;
 pub mod quant;
 pub mod sample;
 pub mod speculate;

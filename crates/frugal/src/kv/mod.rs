@@ -20,6 +20,7 @@ mod format;
 #[cfg(target_arch = "x86_64")]
 mod format_x86;
 mod paged;
+mod pool_buffers;
 pub mod prefix;
 mod ring_blocks;
 

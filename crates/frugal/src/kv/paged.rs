@@ -13,7 +13,8 @@
 //!
 //! Physical buffers are allocated for the whole pool up front as zeroed memory, whose pages the
 //! operating system supplies on first write: memory follows the blocks written, and appending
-//! never reallocates (the decode loop does not allocate). Each layer's buffer keeps one region
+//! never reallocates (the decode loop does not allocate). Every layer's keys and values share
+//! one allocation (`pool_buffers`). Each layer's buffer keeps one region
 //! per KV head ([`BlockLayout::HeadRegions`]), so the blocks a growing sequence takes one after
 //! another hold each head's positions as one stream. Keys stored as f32, f16 or bf16 are kept
 //! by column within each block's part of a head (value `c` of the block's position `p` at
@@ -38,6 +39,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::contiguous::check_format;
+use super::pool_buffers::PoolBuffers;
 use super::prefix::BlockHash;
 use super::ring_blocks::RingBlocks;
 use super::{BlockLayout, CacheShape, KvError, KvFormat, KvSequence, KvType, KvView, Rings};
@@ -82,8 +84,7 @@ pub struct KvPool {
     v_row: usize,
     /// Per layer, every block of the pool laid out as [`Self::layout`] (empty for a layer in
     /// rings); only the blocks written so far occupy memory.
-    k: Vec<Vec<u8>>,
-    v: Vec<Vec<u8>>,
+    buffers: PoolBuffers,
     /// Reference count of every materialized block (0 = in `free` or `evictable`).
     refs: Vec<u32>,
     free: Vec<u32>,
@@ -157,18 +158,13 @@ impl KvPool {
         // No value rows when attention reads the values from the keys (`v_row` 0).
         let (k_row, v_row) = (format.k.bytes(kv_dim), format.v.bytes(shape.v_dim()));
         let ring = RingBlocks::new(&rings, n_layers, block_size, n_blocks, (k_row, v_row), &err)?;
-        let mut k = Vec::with_capacity(n_layers);
-        let mut v = Vec::with_capacity(n_layers);
-        for l in 0..n_layers {
-            let windowed = ring.as_ref().is_some_and(|r| r.windowed[l]);
-            for (side, rb) in [(&mut k, k_row), (&mut v, v_row)] {
-                side.push(if windowed {
-                    Vec::new()
-                } else {
-                    zeroed(rows * rb).map_err(err)?
-                });
-            }
-        }
+        let sizes: Vec<(usize, usize)> = (0..n_layers)
+            .map(|l| match ring.as_ref().is_some_and(|r| r.windowed[l]) {
+                true => (0, 0),
+                false => (rows * k_row, rows * v_row),
+            })
+            .collect();
+        let buffers = PoolBuffers::zeroed(&sizes).map_err(err)?;
         Ok(KvPool {
             n_layers,
             kv_dim,
@@ -178,8 +174,7 @@ impl KvPool {
             total_blocks: n_blocks,
             k_row,
             v_row,
-            k,
-            v,
+            buffers,
             refs: bookkeeping(n_blocks).map_err(err)?,
             free: bookkeeping(n_blocks).map_err(err)?,
             hash_of: bookkeeping(n_blocks).map_err(err)?,
@@ -510,8 +505,9 @@ impl KvPool {
                     let (kf, kt) = (at(self.k_row, old), at(self.k_row, new as usize));
                     let (vf, vt) = (at(self.v_row, old), at(self.v_row, new as usize));
                     let (kn, vn) = (bs * self.k_row / self.heads, bs * self.v_row / self.heads);
-                    self.k[l].copy_within(kf..kf + kn, kt);
-                    self.v[l].copy_within(vf..vf + vn, vt);
+                    let (kd, vd) = self.buffers.layer_mut(l);
+                    kd.copy_within(kf..kf + kn, kt);
+                    vd.copy_within(vf..vf + vn, vt);
                 }
             }
             self.release(old as u32);
@@ -604,14 +600,17 @@ impl KvPool {
         let (k_row, v_row, blocks) = (self.k_row, self.v_row, self.total_blocks);
         let (kd, vd, table, per_seq, regions) =
             match self.ring.as_mut().filter(|r| r.windowed[layer]) {
-                Some(r) => (&mut r.k[layer], &mut r.v[layer], &s.ring, r.per_seq, false),
-                None => (
-                    &mut self.k[layer],
-                    &mut self.v[layer],
-                    &s.table,
-                    usize::MAX,
-                    true,
+                Some(r) => (
+                    &mut r.k[layer][..],
+                    &mut r.v[layer][..],
+                    &s.ring,
+                    r.per_seq,
+                    false,
                 ),
+                None => {
+                    let (kd, vd) = self.buffers.layer_mut(layer);
+                    (kd, vd, &s.table, usize::MAX, true)
+                }
             };
         let at = |row: usize, blk: usize, off: usize, h: usize| {
             let hb = row / heads;
@@ -665,8 +664,11 @@ impl KvPool {
         let s = self.seq(id);
         let n = s.len + s.pending;
         let (kd, vd, table, ring) = match self.ring.as_ref().filter(|r| r.windowed[layer]) {
-            Some(r) => (&r.k[layer], &r.v[layer], &s.ring, r.rows()),
-            None => (&self.k[layer], &self.v[layer], &s.table, 0),
+            Some(r) => (&r.k[layer][..], &r.v[layer][..], &s.ring, r.rows()),
+            None => {
+                let (kd, vd) = self.buffers.layer(layer);
+                (kd, vd, &s.table, 0)
+            }
         };
         let bs = self.block_size;
         let layout = if ring > 0 {
@@ -705,24 +707,6 @@ fn head_in_regions(
     h: usize,
 ) -> usize {
     ((h * blocks + blk) * bs + off) * head_bytes
-}
-
-/// `n` zero bytes whose pages the operating system supplies on first write (the allocator's
-/// zeroed allocation maps fresh pages for sizes this large), so a pool nobody has written to
-/// costs address space only; an allocation that fails is an error, not an abort.
-fn zeroed(n: usize) -> Result<Vec<u8>, String> {
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<u8>(n).map_err(|e| e.to_string())?;
-    // SAFETY: `layout` has a nonzero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-    if ptr.is_null() {
-        return Err(format!("cannot allocate {n} bytes"));
-    }
-    // SAFETY: `ptr` comes from the global allocator with the layout of `n` bytes (alignment 1,
-    // capacity `n`), and all `n` bytes are initialized (to zero).
-    Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
 /// An empty vector with room for one entry per block, or an error (not an abort) when that

@@ -83,6 +83,7 @@ impl Model {
         let head =
             (a == Activations::Q8Full || head.ty == crate::quant::GgmlType::Q8_0).then_some(head);
         let sparse_kernels = kernels::sparse_available(kernels::detect());
+        let mut dense = Vec::new();
         for m in layers.chain(head) {
             if m.packed.is_some() || m.sparse.is_some() {
                 continue;
@@ -96,14 +97,18 @@ impl Model {
                 } else {
                     m.packed = pack_dense_twin(&view).ok().map(std::sync::Arc::new);
                 }
-            } else if let Ok(p) = PackedMatrix::pack(&view) {
-                m.packed = Some(std::sync::Arc::new(p));
-            } else {
-                continue;
+                file.release(m.file_range());
+            } else if PackedMatrix::packed_len(&view).is_some() {
+                dense.push(m);
             }
-            // Release each matrix's pages as soon as its copy exists, so the peak stays
-            // near one copy of the weights rather than two.
-            file.release(m.file_range());
+        }
+        // The rest in one buffer on huge pages; each matrix's pages of the file map are
+        // released as soon as its copy exists, so the peak stays near one copy of the weights
+        // rather than two.
+        let views: Vec<_> = dense.iter().map(|m| m.view(file)).collect();
+        let packed = PackedMatrix::pack_shared(&views, |i| file.release(dense[i].file_range()));
+        for (m, p) in dense.iter_mut().zip(packed) {
+            m.packed = Some(std::sync::Arc::new(p));
         }
         // Float weights (F32, F16, BF16) have nothing to run on integers: say so rather than
         // quantize activations no product reads.

@@ -27,7 +27,12 @@
 //! same bytes as the file, in one sequential stream per group. (llama.cpp's load-time repacking
 //! follows the same idea.) The last group is padded with zero rows.
 
+use std::ops::Range;
+use std::sync::Arc;
+
 use rayon::prelude::*;
+
+use crate::pages::Pages;
 
 use super::act::{PairActs, PairRow, Q8Acts, Q8Row, WideActs, WidePairActs, WidePairRow, WideRow};
 use super::kernels;
@@ -44,7 +49,27 @@ pub struct PackedMatrix {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
-    data: Vec<u8>,
+    data: Bytes,
+}
+
+/// Where a packed matrix's bytes live: a buffer of its own, or its range of one buffer that a
+/// model's matrices share, on huge pages where the system grants them ([`crate::pages`]): a
+/// decode step reads every matrix once, and a layer's matrices (0.1-0.6 MB each for SmolLM2)
+/// are each smaller than a huge page.
+#[derive(Clone, Debug)]
+enum Bytes {
+    Own(Vec<u8>),
+    Shared(Arc<Pages>, Range<usize>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Own(v) => v,
+            Bytes::Shared(p, r) => &p[r.clone()],
+        }
+    }
 }
 
 /// The packed layout of one block column of a group.
@@ -202,13 +227,82 @@ pub fn packed_unit(ty: GgmlType, column: &[u8], r: usize, u: usize) -> Unit {
 impl PackedMatrix {
     /// Repacks `w` (any format with a [`layout`]).
     pub fn pack(w: &WeightMatrix) -> Result<Self, QuantError> {
-        let l = layout(w.ty).ok_or(QuantError::Unsupported(w.ty))?;
+        let n = Self::packed_len(w).ok_or(QuantError::Unsupported(w.ty))?;
+        let mut data = vec![0u8; n];
+        Self::pack_into(w, &mut data);
+        Ok(PackedMatrix {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            data: Bytes::Own(data),
+        })
+    }
+
+    /// The bytes [`Self::pack`] gives `w`, or `None` for a format with no packed layout.
+    pub fn packed_len(w: &WeightMatrix) -> Option<usize> {
+        let l = layout(w.ty)?;
+        Some(w.rows.div_ceil(GROUP) * (w.cols / l.span) * l.column_bytes())
+    }
+
+    /// [`Self::pack`] for each of `ws`, into one buffer ([`Bytes::Shared`]); `done(i)` is
+    /// called once matrix `i` is written, to release its source. Where that buffer cannot be
+    /// had, each gets its own. Formats with no packed layout are the caller's to leave out.
+    pub fn pack_shared(ws: &[WeightMatrix], mut done: impl FnMut(usize)) -> Vec<Self> {
+        let lens: Vec<usize> = ws
+            .iter()
+            .map(|w| Self::packed_len(w).expect("a packed type"))
+            .collect();
+        // Each matrix from a cache line on.
+        let starts: Vec<usize> = lens
+            .iter()
+            .scan(0usize, |end, &n| {
+                let start = end.next_multiple_of(64);
+                *end = start + n;
+                Some(start)
+            })
+            .collect();
+        let total = starts.last().zip(lens.last()).map_or(0, |(s, n)| s + n);
+        let Ok(mut pages) = Pages::zeroed(total, true) else {
+            return ws
+                .iter()
+                .enumerate()
+                .map(|(i, w)| {
+                    let p = Self::pack(w).expect("a packed type");
+                    done(i);
+                    p
+                })
+                .collect();
+        };
+        for (i, w) in ws.iter().enumerate() {
+            Self::pack_into(w, &mut pages[starts[i]..starts[i] + lens[i]]);
+            done(i);
+        }
+        let pages = Arc::new(pages);
+        ws.iter()
+            .enumerate()
+            .map(|(i, w)| Self::shared(w, pages.clone(), starts[i]..starts[i] + lens[i]))
+            .collect()
+    }
+
+    /// A matrix whose packed bytes ([`Self::pack_into`]) are `range` of `pages`.
+    fn shared(w: &WeightMatrix, pages: Arc<Pages>, range: Range<usize>) -> Self {
+        debug_assert_eq!(Some(range.len()), Self::packed_len(w));
+        PackedMatrix {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            data: Bytes::Shared(pages, range),
+        }
+    }
+
+    /// Writes the packed layout of `w` into `data` ([`Self::packed_len`] zeroed bytes).
+    fn pack_into(w: &WeightMatrix, data: &mut [u8]) {
+        let l = layout(w.ty).expect("a packed type");
         debug_assert!(has_units(w.ty));
         let nb = w.cols / l.span;
         let col = l.column_bytes();
-        let groups = w.rows.div_ceil(GROUP);
+        assert_eq!(Some(data.len()), Self::packed_len(w), "packed matrix size");
         let src_block = w.ty.block_bytes();
-        let mut data = vec![0u8; groups * nb * col];
         data.par_chunks_mut(nb * col)
             .enumerate()
             .for_each(|(g, out)| {
@@ -229,12 +323,6 @@ impl PackedMatrix {
                     }
                 }
             });
-        Ok(PackedMatrix {
-            ty: w.ty,
-            rows: w.rows,
-            cols: w.cols,
-            data,
-        })
     }
 
     fn group_bytes(&self) -> usize {
