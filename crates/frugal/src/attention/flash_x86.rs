@@ -298,7 +298,7 @@ pub(super) fn reads_in_place(ty: KvType) -> bool {
 /// `pv[i] (+)= sum_j p[i][j] * v_j` for `R` rows and keys `0..jn`: `p` is `R x bc` (row `i` at
 /// `i * bc`), value row `j` is `hd` values of type `ty` (any format; `hd` a multiple of
 /// 16) at byte `j * stride` of `v` (a decoded tile, or the cache itself read in place).
-/// Thirty-two, twenty-four or sixteen outputs by `R` rows in registers, each loaded value vector serving `R`
+/// Thirty-two or sixteen outputs by `R` rows in registers, each loaded value vector serving `R`
 /// rows, and each output one chain of multiply-adds over the keys in order. With
 /// `accumulate` the sums continue from `pv`, so a tile taken in several runs (a paged cache's
 /// blocks) gives the same bits as in one.
@@ -360,24 +360,16 @@ unsafe fn weighted<L: Lanes, const R: usize>(
     unsafe {
         let mut d0 = 0;
         while d0 < hd {
-            // Thirty-two outputs a pass for three rows or fewer (twelve independent chains of
-            // multiply-adds, where sixteen outputs by three rows, decode of a GQA group of three,
-            // gave six that waited on their latency), then twenty-four for what is left. Q8_0
-            // keeps sixteen, which share a block scale.
+            // Thirty-two outputs a pass for three rows or fewer: twelve independent chains of
+            // multiply-adds, where sixteen outputs by three rows (decode of a GQA group of
+            // three) gave six that waited on their latency. Sixteen otherwise, and for what is
+            // left (`hd` is a multiple of 16); Q8_0 keeps sixteen, which share a block scale.
             if R <= 3 && !L::PAIRED && d0 + 32 <= hd {
                 weigh_pass_wide::<L, R>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
                 d0 += 32;
-            } else if R <= 3 && !L::PAIRED && d0 + 24 <= hd {
-                weigh_pass::<L, R, 3>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
-                d0 += 24;
-            } else if d0 + 16 <= hd {
+            } else {
                 weigh_pass::<L, R, 2>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
                 d0 += 16;
-            } else {
-                // Eight left after passes of thirty-two or twenty-four (never for Q8_0, whose passes stay at
-                // multiples of sixteen).
-                weigh_pass::<L, R, 1>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
-                d0 += 8;
             }
         }
     }

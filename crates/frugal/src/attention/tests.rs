@@ -248,8 +248,8 @@ fn simd_loops_match<const R: usize>() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    // For three rows, head widths whose value passes are 24 + 8, 24 + 24, 24 + 24 + 16 and
-    // 24 x 3 + 8 wide, and tiles whose keys end in a pass of 24, 16 or 8.
+    // For three rows, head widths whose value passes are 32, 32 + 16, 32 + 32 and 32 + 32 + 16
+    // wide, and tiles whose keys end in a pass of 24, 16 or 8.
     for (hd, bc) in [(64, 64), (128, 32), (16, 24), (32, 40), (48, 24), (80, 32)] {
         let q = random(R * hd, 1.0, &mut rng);
         let kt = random(hd * bc, 1.0, &mut rng);
