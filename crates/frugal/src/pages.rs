@@ -74,6 +74,43 @@ impl Pages {
     }
 }
 
+impl Pages {
+    /// Asks the system to put bytes `range` (whole huge pages of a large buffer) on huge pages
+    /// from now on: advised (`MADV_HUGEPAGE`), so a page not written yet comes as a huge one at
+    /// its first write, and merged now (`MADV_COLLAPSE`, Linux 6.1 on), copying what is
+    /// written there, for a page already written on small ones. For a buffer on small pages
+    /// once it is known that most of the range will be written. Hints: refused or
+    /// unsupported, nothing changes; the contents stay the same either way.
+    pub(crate) fn collapse(&self, range: std::ops::Range<usize>) {
+        #[cfg(target_os = "linux")]
+        if let Some(m) = &self.map
+            && huge_pages_wanted()
+            && range.start < range.end
+            && range.end <= self.len
+            && (self.off + range.start).is_multiple_of(HUGE_PAGE)
+        {
+            /// Not in every libc's bindings yet; the value is the kernel's.
+            const MADV_COLLAPSE: libc::c_int = 25;
+            for advice in [libc::MADV_HUGEPAGE, MADV_COLLAPSE] {
+                // SAFETY: the range lies inside the mapping `m` owns; neither advice changes
+                // a byte of it (the kernel copies the pages it merges).
+                unsafe {
+                    libc::madvise(
+                        m.as_ptr().add(self.off + range.start) as *mut libc::c_void,
+                        range.len(),
+                        advice,
+                    )
+                };
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = range;
+    }
+
+    /// The huge page size: the granule of [`Self::collapse`].
+    pub(crate) const HUGE: usize = HUGE_PAGE;
+}
+
 /// Whether large buffers ask for huge pages: yes unless `FRUGAL_HUGE_PAGES=0` (to measure what
 /// they buy, or to keep a process on small pages).
 fn huge_pages_wanted() -> bool {

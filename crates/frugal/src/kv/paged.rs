@@ -14,7 +14,8 @@
 //! Physical buffers are allocated for the whole pool up front as zeroed memory, whose pages the
 //! operating system supplies on first write: memory follows the blocks written, and appending
 //! never reallocates (the decode loop does not allocate). Every layer's keys and values share
-//! one allocation (`pool_buffers`). Each layer's buffer keeps one region
+//! one allocation (`pool_buffers`), whose pages move onto huge pages as the blocks handed out
+//! fill them. Each layer's buffer keeps one region
 //! per KV head ([`BlockLayout::HeadRegions`]), so the blocks a growing sequence takes one after
 //! another hold each head's positions as one stream. Keys stored as f32, f16 or bf16 are kept
 //! by column within each block's part of a head (value `c` of the block's position `p` at
@@ -164,7 +165,7 @@ impl KvPool {
                 false => (rows * k_row, rows * v_row),
             })
             .collect();
-        let buffers = PoolBuffers::zeroed(&sizes).map_err(err)?;
+        let buffers = PoolBuffers::zeroed(&sizes, shape.n_head_kv.max(1), n_blocks).map_err(err)?;
         Ok(KvPool {
             n_layers,
             kv_dim,
@@ -440,6 +441,7 @@ impl KvPool {
             None => {
                 let b = self.fresh;
                 self.fresh += 1;
+                self.buffers.settle(self.fresh);
                 self.refs.push(0);
                 self.hash_of.push(None);
                 self.tick_of.push(0);
