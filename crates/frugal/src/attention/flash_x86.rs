@@ -365,7 +365,7 @@ unsafe fn weighted<L: Lanes, const R: usize>(
             // three) gave six that waited on their latency. Sixteen otherwise, and for what is
             // left (`hd` is a multiple of 16); Q8_0 keeps sixteen, which share a block scale.
             if R <= 3 && !L::PAIRED && d0 + 32 <= hd {
-                weigh_pass_wide::<L, R>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
+                weigh_pass::<L, R, 4>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
                 d0 += 32;
             } else {
                 weigh_pass::<L, R, 2>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
@@ -376,8 +376,11 @@ unsafe fn weighted<L: Lanes, const R: usize>(
 }
 
 /// Outputs `d0..d0 + 8W` of [`weighted`]'s `R` rows: `W` vectors by `R` rows of accumulators,
-/// each a chain of multiply-adds over the keys in order. Reports the keys to `ahead` on the
-/// first pass (`d0 == 0`).
+/// each a chain of multiply-adds over the keys in order. The rows' weights of a key are
+/// broadcast first and each value vector is loaded as it is used, so thirty-two outputs by three
+/// rows fit the sixteen registers (twelve sums, three weights, one value); Q8_0 loads its pairs
+/// of vectors first, which share a block scale. Reports the keys to `ahead` on the first pass
+/// (`d0 == 0`).
 ///
 /// # Safety
 /// As for [`weighted`]'s body, with `d0 + 8W <= hd` (`W` even and `d0` a multiple of 16
@@ -407,65 +410,7 @@ unsafe fn weigh_pass<L: Lanes, const R: usize, const W: usize>(
                 }
             }
         }
-        for j in 0..jn {
-            if d0 == 0 {
-                ahead.advance(1);
-            }
-            let row = vp.add(j * stride);
-            let mut v = [_mm256_setzero_ps(); W];
-            debug_assert!(!L::PAIRED || W.is_multiple_of(2));
-            if L::PAIRED {
-                for h in 0..W / 2 {
-                    [v[2 * h], v[2 * h + 1]] = L::load16(row, d0 + 16 * h);
-                }
-            } else {
-                for (w, vw) in v.iter_mut().enumerate() {
-                    *vw = L::load8(row, d0 + 8 * w);
-                }
-            }
-            for (i, ai) in a.iter_mut().enumerate() {
-                let pj = _mm256_broadcast_ss(&*pp.add(i * bc + j));
-                for (aw, &vw) in ai.iter_mut().zip(&v) {
-                    *aw = _mm256_fmadd_ps(pj, vw, *aw);
-                }
-            }
-        }
-        for (i, ai) in a.iter().enumerate() {
-            for (w, &aw) in ai.iter().enumerate() {
-                _mm256_storeu_ps(op.add(i * hd + d0 + 8 * w), aw);
-            }
-        }
-    }
-}
-
-/// [`weigh_pass`] for thirty-two outputs and at most three rows: twelve chains. The rows'
-/// weights are broadcast first and each value vector is loaded as it is used, so twelve sums,
-/// three weights and one value fit the sixteen registers.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn weigh_pass_wide<L: Lanes, const R: usize>(
-    pp: *const f32,
-    bc: usize,
-    vp: *const u8,
-    stride: usize,
-    hd: usize,
-    jn: usize,
-    op: *mut f32,
-    accumulate: bool,
-    ahead: &mut Ahead,
-    d0: usize,
-) {
-    // SAFETY: forwarded to the caller.
-    unsafe {
-        let mut a = [[_mm256_setzero_ps(); 4]; R];
-        if accumulate {
-            for (i, ai) in a.iter_mut().enumerate() {
-                for (w, aw) in ai.iter_mut().enumerate() {
-                    *aw = _mm256_loadu_ps(op.add(i * hd + d0 + 8 * w));
-                }
-            }
-        }
+        debug_assert!(!L::PAIRED || W.is_multiple_of(2));
         let mut row = vp;
         for j in 0..jn {
             if d0 == 0 {
@@ -473,10 +418,20 @@ unsafe fn weigh_pass_wide<L: Lanes, const R: usize>(
             }
             let pj: [__m256; R] =
                 std::array::from_fn(|i| _mm256_broadcast_ss(&*pp.add(i * bc + j)));
-            for w in 0..4 {
-                let v = L::load8(row, d0 + 8 * w);
+            let mut weigh = |w: usize, v: __m256| {
                 for (ai, &p) in a.iter_mut().zip(&pj) {
                     ai[w] = _mm256_fmadd_ps(p, v, ai[w]);
+                }
+            };
+            if L::PAIRED {
+                for h in 0..W / 2 {
+                    let [v0, v1] = L::load16(row, d0 + 16 * h);
+                    weigh(2 * h, v0);
+                    weigh(2 * h + 1, v1);
+                }
+            } else {
+                for w in 0..W {
+                    weigh(w, L::load8(row, d0 + 8 * w));
                 }
             }
             row = row.add(stride);
