@@ -25,6 +25,7 @@ pub mod quant;
 pub mod sample;
 pub mod speculate;
 pub mod surgery;
+pub mod team;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -223,22 +223,19 @@ pub(super) fn flash_with(
             partials.resize(total, 0.0);
         }
         let parts = &mut partials[..total];
-        parts
-            .par_chunks_mut(stride)
-            .enumerate()
-            .for_each(|(i, part)| {
-                let (kvh, c) = (i / nchunks, c0 + i % nchunks);
-                let (acc, ml) = part.split_at_mut(rows * hd);
-                let (m, l) = ml.split_at_mut(rows);
-                let span = Span {
-                    kvh,
-                    t0: 0,
-                    t1: n,
-                    lo: c * chunk,
-                    hi: ((c + 1) * chunk).min(len),
-                };
-                TILES.with_borrow_mut(|t| block(&job, span, acc, m, l, t));
-            });
+        crate::team::for_each_part(parts, stride, |i, part| {
+            let (kvh, c) = (i / nchunks, c0 + i % nchunks);
+            let (acc, ml) = part.split_at_mut(rows * hd);
+            let (m, l) = ml.split_at_mut(rows);
+            let span = Span {
+                kvh,
+                t0: 0,
+                t1: n,
+                lo: c * chunk,
+                hi: ((c + 1) * chunk).min(len),
+            };
+            TILES.with_borrow_mut(|t| block(&job, span, acc, m, l, t));
+        });
         // Merge each row's chunks in order, then normalize.
         let parts = &*parts;
         for kvh in 0..s.n_head_kv {
@@ -474,7 +471,7 @@ fn block_body<const R: usize>(
     let mut j0 = span.lo + first.saturating_sub(span.lo) / bc * bc;
     // The cache rows of the first tile at once, then each next tile's spread over this one's
     // work (`ahead`). The last tile's plan reaches into the keys after the span: a thread takes
-    // a run of consecutive chunks of one KV head (rayon splits the index range in halves), so
+    // a run of consecutive chunks of one KV head (the team claims runs, `crate::team`), so
     // that is most often the first tile of its next chunk, which would otherwise start cold.
     for kv in [&job.k, &job.v] {
         if j0 < kv.len() {

@@ -341,6 +341,20 @@ impl Model {
         lens: &[usize],
         kv: &mut dyn KvBatch,
         s: &mut Scratch,
+        obs: Option<&mut dyn Observer>,
+    ) -> Result<usize, Error> {
+        // The pool's threads are held for the whole pass: its ~250 short parallel sections
+        // (a decode step) then cost a store and a spin each instead of a rayon fork and join.
+        crate::team::with_team(|| self.run_layers(input, layers, lens, kv, s, obs))
+    }
+
+    fn run_layers(
+        &self,
+        input: Input,
+        layers: Range<usize>,
+        lens: &[usize],
+        kv: &mut dyn KvBatch,
+        s: &mut Scratch,
         mut obs: Option<&mut dyn Observer>,
     ) -> Result<usize, Error> {
         let c = &self.config;

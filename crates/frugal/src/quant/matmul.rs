@@ -206,20 +206,18 @@ pub(super) fn par_row_groups(
 ) {
     assert_eq!(y.len(), total_rows * n);
     let out = SharedOut(y.as_mut_ptr());
-    (0..total_rows.div_ceil(tile_rows))
-        .into_par_iter()
-        .for_each(|c| {
-            let r0 = c * tile_rows;
-            let rows = tile_rows.min(total_rows - r0);
-            let mut w = RowsOut {
-                out,
-                total_rows,
-                n,
-                r0,
-                rows,
-            };
-            task(r0, rows, &mut w);
-        });
+    crate::team::for_each(total_rows.div_ceil(tile_rows), |c| {
+        let r0 = c * tile_rows;
+        let rows = tile_rows.min(total_rows - r0);
+        let mut w = RowsOut {
+            out,
+            total_rows,
+            n,
+            r0,
+            rows,
+        };
+        task(r0, rows, &mut w);
+    });
 }
 
 #[cfg(test)]

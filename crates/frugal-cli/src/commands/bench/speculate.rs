@@ -55,6 +55,10 @@ pub struct Args {
     /// figure)
     #[arg(long = "first-row-cost", value_name = "V")]
     pub first_row_cost: Option<f64>,
+    /// Print the bench's prompts (JSON: input-grounded and open) and exit, to run a peer on
+    /// the same ones (`scripts/speculate-vs-llama-server`)
+    #[arg(long = "list-prompts")]
+    pub list_prompts: bool,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -224,6 +228,11 @@ fn pass_costs(model: &Model, a: &Args, rows: &[usize]) -> Result<Vec<(usize, f64
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.list_prompts {
+        let prompts = serde_json::json!({ "input-grounded": GROUNDED, "open": OPEN });
+        println!("{prompts}");
+        return Ok(());
+    }
     anyhow::ensure!(
         a.reps > 0 && a.max_tokens > 0,
         "--reps and --max-tokens must be at least 1"
