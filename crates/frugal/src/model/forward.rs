@@ -160,9 +160,10 @@ impl Model {
     /// Runs `tokens` through the model, appending their keys and values to `kv`, and returns the
     /// logits of the requested rows (`rows x n_vocab`, row-major).
     ///
-    /// The products and attention split their work over rayon's threads. Call it from inside
-    /// the pool that runs them (`pool.install(|| ...)`, as the CLI and the server do): from
-    /// outside, every parallel section is a cross-thread handoff, which measured ~60% slower
+    /// The products and attention split their work over the current rayon pool's threads,
+    /// held as one team for the pass (`crate::team`). Call it from inside the pool that runs
+    /// them (`pool.install(|| ...)`, as the CLI and the server do): from outside there is no
+    /// team, and every parallel section is a cross-thread handoff, which measured ~60% slower
     /// per one-token decode step (7.6 against 4.6 ms for SmolLM2 on 2 threads).
     pub fn forward<'s>(
         &self,
