@@ -16,7 +16,9 @@ use std::arch::x86_64::*;
 use super::ahead::Ahead;
 use crate::kv::KvType;
 
-use super::flash::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx};
+use super::flash_span::{
+    EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx,
+};
 
 /// Whether this CPU runs the loops here (AVX-512 F, VL and DQ, plus the AVX2, FMA and F16C
 /// the AVX2 loops around them need).

@@ -14,7 +14,9 @@ use std::arch::x86_64::*;
 use super::ahead::Ahead;
 use crate::kv::{KvType, Q8_0_BLOCK};
 
-use super::flash::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx};
+use super::flash_span::{
+    EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx,
+};
 
 /// `s[i][j] = q_i . k_j` for `R` rows and keys `0..jn` of a transposed tile (`kt[c * bc + j]`),
 /// twenty-four, sixteen or eight keys by `R` rows in registers: each key vector loaded serves `R`
@@ -447,7 +449,7 @@ unsafe fn weigh_pass<L: Lanes, const R: usize, const W: usize>(
 /// `kt[c * bc + j0 + j] = row_j[c]` for `m` rows of `hd` values of type `ty` (any format; `hd`
 /// a multiple of 8, of 32 for Q8_0) at byte `j * stride` of `src`: the transposed key tile `scores`
 /// reads, filled eight rows by eight columns at a time with in-register 8x8 transposes, straight
-/// from the cache (the scalar twin is the element loop in `flash::block_body`).
+/// from the cache (the scalar twin is the element loop in `flash_span::block_body`).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.

@@ -29,6 +29,7 @@ mod flash_avx512;
 mod flash_columns;
 #[cfg(target_arch = "x86_64")]
 mod flash_q8_avx2;
+mod flash_span;
 #[cfg(target_arch = "x86_64")]
 mod flash_vnni;
 #[cfg(target_arch = "x86_64")]

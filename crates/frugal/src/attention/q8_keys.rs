@@ -242,7 +242,7 @@ pub(super) fn scores<const R: usize>(
 }
 
 /// A SIMD kernel of [`scores`]' signature (plus the next tile's prefetches): what
-/// `flash::block_body` dispatches to and [`check_kernel_bits`] checks.
+/// `flash_span::block_body` dispatches to and [`check_kernel_bits`] checks.
 #[cfg(target_arch = "x86_64")]
 pub(super) type ScoresKernel<const R: usize> = unsafe fn(
     &QuantQueries,

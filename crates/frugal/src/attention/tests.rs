@@ -212,13 +212,13 @@ fn exp_approx_is_within_two_ulp_of_exp() {
     let mut worst = 0f32;
     for i in 0..=(87 * 4096) {
         let x = -(i as f32) / 4096.0;
-        let (a, b) = (super::flash::exp_approx(x), x.exp());
+        let (a, b) = (super::flash_span::exp_approx(x), x.exp());
         let ulps = (a - b).abs() / (b * f32::EPSILON);
         worst = worst.max(ulps);
     }
     assert!(worst <= 2.0, "worst error {worst} ulp");
-    assert_eq!(super::flash::exp_approx(0.0), 1.0);
-    assert!(super::flash::exp_approx(f32::NEG_INFINITY) < 2e-38);
+    assert_eq!(super::flash_span::exp_approx(0.0), 1.0);
+    assert!(super::flash_span::exp_approx(f32::NEG_INFINITY) < 2e-38);
 }
 
 /// The bytes of `v`, as a cache stores f32 rows.
@@ -239,7 +239,7 @@ fn simd_flash_loops_match_the_portable_ones() {
 
 #[cfg(target_arch = "x86_64")]
 fn simd_loops_match<const R: usize>() {
-    use super::flash::{exp_row, scores, weighted_values};
+    use super::flash_span::{exp_row, scores, weighted_values};
     use super::flash_x86;
     if !(is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
@@ -717,7 +717,7 @@ fn flash_window_matches_naive() {
 
 /// Rows computed three at a time (GQA groups of three) get the same bits as when computed
 /// four at a time: each row's sums run in the same order whatever the row count, so the
-/// choice in `flash::block` changes speed only. Up to three rows weigh values 32 dimensions a
+/// choice in `flash_span::block` changes speed only. Up to three rows weigh values 32 dimensions a
 /// pass where four take 16, so this also holds the wide pass to the narrow one's bits (head
 /// dimension 48 takes the narrow pass for both).
 #[cfg(target_arch = "x86_64")]
