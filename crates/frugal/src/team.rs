@@ -42,7 +42,7 @@ struct Section {
 }
 
 /// See the module documentation.
-pub struct Team {
+struct Team {
     state: AtomicU64,
     next: AtomicUsize,
     /// Written by the owner only while no helper is inside a section (closed, none active);

@@ -134,18 +134,16 @@ mod tests {
     use super::*;
     use crate::kv::{CacheShape, KvFormat, KvPool, KvSequence, KvType};
 
+    /// A one-layer pool of three 64-wide heads in blocks of 16 positions.
+    fn pool(ty: KvType, blocks: usize) -> KvPool {
+        KvPool::new(1, CacheShape::new(3, 64), KvFormat::both(ty), 16, blocks).unwrap()
+    }
+
     /// Every line of the next tile is requested once over the tile's reports, keys' lines
     /// first, none before its share is due, all of them by `finish`.
     #[test]
     fn requests_its_share_of_the_lines_as_keys_are_reported() {
-        let mut pool = KvPool::new(
-            1,
-            CacheShape::new(3, 64),
-            KvFormat::both(KvType::Q8_0),
-            16,
-            32,
-        )
-        .unwrap();
+        let mut pool = pool(KvType::Q8_0, 32);
         let id = pool.add_sequence(256);
         let mut seq = pool.slot(id);
         seq.reserve(200).unwrap();
@@ -182,14 +180,7 @@ mod tests {
     /// in the pool) the lines are requested again.
     #[test]
     fn runs_that_continue_the_last_plan_are_left_to_the_hardware() {
-        let mut pool = KvPool::new(
-            1,
-            CacheShape::new(3, 64),
-            KvFormat::both(KvType::F16),
-            16,
-            64,
-        )
-        .unwrap();
+        let mut pool = pool(KvType::F16, 64);
         let (a, b) = (pool.add_sequence(512), pool.add_sequence(512));
         let rows = vec![0.25f32; 16 * 3 * 64];
         // Sequence a takes blocks 0..5 in order; then b and a take blocks in turn, so a's
