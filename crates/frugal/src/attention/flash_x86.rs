@@ -362,13 +362,20 @@ unsafe fn weighted<L: Lanes, const R: usize>(
     unsafe {
         let mut d0 = 0;
         while d0 < hd {
-            // Thirty-two outputs a pass for three rows or fewer: twelve independent chains of
+            // Twenty-four outputs a pass for three rows or fewer: nine independent chains of
             // multiply-adds, where sixteen outputs by three rows (decode of a GQA group of
-            // three) gave six that waited on their latency. Sixteen otherwise, and for what is
-            // left (`hd` is a multiple of 16); Q8_0 keeps sixteen, which share a block scale.
-            if R <= 3 && !L::PAIRED && d0 + 32 <= hd {
-                weigh_pass::<L, R, 4>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
-                d0 += 32;
+            // three) gave six that waited on their latency. Thirty-two (twelve sums, three
+            // weights and a value: all sixteen registers) left the compiler two sums short, and
+            // their spill and reload at every key put a store in two chains: attention's
+            // arithmetic at depth 4,096 took 23% longer (Zen 2, one thread, cache in L3).
+            // Sixteen otherwise and for what is left, eight for a last odd vector; Q8_0 keeps
+            // sixteen, which share a block scale.
+            if R <= 3 && !L::PAIRED && d0 + 24 <= hd {
+                weigh_pass::<L, R, 3>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
+                d0 += 24;
+            } else if !L::PAIRED && d0 + 16 > hd {
+                weigh_pass::<L, R, 1>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
+                d0 += 8;
             } else {
                 weigh_pass::<L, R, 2>(pp, bc, vp, stride, hd, jn, op, accumulate, ahead, d0);
                 d0 += 16;
@@ -379,8 +386,8 @@ unsafe fn weighted<L: Lanes, const R: usize>(
 
 /// Outputs `d0..d0 + 8W` of [`weighted`]'s `R` rows: `W` vectors by `R` rows of accumulators,
 /// each a chain of multiply-adds over the keys in order. The rows' weights of a key are
-/// broadcast first and each value vector is loaded as it is used, so thirty-two outputs by three
-/// rows fit the sixteen registers (twelve sums, three weights, one value); Q8_0 loads its pairs
+/// broadcast first and each value vector is loaded as it is used (twenty-four outputs by three
+/// rows: nine sums, three weights and one value in registers); Q8_0 loads its pairs
 /// of vectors first, which share a block scale. Reports the keys to `ahead` on the first pass
 /// (`d0 == 0`).
 ///
