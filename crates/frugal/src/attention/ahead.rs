@@ -41,6 +41,9 @@ pub(super) struct Ahead {
     rate: usize,
     /// For the keys and the values: the line after the last run the previous plan saw.
     ends: [Option<usize>; 2],
+    /// For the keys and the values: how far ahead of the bytes they read the kernels ask for
+    /// lines (0: not at all), see [`Ahead::leads`].
+    leads: [usize; 2],
 }
 
 impl Ahead {
@@ -61,6 +64,24 @@ impl Ahead {
         self.total = 0;
         (self.issued, self.run, self.at, self.done) = (0, 0, 0, 0);
         for (side, kv) in [k, v].into_iter().enumerate() {
+            self.leads[side] = 0;
+            if from >= keys && from < kv.len() {
+                // The first bytes of position `p`'s span (its row, or its block by columns).
+                let at = |p| {
+                    let mut a = None;
+                    kv.head_spans(kvh, hd, p, 1, |span| {
+                        a.get_or_insert(span.as_ptr() as usize);
+                    });
+                    a
+                };
+                let tile = keys * kv.ty().bytes(hd);
+                if let (Some(here), Some(next)) = (at(from - keys), at(from))
+                    && next.wrapping_sub(here) == tile
+                {
+                    // Keys a whole tile ahead, values half a tile (see `leads`).
+                    self.leads[side] = if side == 0 { tile } else { tile / 2 };
+                }
+            }
             if from < kv.len() {
                 let n = (kv.len() - from).min(n);
                 kv.head_spans(kvh, hd, from, n, |span| {
@@ -77,6 +98,23 @@ impl Ahead {
             }
         }
         self.rate = (self.total << 16) / (2 * keys).max(1);
+    }
+
+    /// For the keys and the values: how many bytes ahead of each line they read the kernels
+    /// ask for the line that far on, or 0. Where the next tile of a side lies one tile on from
+    /// this one in memory (a sequence whose blocks were handed out one after another, kept
+    /// back to back in each head's region), its runs continue the previous plan's and the plan
+    /// leaves them out; the kernels ask for them instead, each a line ahead for each line it
+    /// reads, so the requests keep pace with the reading and none waits in a burst for a miss
+    /// buffer. The core's own stream prefetchers run only a few lines ahead while the tile's
+    /// arithmetic slows the loads, so without this a Zen 2 core kept about half the misses in
+    /// flight that a plain read keeps. Keys a whole tile ahead, values half a tile: with both
+    /// a whole tile ahead the two tiles in use and the two requested fill the 32 KiB L1
+    /// (decode at depth 4,096, f16: 89.8-92.0 tok/s against 94.3-94.4; half a tile for both
+    /// 84.6-90.2, none 82.0-89.6, same binary, Zen 2). Where the next tile lies elsewhere,
+    /// the plan requests its lines from the block table.
+    pub fn leads(&self) -> [usize; 2] {
+        self.leads
     }
 
     /// `n` more keys of the current tile were scored or weighed: requests the lines due by now.
@@ -207,14 +245,19 @@ mod tests {
         ahead.plan(&k, &v, 0, 64, 0, 32, 32);
         let first = ahead.total;
         assert!(first > 0);
-        // Keys 32..64 follow keys 0..32 in both regions.
+        // Keys 32..64 follow keys 0..32 in both regions: the kernels ask for them, a tile
+        // ahead for keys and half a tile for values.
         ahead.plan(&k, &v, 0, 64, 32, 32, 32);
         assert_eq!(ahead.total, 0);
+        let tile = 32 * KvType::F16.bytes(64);
+        assert_eq!(ahead.leads(), [tile, tile / 2]);
         // Another head starts elsewhere.
         ahead.plan(&k, &v, 1, 64, 64, 16, 16);
         assert_eq!(ahead.total, first / 2);
-        // Head 1's next block of sequence a is two blocks on: requested as well.
+        // Head 1's next block of sequence a is two blocks on: requested as well, and the
+        // kernels ask for nothing ahead of a tile whose next one lies elsewhere.
         ahead.plan(&k, &v, 1, 64, 80, 16, 16);
         assert_eq!(ahead.total, first / 2);
+        assert_eq!(ahead.leads(), [0, 0]);
     }
 }

@@ -407,11 +407,16 @@ unsafe fn weighted_w<L: Lanes16, const R: usize, const W: usize>(
                 }
             }
         }
+        // The value lines a tile on (see `Ahead::leads`) as each row is read, on the first pass.
+        let lead = if d0 == 0 { ahead.leads()[1] } else { 0 };
         for j in 0..jn {
+            let row = vp.add(j * stride);
             if d0 == 0 {
                 ahead.advance(1);
+                if lead > 0 {
+                    super::flash_x86::hint_lines(row.wrapping_add(lead), L::TY.bytes(hd));
+                }
             }
-            let row = vp.add(j * stride);
             let vals: [__m512; W] = std::array::from_fn(|w| L::load16(row, d0 + 16 * w));
             for (i, ai) in a.iter_mut().enumerate() {
                 let pj = _mm512_set1_ps(*pp.add(i * bc + j));

@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
-use super::flash_x86::{Bf16Lanes, F16Lanes, F32Lanes, Lanes, score_keys};
+use super::flash_x86::{Bf16Lanes, ColumnHint, F16Lanes, F32Lanes, Lanes, score_keys};
 use crate::kv::KvType;
 
 /// `flash_x86::scores` for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
@@ -73,13 +73,29 @@ unsafe fn score_columns<L: Lanes, const R: usize>(
     unsafe {
         let column = |c: usize| bp.add(c * bs * es);
         let mut j = 0;
+        // One tile on (see `Ahead::leads`), a line for each line of the block read: the first
+        // column of each line (columns narrower than a line share it).
+        let lead = ahead.leads()[0];
+        let hint = ColumnHint {
+            at: (lead > 0).then(|| bp.add(off * es).wrapping_add(lead)),
+            stride: bs * es,
+            mask: (1usize << 64usize.div_ceil(bs * es).max(1).ilog2()) - 1,
+        };
         while j + 16 <= m {
             let key = |c, w| L::load8(column(c), off + j + 8 * w);
-            score_keys::<R, 2>(qp, hd, key, sp.add(j), bc);
+            let hint = if j == 0 { hint } else { ColumnHint::NONE };
+            score_keys::<R, 2>(qp, hd, key, hint, sp.add(j), bc);
             j += 16;
         }
         if j + 8 <= m {
-            score_keys::<R, 1>(qp, hd, |c, _| L::load8(column(c), off + j), sp.add(j), bc);
+            score_keys::<R, 1>(
+                qp,
+                hd,
+                |c, _| L::load8(column(c), off + j),
+                ColumnHint::NONE,
+                sp.add(j),
+                bc,
+            );
             j += 8;
         }
         if j < m {
@@ -94,7 +110,7 @@ unsafe fn score_columns<L: Lanes, const R: usize>(
                 L::load8(tail.as_ptr(), 0)
             };
             let mut out = [[0f32; 8]; R];
-            score_keys::<R, 1>(qp, hd, key, out.as_mut_ptr().cast(), 8);
+            score_keys::<R, 1>(qp, hd, key, ColumnHint::NONE, out.as_mut_ptr().cast(), 8);
             for (i, oi) in out.iter().enumerate() {
                 std::ptr::copy_nonoverlapping(oi.as_ptr(), sp.add(i * bc + j), n);
             }

@@ -49,17 +49,34 @@ pub(super) unsafe fn scores<const R: usize>(
             // vectors by three rows, decode of a GQA group of three) waited on their latency.
             let key = |c: usize, w: usize| _mm256_loadu_ps(kp.add(c * bc + j + 8 * w));
             if R <= 3 && j + 24 <= bc && jn - j > 16 {
-                score_keys::<R, 3>(qp, hd, key, sp.add(j), bc);
+                score_keys::<R, 3>(qp, hd, key, ColumnHint::NONE, sp.add(j), bc);
                 j += 24;
             } else if j + 16 <= bc && jn - j > 8 {
-                score_keys::<R, 2>(qp, hd, key, sp.add(j), bc);
+                score_keys::<R, 2>(qp, hd, key, ColumnHint::NONE, sp.add(j), bc);
                 j += 16;
             } else {
-                score_keys::<R, 1>(qp, hd, key, sp.add(j), bc);
+                score_keys::<R, 1>(qp, hd, key, ColumnHint::NONE, sp.add(j), bc);
                 j += 8;
             }
         }
     }
+}
+
+/// Lines for [`score_keys`] to ask for as it reads keys kept by column: at dimension `c`
+/// with `c & mask == 0`, the line at `at + c * stride` (see `Ahead::leads`).
+#[derive(Copy, Clone)]
+pub(super) struct ColumnHint {
+    pub(super) at: Option<*const u8>,
+    pub(super) stride: usize,
+    pub(super) mask: usize,
+}
+
+impl ColumnHint {
+    pub(super) const NONE: ColumnHint = ColumnHint {
+        at: None,
+        stride: 0,
+        mask: 0,
+    };
 }
 
 /// Scores of `8W` keys for `R` rows: `W` vectors of keys by `R` rows of accumulators, each a
@@ -76,6 +93,7 @@ pub(super) unsafe fn score_keys<const R: usize, const W: usize>(
     qp: *const f32,
     hd: usize,
     key: impl Fn(usize, usize) -> __m256,
+    hint: ColumnHint,
     sp: *mut f32,
     bc: usize,
 ) {
@@ -83,6 +101,11 @@ pub(super) unsafe fn score_keys<const R: usize, const W: usize>(
     unsafe {
         let mut a = [[_mm256_setzero_ps(); W]; R];
         for c in 0..hd {
+            if let Some(at) = hint.at
+                && c & hint.mask == 0
+            {
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(c * hint.stride).cast());
+            }
             let k: [__m256; W] = std::array::from_fn(|w| key(c, w));
             for (i, ai) in a.iter_mut().enumerate() {
                 let qc = _mm256_broadcast_ss(&*qp.add(i * hd + c));
@@ -290,6 +313,16 @@ impl Lanes for Q8Lanes {
     }
 }
 
+/// Asks for the lines of the `len` bytes at `at` (a hint: any address will do).
+#[inline(always)]
+pub(super) fn hint_lines(at: *const u8, len: usize) {
+    let (first, last) = (at as usize >> 6, (at as usize + len.max(1) - 1) >> 6);
+    for line in first..=last {
+        // SAFETY: prefetching is a hint that never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::without_provenance(line << 6)) };
+    }
+}
+
 /// Whether the key transpose reads a cache of type `ty` in place (every format but Q8_0, whose
 /// keys are scored in integers instead, see `flash_q8_avx2`). The weighted values read every
 /// format in place.
@@ -420,10 +453,16 @@ unsafe fn weigh_pass<L: Lanes, const R: usize, const W: usize>(
             }
         }
         debug_assert!(!L::PAIRED || W.is_multiple_of(2));
+        // The value lines a tile on (see `Ahead::leads`) as each row is read, on the first pass.
+        let lead = if d0 == 0 { ahead.leads()[1] } else { 0 };
+        let row_bytes = L::TY.bytes(hd);
         let mut row = vp;
         for j in 0..jn {
             if d0 == 0 {
                 ahead.advance(1);
+                if lead > 0 {
+                    hint_lines(row.wrapping_add(lead), row_bytes);
+                }
             }
             let pj: [__m256; R] =
                 std::array::from_fn(|i| _mm256_broadcast_ss(&*pp.add(i * bc + j)));
