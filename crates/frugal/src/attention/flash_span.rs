@@ -350,7 +350,33 @@ fn block_body<const R: usize>(
                 scores::<R>(qb, &t.kt, bc, jmax, sb);
             }
             let mut corr = [0f32; R];
-            for (i, &n_i) in jn.iter().enumerate() {
+            // Every row seeing the same keys of the tile (a decode step's rows: one token's
+            // query heads): their exponentials side by side, the same bits as row by row.
+            #[cfg(target_arch = "x86_64")]
+            let together = fast && !job.wide && jn == [jmax; R] && js == [js[0]; R];
+            #[cfg(not(target_arch = "x86_64"))]
+            let together = false;
+            #[cfg(target_arch = "x86_64")]
+            if together {
+                let (j_s, mut m_new) = (js[0], [0f32; R]);
+                for (i, (mi, ci)) in m_new.iter_mut().zip(&mut corr).enumerate() {
+                    let r = rb + i;
+                    // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
+                    let tile_max =
+                        unsafe { super::flash_x86::row_max(&sb[i * bc + j_s..][..jmax - j_s]) };
+                    *mi = m[r].max(tile_max);
+                    *ci = exp_approx(m[r] - *mi);
+                }
+                // SAFETY: as above.
+                let sums = unsafe { super::flash_x86::exp_rows::<R>(sb, bc, j_s, jmax, m_new) };
+                for i in 0..R {
+                    sb[i * bc..i * bc + j_s].fill(0.0);
+                    let r = rb + i;
+                    l[r] = l[r] * corr[i] + sums[i];
+                    m[r] = m_new[i];
+                }
+            }
+            for (i, &n_i) in jn.iter().enumerate().filter(|_| !together) {
                 let sr = &mut sb[i * bc..i * bc + jmax];
                 if n_i == 0 {
                     sr.fill(0.0);

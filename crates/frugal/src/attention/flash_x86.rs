@@ -127,36 +127,62 @@ pub(super) unsafe fn score_keys<const R: usize, const W: usize>(
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn exp8(x: __m256) -> __m256 {
-    let x = _mm256_min_ps(
-        _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN)),
-        _mm256_setzero_ps(),
-    );
+    let [e] = exp8s([x]);
+    e
+}
+
+/// [`exp8`] of `N` vectors at once, each step taken across all of them: the exponential is one
+/// chain of some thirty dependent operations, and `N` independent chains side by side keep the
+/// vector units busy where one chain waits on its own latency (the core's scheduler holds too
+/// few of a lone chain's operations to overlap many vectors of it). Each lane's operations and
+/// their order are `exp8`'s, so the bits are too.
+// Indexed loops: each step written across the N vectors in the same shape.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp8s<const N: usize>(x: [__m256; N]) -> [__m256; N] {
     let round = _mm256_set1_ps(EXP_ROUND);
-    let t = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), round);
-    let n = _mm256_sub_ps(t, round);
-    let r = _mm256_sub_ps(
-        _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_HI))),
-        _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_LO)),
-    );
-    let mut p = _mm256_set1_ps(EXP_POLY[0]);
-    for &c in &EXP_POLY[1..] {
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+    let (mut t, mut r, mut p) = ([round; N], [round; N], [_mm256_set1_ps(EXP_POLY[0]); N]);
+    let mut x = x;
+    for i in 0..N {
+        x[i] = _mm256_min_ps(
+            _mm256_max_ps(x[i], _mm256_set1_ps(EXP_MIN)),
+            _mm256_setzero_ps(),
+        );
     }
-    let er = _mm256_add_ps(
-        _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r),
-        _mm256_set1_ps(1.0),
-    );
-    let bits = _mm256_slli_epi32(
-        _mm256_add_epi32(
-            _mm256_sub_epi32(
-                _mm256_castps_si256(t),
-                _mm256_set1_epi32(EXP_ROUND.to_bits() as i32),
+    for i in 0..N {
+        t[i] = _mm256_add_ps(_mm256_mul_ps(x[i], _mm256_set1_ps(EXP_LOG2E)), round);
+    }
+    for i in 0..N {
+        let n = _mm256_sub_ps(t[i], round);
+        r[i] = _mm256_sub_ps(
+            _mm256_sub_ps(x[i], _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_HI))),
+            _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_LO)),
+        );
+    }
+    for &c in &EXP_POLY[1..] {
+        for i in 0..N {
+            p[i] = _mm256_add_ps(_mm256_mul_ps(p[i], r[i]), _mm256_set1_ps(c));
+        }
+    }
+    for i in 0..N {
+        let er = _mm256_add_ps(
+            _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p[i], r[i]), r[i]), r[i]),
+            _mm256_set1_ps(1.0),
+        );
+        let bits = _mm256_slli_epi32(
+            _mm256_add_epi32(
+                _mm256_sub_epi32(
+                    _mm256_castps_si256(t[i]),
+                    _mm256_set1_epi32(EXP_ROUND.to_bits() as i32),
+                ),
+                _mm256_set1_epi32(127),
             ),
-            _mm256_set1_epi32(127),
-        ),
-        23,
-    );
-    _mm256_mul_ps(er, _mm256_castsi256_ps(bits))
+            23,
+        );
+        x[i] = _mm256_mul_ps(er, _mm256_castsi256_ps(bits));
+    }
+    x
 }
 
 /// The largest element of `s` (`-inf` when empty), NaNs ignored: the value of the scalar
@@ -212,6 +238,53 @@ pub(super) unsafe fn exp_row(s: &mut [f32], max: f32) -> f32 {
         sum += *x;
     }
     sum
+}
+
+/// [`exp_row`] of `R` rows at once (rows `i * stride + lo..i * stride + hi` of `s`, each less
+/// its own `max[i]`): the rows' exponentials side by side ([`exp8s`]) rather than one row's
+/// chain after another. Each row's values and sum are `exp_row`'s bits.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn exp_rows<const R: usize>(
+    s: &mut [f32],
+    stride: usize,
+    lo: usize,
+    hi: usize,
+    max: [f32; R],
+) -> [f32; R] {
+    assert!(lo <= hi && (R == 0 || (R - 1) * stride + hi <= s.len()));
+    let m = max.map(|x| _mm256_set1_ps(x));
+    let mut acc = [_mm256_setzero_ps(); R];
+    let whole = lo + (hi - lo) / 8 * 8;
+    let base = s.as_mut_ptr();
+    let mut j = lo;
+    while j < whole {
+        // SAFETY: rows i < R hold j + 8 <= hi values at offset i * stride (asserted above).
+        unsafe {
+            let x: [__m256; R] = std::array::from_fn(|i| {
+                _mm256_sub_ps(_mm256_loadu_ps(base.add(i * stride + j)), m[i])
+            });
+            let e = exp8s(x);
+            for i in 0..R {
+                _mm256_storeu_ps(base.add(i * stride + j), e[i]);
+                acc[i] = _mm256_add_ps(acc[i], e[i]);
+            }
+        }
+        j += 8;
+    }
+    std::array::from_fn(|i| {
+        let mut lanes = [0f32; 8];
+        // SAFETY: lanes is 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
+        let mut sum = lanes.iter().sum::<f32>();
+        for x in &mut s[i * stride + whole..i * stride + hi] {
+            *x = exp_approx(*x - max[i]);
+            sum += *x;
+        }
+        sum
+    })
 }
 
 /// Eight stored values widened to f32 lanes: how the in-place loops read each format.

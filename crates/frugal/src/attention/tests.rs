@@ -277,6 +277,21 @@ fn simd_loops_match<const R: usize>() {
             let s2 = unsafe { flash_x86::exp_row(&mut e2, 1.5) };
             assert_eq!(e1, e2);
             assert!((s1 - s2).abs() <= jn as f32 * f32::EPSILON * s1);
+            // The rows' exponentials side by side: each row's values and sum are the bits of
+            // the row alone, from any first key (a window's) to any last.
+            for lo in [0, 1, jn / 2] {
+                let maxes: [f32; R] = std::array::from_fn(|i| 0.25 * i as f32 - 0.5);
+                let mut together = a.clone();
+                // SAFETY: as above.
+                let sums = unsafe { flash_x86::exp_rows::<R>(&mut together, bc, lo, jn, maxes) };
+                for (i, &mx) in maxes.iter().enumerate() {
+                    let mut alone = a[i * bc..i * bc + bc].to_vec();
+                    // SAFETY: as above.
+                    let sum = unsafe { flash_x86::exp_row(&mut alone[lo..jn], mx) };
+                    assert_eq!(sums[i].to_bits(), sum.to_bits());
+                    assert_eq!(&together[i * bc..i * bc + bc], &alone[..]);
+                }
+            }
             // The row maximum: the scalar fold's value exactly, NaNs ignored as it ignores
             // them, and -inf for an empty row.
             let fold = |r: &[f32]| r.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
