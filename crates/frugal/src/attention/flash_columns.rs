@@ -7,14 +7,15 @@
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
-use super::flash_x86::{Bf16Lanes, ColumnHint, F16Lanes, F32Lanes, Lanes, score_keys};
+use super::flash_x86::{Bf16Lanes, ColumnHint, F16Lanes, F32Lanes, Lanes, LineHint, score_keys};
 use crate::kv::KvType;
 
 /// `flash_x86::scores` for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
 /// positions `off..off + m` of one block (`bs` values of type `ty` per column, f32, f16 or
 /// bf16), read where they lie and widened as loaded; row `i`'s scores at `s[i * bc + j]`. Each
 /// score is the same chain of multiply-adds over the dimensions in order as `scores` computes
-/// on a transposed tile, so the bits are the same.
+/// on a transposed tile, so the bits are the same. `values`: the lines of these keys' values,
+/// asked for as the columns are read (see `Ahead::leads`).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
@@ -29,14 +30,15 @@ pub(super) unsafe fn scores_columns<const R: usize>(
     s: &mut [f32],
     bc: usize,
     ahead: &mut Ahead,
+    values: Option<LineHint>,
 ) {
     let a = ahead;
     // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
     unsafe {
         match ty {
-            KvType::F32 => score_columns::<F32Lanes, R>(q, block, bs, off, m, s, bc, a),
-            KvType::F16 => score_columns::<F16Lanes, R>(q, block, bs, off, m, s, bc, a),
-            KvType::Bf16 => score_columns::<Bf16Lanes, R>(q, block, bs, off, m, s, bc, a),
+            KvType::F32 => score_columns::<F32Lanes, R>(q, block, bs, off, m, s, bc, a, values),
+            KvType::F16 => score_columns::<F16Lanes, R>(q, block, bs, off, m, s, bc, a, values),
+            KvType::Bf16 => score_columns::<Bf16Lanes, R>(q, block, bs, off, m, s, bc, a, values),
             KvType::Q8_0 => unreachable!("Q8_0 keys are kept by rows"),
         }
     }
@@ -53,6 +55,7 @@ unsafe fn score_columns<L: Lanes, const R: usize>(
     s: &mut [f32],
     bc: usize,
     ahead: &mut Ahead,
+    values: Option<LineHint>,
 ) {
     let hd = q.len() / R;
     let es = L::TY.bytes(1);
@@ -73,13 +76,14 @@ unsafe fn score_columns<L: Lanes, const R: usize>(
     unsafe {
         let column = |c: usize| bp.add(c * bs * es);
         let mut j = 0;
-        // One tile on (see `Ahead::leads`), a line for each line of the block read: the first
-        // column of each line (columns narrower than a line share it).
+        // The next tile's keys, one tile on (see `Ahead::leads`): the lines of the block that
+        // far on, spread over its columns. And the values of these keys, which the weighted
+        // sum reads after the scores and the exponentials, asked for as the scores begin.
         let lead = ahead.leads()[0];
+        let keys_ahead = bp.add(off * es).wrapping_add(lead);
         let hint = ColumnHint {
-            at: (lead > 0).then(|| bp.add(off * es).wrapping_add(lead)),
-            stride: bs * es,
-            mask: (1usize << 64usize.div_ceil(bs * es).max(1).ilog2()) - 1,
+            keys: (lead > 0).then(|| LineHint::spread(keys_ahead, bs * es * hd, hd)),
+            values,
         };
         while j + 16 <= m {
             let key = |c, w| L::load8(column(c), off + j + 8 * w);

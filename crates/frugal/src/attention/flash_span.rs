@@ -279,13 +279,13 @@ fn block_body<const R: usize>(
             // Visible keys of this tile per row: `js..jn` (causal: up to the row's own
             // position; under a window, from its first visible key). A row that sees none of
             // the tile has `jn == 0`.
-            let mut js = [0usize; R];
-            let jn: [usize; R] = std::array::from_fn(|i| {
+            let (mut js, mut jn) = ([0usize; R], [0usize; R]);
+            for (i, (s_i, n_i)) in js.iter_mut().zip(&mut jn).enumerate() {
                 let pos = job.pos0 + span.t0 + (rb + i) / group;
-                js[i] = s.first_visible(pos).saturating_sub(j0).min(nb);
+                *s_i = s.first_visible(pos).saturating_sub(j0).min(nb);
                 let end = (pos + 1).saturating_sub(j0).min(nb);
-                if rb + i < rows && js[i] < end { end } else { 0 }
-            });
+                *n_i = if rb + i < rows && *s_i < end { end } else { 0 };
+            }
             let jmax = jn.iter().copied().max().unwrap_or(0);
             if jmax == 0 {
                 continue; // every row's part of the tile is in the future
@@ -316,9 +316,23 @@ fn block_body<const R: usize>(
                 #[cfg(not(target_arch = "x86_64"))]
                 q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);
             } else if direct {
+                // The run of value rows that holds key j (from `v_at`), for the values' lines
+                // the scores ask for.
+                let (mut v_run, mut v_at) = (job.v.head_run(span.kvh, hd, j0, jmax), 0);
                 let mut j = 0;
                 while j < jmax {
                     let (bytes, bs, off, m) = job.k.head_block(span.kvh, hd, j0 + j, jmax - j);
+                    if j >= v_at + v_run.2 {
+                        (v_run, v_at) = (job.v.head_run(span.kvh, hd, j0 + j, jmax - j), j);
+                    }
+                    let (v_bytes, v_stride, v_rows) = v_run;
+                    let rows_here = m.min(v_at + v_rows - j);
+                    #[cfg(target_arch = "x86_64")]
+                    let values = Some(super::flash_x86::LineHint::spread(
+                        v_bytes[(j - v_at) * v_stride..].as_ptr(),
+                        rows_here * v_stride,
+                        hd,
+                    ));
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `direct` implies `fast`: the CPU has AVX2, FMA and F16C.
                     unsafe {
@@ -332,6 +346,7 @@ fn block_body<const R: usize>(
                             &mut sb[j..],
                             bc,
                             &mut t.ahead,
+                            values,
                         )
                     };
                     j += m;
@@ -353,20 +368,22 @@ fn block_body<const R: usize>(
             // Every row seeing the same keys of the tile (a decode step's rows: one token's
             // query heads): their exponentials side by side, the same bits as row by row.
             #[cfg(target_arch = "x86_64")]
-            let together = fast && !job.wide && jn == [jmax; R] && js == [js[0]; R];
+            let together = fast && !job.wide && (0..R).all(|i| jn[i] == jmax && js[i] == js[0]);
             #[cfg(not(target_arch = "x86_64"))]
             let together = false;
             #[cfg(target_arch = "x86_64")]
             if together {
                 let (j_s, mut m_new) = (js[0], [0f32; R]);
-                for (i, (mi, ci)) in m_new.iter_mut().zip(&mut corr).enumerate() {
-                    let r = rb + i;
+                for (i, mi) in m_new.iter_mut().enumerate() {
                     // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
                     let tile_max =
                         unsafe { super::flash_x86::row_max(&sb[i * bc + j_s..][..jmax - j_s]) };
-                    *mi = m[r].max(tile_max);
-                    *ci = exp_approx(m[r] - *mi);
+                    *mi = m[rb + i].max(tile_max);
                 }
+                // SAFETY: as above.
+                corr = unsafe {
+                    super::flash_x86::exp_lanes(std::array::from_fn(|i| m[rb + i] - m_new[i]))
+                };
                 // SAFETY: as above.
                 let sums = unsafe { super::flash_x86::exp_rows::<R>(sb, bc, j_s, jmax, m_new) };
                 for i in 0..R {

@@ -62,20 +62,64 @@ pub(super) unsafe fn scores<const R: usize>(
     }
 }
 
-/// Lines for [`score_keys`] to ask for as it reads keys kept by column: at dimension `c`
-/// with `c & mask == 0`, the line at `at + c * stride` (see `Ahead::leads`).
+/// Lines for [`score_keys`] to ask for as it reads keys kept by column, one stream of them:
+/// at dimension `c` with `c & mask == 0`, the line at `at + c * stride`.
+#[derive(Copy, Clone)]
+pub(super) struct LineHint {
+    at: *const u8,
+    stride: usize,
+    mask: usize,
+}
+
+impl LineHint {
+    /// The lines of the `len` bytes from `at`, asked for over the `hd` columns of a block: a
+    /// share of whole lines' bytes per column, one request every few columns, requests at
+    /// most a line apart. Every line is asked for while a share is at most a line (a block of
+    /// up to sixteen positions, any format); of a longer share only the first line is. A
+    /// request per column at most, at a multiple of a fixed stride, keeps the column loop a
+    /// few pointer additions longer.
+    pub(super) fn spread(at: *const u8, len: usize, hd: usize) -> LineHint {
+        let first = at.wrapping_sub(at as usize % 64);
+        let whole = (at as usize % 64 + len).next_multiple_of(64);
+        let stride = whole.div_ceil(hd.max(1)).max(1);
+        let mask = (1usize << (64 / stride).max(1).ilog2()) - 1;
+        LineHint {
+            at: first,
+            stride,
+            mask,
+        }
+    }
+
+    /// The lines asked for over `hd` columns, in order (for tests).
+    #[cfg(test)]
+    pub(super) fn requested(&self, hd: usize) -> Vec<usize> {
+        (0..hd)
+            .filter(|c| c & self.mask == 0)
+            .map(|c| (self.at as usize + c * self.stride) / 64)
+            .collect()
+    }
+
+    #[inline(always)]
+    fn column(&self, c: usize) {
+        if c & self.mask == 0 {
+            // SAFETY: prefetching is a hint that never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(self.at.wrapping_add(c * self.stride).cast()) };
+        }
+    }
+}
+
+/// What [`score_keys`] asks for as it reads: the next tile's keys, and this tile's values
+/// (see `Ahead::leads`).
 #[derive(Copy, Clone)]
 pub(super) struct ColumnHint {
-    pub(super) at: Option<*const u8>,
-    pub(super) stride: usize,
-    pub(super) mask: usize,
+    pub(super) keys: Option<LineHint>,
+    pub(super) values: Option<LineHint>,
 }
 
 impl ColumnHint {
     pub(super) const NONE: ColumnHint = ColumnHint {
-        at: None,
-        stride: 0,
-        mask: 0,
+        keys: None,
+        values: None,
     };
 }
 
@@ -101,10 +145,11 @@ pub(super) unsafe fn score_keys<const R: usize, const W: usize>(
     unsafe {
         let mut a = [[_mm256_setzero_ps(); W]; R];
         for c in 0..hd {
-            if let Some(at) = hint.at
-                && c & hint.mask == 0
-            {
-                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(c * hint.stride).cast());
+            if let Some(h) = hint.keys {
+                h.column(c);
+            }
+            if let Some(h) = hint.values {
+                h.column(c);
             }
             let k: [__m256; W] = std::array::from_fn(|w| key(c, w));
             for (i, ai) in a.iter_mut().enumerate() {
@@ -285,6 +330,28 @@ pub(super) unsafe fn exp_rows<const R: usize>(
         }
         sum
     })
+}
+
+/// `exp_approx` of up to eight values in one vector: the same bits, without a chain of thirty
+/// scalar operations per value.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn exp_lanes<const N: usize>(x: [f32; N]) -> [f32; N] {
+    const { assert!(N <= 8) };
+    let mut lanes = [0f32; 8];
+    // `exp_approx` takes `x.min(0.0)` first, which also maps NaN to 0 (`exp8`'s clamp would map
+    // it to its floor).
+    for (l, &v) in lanes.iter_mut().zip(&x) {
+        *l = v.min(0.0);
+    }
+    // SAFETY: lanes is 8 floats.
+    unsafe {
+        let e = exp8(_mm256_loadu_ps(lanes.as_ptr()));
+        _mm256_storeu_ps(lanes.as_mut_ptr(), e);
+    }
+    std::array::from_fn(|i| lanes[i])
 }
 
 /// Eight stored values widened to f32 lanes: how the in-place loops read each format.

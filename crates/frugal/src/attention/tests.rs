@@ -985,6 +985,8 @@ fn keys_by_column_give_the_bits_of_keys_by_row() {
                     &mut got,
                     bc,
                     &mut Ahead::default(),
+                    // Asking for lines (here the block's own) changes no bits.
+                    Some(flash_x86::LineHint::spread(cols.as_ptr(), cols.len(), hd)),
                 )
             };
             for i in 0..R {
@@ -999,6 +1001,38 @@ fn keys_by_column_give_the_bits_of_keys_by_row() {
                     bits(&want),
                     "{ty} bs {bs} off {off} m {m}: row {i}"
                 );
+            }
+        }
+    }
+}
+
+/// A stream of lines spread over a block's columns asks for every line of its bytes, in order,
+/// wherever they start, and at most the line after them besides: values of up to 16 rows at
+/// every format and head width (a Q8_0 row of 68 bytes gives shares that are not a whole
+/// fraction of a line).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn line_hints_cover_every_line_of_their_bytes() {
+    for hd in [32, 64, 128] {
+        for ty in [KvType::F32, KvType::F16, KvType::Bf16, KvType::Q8_0] {
+            for rows in [1, 5, 16] {
+                for start in [0usize, 4, 60, 64 * 1000 + 17] {
+                    let len = rows * ty.bytes(hd);
+                    if (start % 64 + len).next_multiple_of(64).div_ceil(hd) > 64 {
+                        continue; // shares longer than a line: only their first lines
+                    }
+                    let at = std::ptr::without_provenance::<u8>(start);
+                    let lines = flash_x86::LineHint::spread(at, len, hd).requested(hd);
+                    let (first, end) = (start / 64, (start + len).div_ceil(64));
+                    let mut got = lines.clone();
+                    got.dedup();
+                    assert!(got.is_sorted(), "{ty} hd {hd} rows {rows} from {start}");
+                    if got.last() == Some(&end) {
+                        got.pop();
+                    }
+                    let want: Vec<usize> = (first..end).collect();
+                    assert_eq!(got, want, "{ty} hd {hd} rows {rows} from {start}");
+                }
             }
         }
     }
