@@ -1037,3 +1037,46 @@ fn line_hints_cover_every_line_of_their_bytes() {
         }
     }
 }
+
+/// The correction factors' vector exponential gives `exp_approx`'s bits, for the values a
+/// running maximum produces (`-inf` on a first tile, 0, large and small gaps) and for NaN.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn exp_lanes_gives_the_scalar_bits() {
+    use super::flash_span::exp_approx;
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let special = [
+        f32::NEG_INFINITY,
+        f32::NAN,
+        0.0,
+        -0.0,
+        -1e-30,
+        -90.0,
+        -87.5,
+        3.0,
+    ];
+    for round in 0..200 {
+        let x: [f32; 3] = std::array::from_fn(|i| {
+            if round < 3 {
+                special[(3 * round + i) % special.len()]
+            } else {
+                -rng.random::<f32>() * 40.0
+            }
+        });
+        // SAFETY: features checked above.
+        let got = unsafe { flash_x86::exp_lanes(x) };
+        for (g, &v) in got.iter().zip(&x) {
+            assert_eq!(g.to_bits(), exp_approx(v).to_bits(), "exp({v})");
+        }
+    }
+    // SAFETY: as above.
+    let eight = unsafe { flash_x86::exp_lanes([-0.5f32; 8]) };
+    assert!(
+        eight
+            .iter()
+            .all(|e| e.to_bits() == exp_approx(-0.5).to_bits())
+    );
+}
