@@ -66,18 +66,14 @@ impl Ahead {
         for (side, kv) in [k, v].into_iter().enumerate() {
             self.leads[side] = 0;
             if from >= keys && from < kv.len() {
-                // The first bytes of position `p`'s span (its row, or its block by columns).
-                let at = |p| {
-                    let mut a = None;
-                    kv.head_spans(kvh, hd, p, 1, |span| {
-                        a.get_or_insert(span.as_ptr() as usize);
-                    });
-                    a
-                };
+                // The first bytes of each tile's first position (its row, or its block by
+                // columns).
                 let tile = keys * kv.ty().bytes(hd);
-                if let (Some(here), Some(next)) = (at(from - keys), at(from))
-                    && next.wrapping_sub(here) == tile
-                {
+                let (here, next) = (
+                    kv.head_start(kvh, hd, from - keys),
+                    kv.head_start(kvh, hd, from),
+                );
+                if next.wrapping_sub(here) == tile {
                     // Keys a whole tile ahead, values half a tile (see `leads`).
                     self.leads[side] = if side == 0 { tile } else { tile / 2 };
                 }
@@ -269,5 +265,49 @@ mod tests {
         ahead.plan(&k, &v, 1, 64, 80, 16, 16);
         assert_eq!(ahead.total, first / 2);
         assert_eq!(ahead.leads(), [0, 0]);
+    }
+
+    /// `head_start` is where `head_spans` starts for one position, whatever the layout: keys
+    /// by column (the block's start), values and Q8_0 keys by row, blocks in order or
+    /// scattered, and a contiguous view.
+    #[test]
+    fn head_start_is_where_the_spans_begin() {
+        let first = |kv: &KvView, h: usize, p: usize| {
+            let mut a = None;
+            kv.head_spans(h, 64, p, 1, |span| {
+                a.get_or_insert(span.as_ptr() as usize);
+            });
+            a.unwrap()
+        };
+        for ty in [KvType::F16, KvType::Q8_0, KvType::F32] {
+            let mut pool = pool(ty, 64);
+            let (a, b) = (pool.add_sequence(512), pool.add_sequence(512));
+            let rows = vec![0.25f32; 16 * 3 * 64];
+            for id in [a, a, b, a, b, b, a] {
+                let mut seq = pool.slot(id);
+                seq.reserve(16).unwrap();
+                seq.append(0, &rows, &rows);
+                seq.commit(16);
+            }
+            let (k, v) = pool.layer(a, 0);
+            for kv in [&k, &v] {
+                for h in 0..3 {
+                    for p in 0..kv.len() {
+                        assert_eq!(
+                            kv.head_start(h, 64, p),
+                            first(kv, h, p),
+                            "{ty} head {h} at {p}"
+                        );
+                    }
+                }
+            }
+        }
+        let data = vec![0.5f32; 40 * 3 * 64];
+        let view = KvView::from_f32(&data, 3 * 64);
+        for h in 0..3 {
+            for p in 0..40 {
+                assert_eq!(view.head_start(h, 64, p), first(&view, h, p));
+            }
+        }
     }
 }

@@ -576,6 +576,28 @@ impl<'a> KvView<'a> {
         let _ = (head, head_dim, start, n);
     }
 
+    /// The address of the first byte [`head_spans`](Self::head_spans) gives for position
+    /// `pos` alone: its head's row, or for a view by columns its head's part of the block that
+    /// holds it. What the prefetch plan compares to tell whether a tile continues the last
+    /// one in memory, without the spans' slices and closures (it asks twice a side a tile).
+    #[inline]
+    pub fn head_start(&self, head: usize, head_dim: usize, pos: usize) -> usize {
+        let hb = self.ty.bytes(head_dim);
+        let (row, _) = self.locate(pos, 1);
+        let offset = match self.table {
+            Some((_, bs, BlockLayout::HeadRegions { blocks })) if self.columns => {
+                (head * blocks * bs + row / bs * bs) * hb
+            }
+            None => row * self.row_bytes + head * hb,
+            Some((_, bs, BlockLayout::HeadMajor)) => {
+                let (blk, off) = (row / bs, row % bs);
+                blk * bs * self.row_bytes + head * bs * hb + off * hb
+            }
+            Some((_, bs, BlockLayout::HeadRegions { blocks })) => (head * blocks * bs + row) * hb,
+        };
+        self.data.as_ptr() as usize + offset
+    }
+
     /// Calls `f` with the bytes of head `head` of rows `start..start+n`, one span per run of
     /// rows whose heads lie back to back (a per-head region: a whole run at once, so a head that
     /// is not a whole number of lines, 68 bytes for a Q8_0 head of 64, shares its lines with
