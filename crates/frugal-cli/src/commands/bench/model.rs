@@ -42,6 +42,15 @@ pub fn run(a: Args) -> Result<()> {
         attention: a.engine.attention()?,
     };
     let threads = rayon::current_num_threads();
+    let weight_bytes = frugal::bench::weight_bytes_per_token(&model);
+    let kv_bytes = frugal::bench::kv_bytes_per_token(&model, &opts, a.depth, a.gen_tokens);
+    let bytes_per_token = weight_bytes + kv_bytes;
+    // The bound: what one decode step reads, over the bandwidth of a working set that size read
+    // again and again (from the last-level cache when it fits, as the weights then are), taken
+    // before and after the tests and the higher kept (a neighbour on a shared machine slows a
+    // measurement, never speeds it); the memory's own bandwidth beside it.
+    let bandwidth_now = || frugal::bench::read_bandwidth(bytes_per_token as usize, 9);
+    let bandwidth_before = a.roofline.then(bandwidth_now);
     let pp = if a.prompt > 0 {
         Some(frugal::bench::prefill_at(
             &model, a.prompt, a.depth, a.reps, &opts,
@@ -60,15 +69,7 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         None
     };
-    let weight_bytes = frugal::bench::weight_bytes_per_token(&model);
-    let kv_bytes = frugal::bench::kv_bytes_per_token(&model, &opts, a.depth, a.gen_tokens);
-    let bytes_per_token = weight_bytes + kv_bytes;
-    // The bound: what one decode step reads, over the bandwidth of a working set that size read
-    // again and again (from the last-level cache when it fits, as the weights then are); the
-    // memory's own bandwidth beside it.
-    let bandwidth = a
-        .roofline
-        .then(|| frugal::bench::read_bandwidth(bytes_per_token as usize, 7));
+    let bandwidth = bandwidth_before.map(|before| before.max(bandwidth_now()));
     let dram_bandwidth = a
         .roofline
         .then(|| frugal::bench::read_bandwidth(frugal::bench::DRAM_WORKING_SET, 3));
