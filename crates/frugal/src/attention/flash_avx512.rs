@@ -407,7 +407,7 @@ unsafe fn weighted_w<L: Lanes16, const R: usize, const W: usize>(
                 }
             }
         }
-        // The value lines a tile on (see `Ahead::leads`) as each row is read, on the first pass.
+        // The value lines `Ahead::leads` ahead as each row is read, on the first pass.
         let lead = if d0 == 0 { ahead.leads()[1] } else { 0 };
         for j in 0..jn {
             let row = vp.add(j * stride);

@@ -593,7 +593,7 @@ unsafe fn weigh_pass<L: Lanes, const R: usize, const W: usize>(
             }
         }
         debug_assert!(!L::PAIRED || W.is_multiple_of(2));
-        // The value lines a tile on (see `Ahead::leads`) as each row is read, on the first pass.
+        // The value lines `Ahead::leads` ahead as each row is read, on the first pass.
         let lead = if d0 == 0 { ahead.leads()[1] } else { 0 };
         let row_bytes = L::TY.bytes(hd);
         let mut row = vp;

@@ -580,6 +580,8 @@ impl<'a> KvView<'a> {
     /// `pos` alone: its head's row, or for a view by columns its head's part of the block that
     /// holds it. What the prefetch plan compares to tell whether a tile continues the last
     /// one in memory, without the spans' slices and closures (it asks twice a side a tile).
+    /// It repeats `head_run`'s and `head_block`'s layout arithmetic rather than calling them:
+    /// through them (slices, bounds checks) decode attention at depth 4,096 ran 3% slower.
     #[inline]
     pub fn head_start(&self, head: usize, head_dim: usize, pos: usize) -> usize {
         let hb = self.ty.bytes(head_dim);
