@@ -234,7 +234,7 @@ pub(super) unsafe fn exp_row(s: &mut [f32], max: f32) -> f32 {
 }
 
 /// Sixteen stored values widened to f32 lanes: how the in-place loops read each format.
-trait Lanes16 {
+pub(super) trait Lanes16 {
     /// The stored format.
     const TY: KvType;
     /// Values `d..d + 16` of the stored row at `row` (`d` a multiple of 16), as f32.
@@ -244,10 +244,10 @@ trait Lanes16 {
     unsafe fn load16(row: *const u8, d: usize) -> __m512;
 }
 
-struct F32Lanes;
-struct F16Lanes;
-struct Bf16Lanes;
-struct Q8Lanes;
+pub(super) struct F32Lanes;
+pub(super) struct F16Lanes;
+pub(super) struct Bf16Lanes;
+pub(super) struct Q8Lanes;
 
 impl Lanes16 for F32Lanes {
     const TY: KvType = KvType::F32;
@@ -414,7 +414,10 @@ unsafe fn weighted_w<L: Lanes16, const R: usize, const W: usize>(
             if d0 == 0 {
                 ahead.advance(1);
                 if lead > 0 {
-                    super::flash_x86::hint_lines(row.wrapping_add(lead), L::TY.bytes(hd));
+                    super::flash_x86::hint_lines::<_MM_HINT_T1>(
+                        row.wrapping_add(lead),
+                        L::TY.bytes(hd),
+                    );
                 }
             }
             let vals: [__m512; W] = std::array::from_fn(|w| L::load16(row, d0 + 16 * w));

@@ -187,7 +187,7 @@ fn block_body<const R: usize>(
         #[cfg(not(target_arch = "x86_64"))]
         let (k_in_place, v_fmt_in_place) = (false, false);
         // A few rows over keys kept by column: scored straight from the cache, no tile.
-        let direct = k_in_place && job.k.columns() && rows <= R && !job.wide;
+        let direct = k_in_place && job.k.columns() && rows <= R;
         if k_q8 {
             key_rows.clear();
             while key_rows.len() < nb {
@@ -315,6 +315,24 @@ fn block_body<const R: usize>(
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);
+            } else if direct && job.wide {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `wide` implies AVX-512 F and VL besides what `fast` implies; keys
+                // kept by column are f32, f16 or bf16 (`direct`).
+                unsafe {
+                    super::flash_columns::tile_scores_wide::<R>(
+                        qb,
+                        &job.k,
+                        &job.v,
+                        span.kvh,
+                        hd,
+                        j0,
+                        jmax,
+                        sb,
+                        bc,
+                        &mut t.ahead,
+                    )
+                };
             } else if direct {
                 // The run of value rows that holds key j (from `v_at`), for the values' lines
                 // the scores ask for.
@@ -368,7 +386,7 @@ fn block_body<const R: usize>(
             // Every row seeing the same keys of the tile (a decode step's rows: one token's
             // query heads): their exponentials side by side, the same bits as row by row.
             #[cfg(target_arch = "x86_64")]
-            let together = fast && !job.wide && (0..R).all(|i| jn[i] == jmax && js[i] == js[0]);
+            let together = fast && (0..R).all(|i| jn[i] == jmax && js[i] == js[0]);
             #[cfg(not(target_arch = "x86_64"))]
             let together = false;
             #[cfg(target_arch = "x86_64")]

@@ -453,13 +453,14 @@ impl Lanes for Q8Lanes {
     }
 }
 
-/// Asks for the lines of the `len` bytes at `at` (a hint: any address will do).
+/// Asks for the lines of the `len` bytes at `at` (a hint: any address will do), into the
+/// cache level `HINT` names (`_MM_HINT_T0`: L1; `_MM_HINT_T1`: L2).
 #[inline(always)]
-pub(super) fn hint_lines(at: *const u8, len: usize) {
+pub(super) fn hint_lines<const HINT: i32>(at: *const u8, len: usize) {
     let (first, last) = (at as usize >> 6, (at as usize + len.max(1) - 1) >> 6);
     for line in first..=last {
         // SAFETY: prefetching is a hint that never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::without_provenance(line << 6)) };
+        unsafe { _mm_prefetch::<HINT>(std::ptr::without_provenance(line << 6)) };
     }
 }
 
@@ -601,7 +602,7 @@ unsafe fn weigh_pass<L: Lanes, const R: usize, const W: usize>(
             if d0 == 0 {
                 ahead.advance(1);
                 if lead > 0 {
-                    hint_lines(row.wrapping_add(lead), row_bytes);
+                    hint_lines::<_MM_HINT_T0>(row.wrapping_add(lead), row_bytes);
                 }
             }
             let pj: [__m256; R] =
