@@ -18,27 +18,31 @@ use crate::pages::Pages;
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Throughput {
     pub tokens: usize,
+    /// Every timed run, in the order they ran.
     pub runs: Vec<f64>,
     pub median: f64,
     pub min: f64,
     pub max: f64,
 }
 
+/// The median of `values` (0 when empty; the mean of the middle two for an even count).
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 impl Throughput {
-    fn from_runs(tokens: usize, mut runs: Vec<f64>) -> Self {
-        runs.sort_by(f64::total_cmp);
-        let median = if runs.is_empty() {
-            0.0
-        } else if runs.len() % 2 == 1 {
-            runs[runs.len() / 2]
-        } else {
-            (runs[runs.len() / 2 - 1] + runs[runs.len() / 2]) / 2.0
-        };
+    fn from_runs(tokens: usize, runs: Vec<f64>) -> Self {
         Throughput {
             tokens,
-            min: runs.first().copied().unwrap_or(0.0),
-            max: runs.last().copied().unwrap_or(0.0),
-            median,
+            min: runs.iter().copied().reduce(f64::min).unwrap_or(0.0),
+            max: runs.iter().copied().reduce(f64::max).unwrap_or(0.0),
+            median: median(&runs),
             runs,
         }
     }
@@ -70,7 +74,8 @@ pub fn decode(model: &Model, n: usize, reps: usize, opts: &EvalOptions) -> Resul
 }
 
 /// Times `step` (which processes `toks` into the cache) `reps` times after one warm-up, each
-/// from a cache holding the same `depth` positions (computed once, untimed).
+/// from a cache holding the same `depth` positions (computed once, untimed). `between` runs,
+/// untimed, before the first timed run, between runs and after the last.
 fn timed_at(
     model: &Model,
     toks: &[u32],
@@ -78,6 +83,7 @@ fn timed_at(
     reps: usize,
     opts: &EvalOptions,
     step: impl Fn(&[u32], &mut SeqCache, &mut Scratch) -> Result<()>,
+    mut between: impl FnMut(),
 ) -> Result<Throughput> {
     let n = toks.len();
     let mut s = Scratch::new(opts.attention);
@@ -89,12 +95,16 @@ fn timed_at(
     let mut runs = Vec::with_capacity(reps);
     for rep in 0..=reps {
         kv.truncate(depth);
+        if rep > 0 {
+            between();
+        }
         let t = Instant::now();
         step(toks, &mut kv, &mut s)?;
         if rep > 0 {
             runs.push(n as f64 / t.elapsed().as_secs_f64());
         }
     }
+    between();
     Ok(Throughput::from_runs(n, runs))
 }
 
@@ -107,10 +117,18 @@ pub fn prefill_at(
     opts: &EvalOptions,
 ) -> Result<Throughput> {
     let toks = tokens(n, model.config.n_vocab, 1);
-    timed_at(model, &toks, depth, reps, opts, |toks, kv, s| {
-        model.forward(toks, kv as &mut dyn KvSequence, s, Logits::Last)?;
-        Ok(())
-    })
+    timed_at(
+        model,
+        &toks,
+        depth,
+        reps,
+        opts,
+        |toks, kv, s| {
+            model.forward(toks, kv as &mut dyn KvSequence, s, Logits::Last)?;
+            Ok(())
+        },
+        || (),
+    )
 }
 
 /// [`decode`] after a prefix of `depth` tokens in the cache (llama-bench's `tg N @ dD`): where
@@ -122,13 +140,40 @@ pub fn decode_at(
     reps: usize,
     opts: &EvalOptions,
 ) -> Result<Throughput> {
+    decode_probed(model, n, depth, reps, opts, || ()).map(|(t, _)| t)
+}
+
+/// [`decode_at`] that also calls `probe` (untimed) before the first timed run, between runs
+/// and after the last, and returns what it measured: `reps + 1` values, run `i` between
+/// probes `i` and `i + 1`.
+/// On a shared machine the bandwidth moves between runs (on the Zen 4 VM this was measured
+/// on, between about 35 and 62 GB/s over seconds), so each run is compared with a bound
+/// measured beside it.
+pub fn decode_probed<T>(
+    model: &Model,
+    n: usize,
+    depth: usize,
+    reps: usize,
+    opts: &EvalOptions,
+    mut probe: impl FnMut() -> T,
+) -> Result<(Throughput, Vec<T>)> {
     let toks = tokens(n, model.config.n_vocab, 2);
-    timed_at(model, &toks, depth, reps, opts, |toks, kv, s| {
-        for &tok in toks {
-            model.forward(&[tok], kv as &mut dyn KvSequence, s, Logits::Last)?;
-        }
-        Ok(())
-    })
+    let mut probes = Vec::with_capacity(reps + 1);
+    let t = timed_at(
+        model,
+        &toks,
+        depth,
+        reps,
+        opts,
+        |toks, kv, s| {
+            for &tok in toks {
+                model.forward(&[tok], kv as &mut dyn KvSequence, s, Logits::Last)?;
+            }
+            Ok(())
+        },
+        || probes.push(probe()),
+    )?;
+    Ok((t, probes))
 }
 
 /// Read bandwidth in bytes per second over a working set of `bytes`, read again and again as

@@ -58,18 +58,36 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         None
     };
+    // With the roofline, the bandwidth is also measured between the decode runs: on a shared
+    // machine it moves between runs, so each run is compared with the bound measured beside it
+    // (the higher of the two measurements around it) as well as with the highest of all.
+    let mut probes = Vec::new();
     let tg = if a.gen_tokens > 0 {
-        Some(frugal::bench::decode_at(
-            &model,
-            a.gen_tokens,
-            a.depth,
-            a.reps,
-            &opts,
-        )?)
+        let (t, p) =
+            frugal::bench::decode_probed(&model, a.gen_tokens, a.depth, a.reps, &opts, || {
+                a.roofline
+                    .then(|| frugal::bench::read_bandwidth(bytes_per_token as usize, 3))
+            })?;
+        probes = p.into_iter().flatten().collect();
+        Some(t)
     } else {
         None
     };
-    let bandwidth = bandwidth_before.map(|before| before.max(bandwidth_now()));
+    let bandwidth = bandwidth_before.map(|before| {
+        probes
+            .iter()
+            .fold(before.max(bandwidth_now()), |m, &b| m.max(b))
+    });
+    // Run i against the higher of the bandwidths measured just before and just after it.
+    let paired: Vec<f64> = match &tg {
+        Some(t) if probes.len() == t.runs.len() + 1 => t
+            .runs
+            .iter()
+            .zip(probes.windows(2))
+            .map(|(&run, bw)| run * bytes_per_token as f64 / bw[0].max(bw[1]))
+            .collect(),
+        _ => Vec::new(),
+    };
     let dram_bandwidth = a
         .roofline
         .then(|| frugal::bench::read_bandwidth(frugal::bench::DRAM_WORKING_SET, 3));
@@ -105,6 +123,9 @@ pub fn run(a: Args) -> Result<()> {
             "last_level_cache_bytes": llc,
             "tg_roofline_tokens_per_s": bound,
             "tg_fraction_of_roofline": fraction,
+            "tg_fraction_of_roofline_beside_each_run": paired,
+            "tg_fraction_of_roofline_beside_each_run_median":
+                (!paired.is_empty()).then(|| frugal::bench::median(&paired)),
         });
         println!("{out}");
         return Ok(());
@@ -163,6 +184,16 @@ pub fn run(a: Args) -> Result<()> {
                 .map(|f| format!("; decode reaches {:.0}% of it", f * 100.0))
                 .unwrap_or_default()
         );
+        if !paired.is_empty() {
+            let pct = |f: f64| f * 100.0;
+            println!(
+                "run by run, each against the bandwidth measured just before and after it: decode reaches {:.0}% of its bound (median of {}; {:.0}-{:.0}%)",
+                pct(frugal::bench::median(&paired)),
+                paired.len(),
+                pct(paired.iter().copied().fold(f64::INFINITY, f64::min)),
+                pct(paired.iter().copied().fold(0.0, f64::max)),
+            );
+        }
         if let Some(d) = dram_bandwidth {
             println!(
                 "memory: {:.1} GB/s over a {} working set = {:.0} tok/s if every byte came from memory",
