@@ -91,13 +91,40 @@ pub fn rms_norm_prefix(x: &mut [f32], stride: usize, w: &[f32], eps: f32) {
     }
 }
 
-/// SwiGLU: `gate = silu(gate) * up`, in place.
+/// SwiGLU: `gate = silu(gate) * up`, in place, `silu(g) = g / (1 + e^-g)` with the vectorizable
+/// [`exp_poly`] (within 2 ulp of libm's, as llama.cpp's own vector `expf` is): a libm call per
+/// value kept decode's 1,536-wide FFN serial on one thread, 4% of a SmolLM2 decode step.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    let fast =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
     gated_in_chunks(gate, up, |g, u| {
-        for (g, &u) in g.iter_mut().zip(u) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
+        #[cfg(target_arch = "x86_64")]
+        if fast {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            return unsafe { swiglu_avx2(g, u) };
         }
+        swiglu_portable(g, u);
     });
+}
+
+/// [`swiglu`] on one chunk; the portable build is the scalar twin of the AVX2 one.
+#[inline(always)]
+fn swiglu_body(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = x / (1.0 + exp_poly(-x)) * u;
+    }
+}
+
+fn swiglu_portable(gate: &mut [f32], up: &[f32]) {
+    swiglu_body(gate, up);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    swiglu_body(gate, up);
 }
 
 /// Runs `f` on matching chunks of `gate` and `up` in parallel.
@@ -251,6 +278,40 @@ mod tests {
         geglu_tanh(&mut ext, &[1.0; 4]);
         assert_eq!(ext.map(|v| v.abs() < 1e-30 || v > 1.0), [true; 4]);
         assert_eq!(&ext[2..], &[50.0, 1e4]);
+    }
+
+    /// The vectorized SiLU against `g / (1 + e^-g)` in f64: within 3e-7 relative plus 1e-30
+    /// (the exponential's 2 ulp, damped by `1 + e^-g`, plus the division's and the product's
+    /// roundings). The AVX2 build gives the portable build's bits; far tails give 0 and the
+    /// identity, never NaN.
+    #[test]
+    fn swiglu_matches_the_exact_form_and_its_twin() {
+        let n = 40_000;
+        let g: Vec<f32> = (0..n).map(|i| (i as f32 - n as f32 / 2.0) * 2e-3).collect();
+        let u: Vec<f32> = (0..n).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+        let mut fast = g.clone();
+        swiglu(&mut fast, &u);
+        for ((&x, &u), &y) in g.iter().zip(&u).zip(&fast) {
+            let x64 = f64::from(x);
+            let want = x64 / (1.0 + (-x64).exp()) * f64::from(u);
+            let tol = 3e-7 * want.abs() + 1e-30;
+            assert!(
+                (f64::from(y) - want).abs() <= tol,
+                "silu({x}) * {u} = {y}, want {want}"
+            );
+        }
+        let mut twin = g.clone();
+        for (gc, uc) in twin
+            .chunks_mut(ELEMENTWISE_CHUNK)
+            .zip(u.chunks(ELEMENTWISE_CHUNK))
+        {
+            swiglu_portable(gc, uc);
+        }
+        assert_eq!(twin, fast);
+        let mut ext = [-1e4f32, -100.0, 100.0, 1e4];
+        swiglu(&mut ext, &[1.0; 4]);
+        assert_eq!(ext.map(|v| v.abs() < 1e-30 || v >= 100.0), [true; 4]);
+        assert_eq!(&ext[2..], &[100.0, 1e4]);
     }
 
     #[test]
