@@ -21,7 +21,7 @@ use crate::ops::{RopeTable, add_assign, geglu_tanh, rms_norm, rms_norm_prefix, s
 use crate::quant::GgmlType;
 use crate::quant::act::{Activations, Q8Acts, WideActs};
 use crate::quant::matmul;
-use crate::quant::packed::matmul_packed;
+use crate::quant::packed::{matmul_packed, matvec_packed_many};
 use crate::quant::sparse_matrix::matmul_sparse;
 use rayon::prelude::*;
 
@@ -457,14 +457,12 @@ impl Model {
             observe(&mut obs, l_model, Site::AttnInput, xb, d);
             let xq = quantize_input(act, xb, d, &mut s.acts);
             let q = sized(&mut s.q, n * q_dim);
-            self.linear(&lw.wq, xb, xq, q);
             let att = sized(&mut s.att, n * attn_dim);
             match &lw.kv {
                 KvProjection::Heads { wk, wv } => {
                     let k = sized(&mut s.k, n * kv_dim);
                     let v = sized(&mut s.v, n * kv_dim);
-                    self.linear(wk, xb, xq, k);
-                    self.linear(wv, xb, xq, v);
+                    self.linear_many([&lw.wq, wk, wv], xb, xq, [&mut *q, &mut *k, &mut *v]);
                     let en = &lw.extra_norms;
                     if let (Some(qn), Some(kn)) = (&en.q, &en.k) {
                         // Each head on its own (rows of `head_dim`).
@@ -506,7 +504,7 @@ impl Model {
                     let (rank, row) = (m.kv_lora_rank, m.row_dim());
                     // The cached row: [RMSNorm(latent) | RoPE(k_pe)].
                     let lat = sized(&mut s.k, n * row);
-                    self.linear(kv_a, xb, xq, lat);
+                    self.linear_many([&lw.wq, kv_a], xb, xq, [&mut *q, &mut *lat]);
                     crate::ops::rms_norm_prefix(lat, row, kv_a_norm, c.rms_eps);
                     s.rope.apply_at(q, c.n_head, c.head_dim, m.nope_dim);
                     s.rope.apply_at(lat, 1, row, rank);
@@ -632,14 +630,37 @@ impl Model {
         let n = x.len() / self.config.n_embd;
         let gate = sized(gate, n * ff);
         let up = sized(up, n * ff);
-        self.linear(&w.gate, x, xq, gate);
-        self.linear(&w.up, x, xq, up);
+        self.linear_many([&w.gate, &w.up], x, xq, [&mut *gate, &mut *up]);
         match self.config.features.ffn_act {
             FfnAct::Silu => swiglu(gate, up),
             FfnAct::GeluTanh => geglu_tanh(gate, up),
         }
         let hq = quantize_input(act, gate, ff, acts);
         self.linear(&w.down, gate, hq, y);
+    }
+
+    /// `ys[m] = W_m x` for products of the same input, as [`Model::linear`] computes each: a
+    /// single row (decode) on 8-bit activations into repacked matrices in one parallel section
+    /// ([`matvec_packed_many`]); anything else one product after another. A layer's keys and
+    /// values are a third of its queries' size each, and as sections of their own they took
+    /// as long as the queries (TSC-stamped decode phases at depth 4,096, Zen 4).
+    fn linear_many<const M: usize>(
+        &self,
+        ws: [&Linear; M],
+        x: &[f32],
+        xq: Option<&Q8Acts>,
+        ys: [&mut [f32]; M],
+    ) {
+        if let Some(q) = xq
+            && x.len() == ws[0].cols
+            && ws.iter().all(|w| w.sparse.is_none() && w.packed.is_some())
+        {
+            let packed = ws.map(|w| &**w.packed.as_ref().expect("checked above"));
+            return matvec_packed_many(packed, q, ys);
+        }
+        for (w, y) in ws.into_iter().zip(ys) {
+            self.linear(w, x, xq, y);
+        }
     }
 
     /// `y = W x` for every row of `x`: on the 8-bit activations when they were prepared and the

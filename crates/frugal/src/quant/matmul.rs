@@ -220,6 +220,39 @@ pub(super) fn par_row_groups(
     });
 }
 
+/// [`par_row_groups`] over several products at once, as one parallel section: `task(m, r0,
+/// rows, out)` for every tile of `tile_rows` rows of every output `ys[m]` (`n x rows_m`,
+/// token-major, `rows_m = ys[m].len() / n`). Small products of one input (a layer's keys and
+/// values next to its queries) then share one section's start and end, where each would
+/// wait for its own last tile.
+pub(super) fn par_row_groups_many<const M: usize>(
+    ys: [&mut [f32]; M],
+    n: usize,
+    tile_rows: usize,
+    task: impl Fn(usize, usize, usize, &mut RowsOut) + Sync,
+) {
+    assert!(n > 0 && ys.iter().all(|y| y.len().is_multiple_of(n)));
+    let rows: [usize; M] = std::array::from_fn(|m| ys[m].len() / n);
+    let tiles: [usize; M] = rows.map(|r| r.div_ceil(tile_rows));
+    let outs = ys.map(|y| SharedOut(y.as_mut_ptr()));
+    crate::team::for_each(tiles.iter().sum(), |mut c| {
+        let mut m = 0;
+        while c >= tiles[m] {
+            c -= tiles[m];
+            m += 1;
+        }
+        let r0 = c * tile_rows;
+        let mut w = RowsOut {
+            out: outs[m],
+            total_rows: rows[m],
+            n,
+            r0,
+            rows: tile_rows.min(rows[m] - r0),
+        };
+        task(m, r0, w.rows, &mut w);
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,7 +36,7 @@ use crate::pages::Pages;
 
 use super::act::{PairActs, PairRow, Q8Acts, Q8Row, WideActs, WidePairActs, WidePairRow, WideRow};
 use super::kernels;
-use super::matmul::{RowsOut, par_row_groups};
+use super::matmul::{RowsOut, par_row_groups, par_row_groups_many};
 use super::unit::{UNIT, Unit, has_units, int_of, unit, unit_dot};
 use super::{GgmlType, QuantError, WeightMatrix, f16_to_f32};
 
@@ -499,27 +499,62 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
     }
     let tile = if n == 1 { MATVEC_ROWS } else { MATMUL_ROWS };
     par_row_groups(w.rows, n, tile, y, |r0, rows, out| {
-        for gi in 0..rows.div_ceil(GROUP) {
-            let group = w.group(r0 / GROUP + gi);
-            let mut t = 0;
-            while t + TOKENS_PER_CALL <= n {
-                dot_tokens::<A, TOKENS_PER_CALL>(isa, w.ty, group, x, t, gi, out);
-                t += TOKENS_PER_CALL;
-            }
-            // The last one to fifteen tokens in one call too, so their unpacked weights are
-            // shared as well (a verification pass is usually that short).
-            macro_rules! tail {
-                ($($k:literal)*) => {
-                    match n - t {
-                        0 => {}
-                        $($k => dot_tokens::<A, $k>(isa, w.ty, group, x, t, gi, out),)*
-                        _ => unreachable!("fewer than TOKENS_PER_CALL tokens remain"),
-                    }
-                };
-            }
-            tail!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-        }
+        rows_times_tokens(isa, w, x, n, r0, rows, out)
     });
+}
+
+/// `y_m = W_m x` for `M` matrices of the same input row (decode: a layer's queries, keys and
+/// values), as [`matmul_packed`] computes each, in one parallel section: three sections of
+/// which two are a third of the third's size each waited for their own last tiles (keys and
+/// values took as long as the queries). The same tasks, so the same bits.
+pub fn matvec_packed_many<A: PackedActs, const M: usize>(
+    ws: [&PackedMatrix; M],
+    x: &A,
+    ys: [&mut [f32]; M],
+) {
+    let (n, k) = x.shape();
+    assert_eq!(n, 1, "one activation row");
+    for (w, y) in ws.iter().zip(&ys) {
+        assert_eq!(k, w.cols, "matmul input length");
+        assert_eq!(y.len(), w.rows, "matmul output length");
+    }
+    let isa = kernels::detect();
+    par_row_groups_many(ys, 1, MATVEC_ROWS, |m, r0, rows, out| {
+        rows_times_tokens(isa, ws[m], x, 1, r0, rows, out)
+    });
+}
+
+/// Rows `r0..r0 + rows` of `w` (whole groups) times the `n` tokens of `x`: one task of
+/// [`matmul_packed`].
+fn rows_times_tokens<A: PackedActs>(
+    isa: kernels::Isa,
+    w: &PackedMatrix,
+    x: &A,
+    n: usize,
+    r0: usize,
+    rows: usize,
+    out: &mut RowsOut,
+) {
+    for gi in 0..rows.div_ceil(GROUP) {
+        let group = w.group(r0 / GROUP + gi);
+        let mut t = 0;
+        while t + TOKENS_PER_CALL <= n {
+            dot_tokens::<A, TOKENS_PER_CALL>(isa, w.ty, group, x, t, gi, out);
+            t += TOKENS_PER_CALL;
+        }
+        // The last one to fifteen tokens in one call too, so their unpacked weights are
+        // shared as well (a verification pass is usually that short).
+        macro_rules! tail {
+            ($($k:literal)*) => {
+                match n - t {
+                    0 => {}
+                    $($k => dot_tokens::<A, $k>(isa, w.ty, group, x, t, gi, out),)*
+                    _ => unreachable!("fewer than TOKENS_PER_CALL tokens remain"),
+                }
+            };
+        }
+        tail!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    }
 }
 
 /// Tokens `t..t + T` of `x` times packed group `gi` of the task, written to `out`.
@@ -787,6 +822,56 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Several products of one row in one section give each product's bits alone: matrices
+    /// of several formats and sizes (tiles cut short, one smaller than a tile), run by a team
+    /// of two threads so the section's tasks spread over both.
+    #[test]
+    fn products_in_one_section_equal_each_alone() {
+        let cols = 256;
+        let x: Vec<f32> = (0..cols)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0)
+            .collect();
+        let mut q = Q8Acts::default();
+        q.quantize(&x, cols);
+        let mats: Vec<PackedMatrix> = [
+            (GgmlType::Q4_1, 70),
+            (GgmlType::Q8_0, 9),
+            (GgmlType::Q4_K, 96),
+        ]
+        .iter()
+        .map(|&(ty, rows)| {
+            let data = quantize(ty, &weights(rows * cols)).unwrap();
+            PackedMatrix::pack(&WeightMatrix::new(ty, rows, cols, &data).unwrap()).unwrap()
+        })
+        .collect();
+        let alone: Vec<Vec<f32>> = mats
+            .iter()
+            .map(|p| {
+                let mut y = vec![0f32; p.rows];
+                matmul_packed(p, &q, &mut y);
+                y
+            })
+            .collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let (mut a, mut b, mut c) = (vec![f32::NAN; 70], vec![f32::NAN; 9], vec![f32::NAN; 96]);
+        pool.install(|| {
+            crate::team::with_team(|| {
+                matvec_packed_many(
+                    [&mats[0], &mats[1], &mats[2]],
+                    &q,
+                    [&mut a[..], &mut b[..], &mut c[..]],
+                )
+            })
+        });
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for (got, want) in [a, b, c].iter().zip(&alone) {
+            assert_eq!(bits(got), bits(want));
         }
     }
 
