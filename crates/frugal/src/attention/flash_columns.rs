@@ -289,7 +289,6 @@ unsafe fn score_segs<L: super::flash_avx512::Lanes16, const R: usize, const N: u
     let every = (64 / (16 * es)).max(1);
     let seg: [Segment; N] = std::array::from_fn(|w| segs[w]);
     let ahead = !seg[0].ahead.is_null();
-    let vals = !seg[0].values.is_null();
     let (qp, sp) = (q.as_ptr(), s.as_mut_ptr());
     // SAFETY: key loads read 16 values at c * column of each segment's keys with c < hd (the
     // caller's shapes); q[i * hd + c] has i < R; writes are s[i * bc + 16 w ..+16] with
@@ -303,9 +302,7 @@ unsafe fn score_segs<L: super::flash_avx512::Lanes16, const R: usize, const N: u
                 if ahead {
                     _mm_prefetch::<_MM_HINT_T1>(sg.ahead.wrapping_add(at).cast());
                 }
-                if vals {
-                    _mm_prefetch::<_MM_HINT_T1>(sg.values.wrapping_add(at).cast());
-                }
+                _mm_prefetch::<_MM_HINT_T1>(sg.values.wrapping_add(at).cast());
             }
             for cc in c..(c + every).min(hd) {
                 let k: [__m512; N] =

@@ -204,35 +204,25 @@ pub(super) fn par_row_groups(
     y: &mut [f32],
     task: impl Fn(usize, usize, &mut RowsOut) + Sync,
 ) {
-    assert_eq!(y.len(), total_rows * n);
-    let out = SharedOut(y.as_mut_ptr());
-    crate::team::for_each(total_rows.div_ceil(tile_rows), |c| {
-        let r0 = c * tile_rows;
-        let rows = tile_rows.min(total_rows - r0);
-        let mut w = RowsOut {
-            out,
-            total_rows,
-            n,
-            r0,
-            rows,
-        };
-        task(r0, rows, &mut w);
+    par_row_groups_many([total_rows], n, tile_rows, [y], |_, r0, rows, out| {
+        task(r0, rows, out)
     });
 }
 
 /// [`par_row_groups`] over several products at once, as one parallel section: `task(m, r0,
-/// rows, out)` for every tile of `tile_rows` rows of every output `ys[m]` (`n x rows_m`,
-/// token-major, `rows_m = ys[m].len() / n`). Small products of one input (a layer's keys and
-/// values next to its queries) then share one section's start and end, where each would
-/// wait for its own last tile.
+/// rows, out)` for every tile of `tile_rows` rows of every output `ys[m]` (`n x rows[m]`,
+/// token-major). Small products of one input (a layer's keys and values next to its queries)
+/// then share one section's start and end, where each would wait for its own last tile.
 pub(super) fn par_row_groups_many<const M: usize>(
-    ys: [&mut [f32]; M],
+    rows: [usize; M],
     n: usize,
     tile_rows: usize,
+    ys: [&mut [f32]; M],
     task: impl Fn(usize, usize, usize, &mut RowsOut) + Sync,
 ) {
-    assert!(n > 0 && ys.iter().all(|y| y.len().is_multiple_of(n)));
-    let rows: [usize; M] = std::array::from_fn(|m| ys[m].len() / n);
+    for (y, r) in ys.iter().zip(rows) {
+        assert_eq!(y.len(), r * n);
+    }
     let tiles: [usize; M] = rows.map(|r| r.div_ceil(tile_rows));
     let outs = ys.map(|y| SharedOut(y.as_mut_ptr()));
     crate::team::for_each(tiles.iter().sum(), |mut c| {

@@ -519,9 +519,13 @@ pub fn matvec_packed_many<A: PackedActs, const M: usize>(
         assert_eq!(y.len(), w.rows, "matmul output length");
     }
     let isa = kernels::detect();
-    par_row_groups_many(ys, 1, MATVEC_ROWS, |m, r0, rows, out| {
-        rows_times_tokens(isa, ws[m], x, 1, r0, rows, out)
-    });
+    par_row_groups_many(
+        ws.map(|w| w.rows),
+        1,
+        MATVEC_ROWS,
+        ys,
+        |m, r0, rows, out| rows_times_tokens(isa, ws[m], x, 1, r0, rows, out),
+    );
 }
 
 /// Rows `r0..r0 + rows` of `w` (whole groups) times the `n` tokens of `x`: one task of
