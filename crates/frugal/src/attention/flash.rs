@@ -77,6 +77,8 @@ pub(super) struct Job<'a> {
     pub(super) vnni: bool,
     /// Over a Q8_0 key cache: every query row (`token x n_head`), scaled and quantized.
     pub(super) qq: Option<&'a QuantQueries>,
+    /// With `wide`: decode's whole tiles over keys by column in one pass (same bits).
+    pub(super) fused: bool,
 }
 
 /// Query tokens `t0..t1` of the heads of KV head `kvh` against keys `lo..hi`.
@@ -149,6 +151,23 @@ pub(super) fn flash_with(
     ws: &mut AttnWorkspace,
     simd: bool,
 ) {
+    flash_paths(s, q, k, v, pos0, out, ws, simd, true);
+}
+
+/// `flash_with`, and whether decode's whole tiles may take the fused pass (`flash_decode`;
+/// tests compare it with the general tile loop).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn flash_paths(
+    s: AttnShape,
+    q: &[f32],
+    k: KvView,
+    v: KvView,
+    pos0: usize,
+    out: &mut [f32],
+    ws: &mut AttnWorkspace,
+    simd: bool,
+    fused: bool,
+) {
     let hd = s.head_dim;
     let q_dim = s.n_head * hd;
     let n = q.len() / q_dim;
@@ -180,6 +199,7 @@ pub(super) fn flash_with(
         wide: simd && wide_available(),
         vnni: simd && vnni_available(),
         qq: k_q8.then_some(&*qq),
+        fused: fused && simd && wide_available(),
     };
     let br = query_block(hd, group);
     let chunk = key_chunk(hd);

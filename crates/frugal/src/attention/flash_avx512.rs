@@ -131,7 +131,7 @@ unsafe fn scores_w<const R: usize, const W: usize>(
 /// multiply-adds), so all three give the same bits.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn exp16(x: __m512) -> __m512 {
+pub(super) fn exp16(x: __m512) -> __m512 {
     let x = _mm512_min_ps(
         _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN)),
         _mm512_setzero_ps(),

@@ -175,8 +175,59 @@ fn block_body<const R: usize>(
             kv.prefetch_head(span.kvh, hd, j0, (kv.len() - j0).min(bc));
         }
     }
+    // Decode's whole tiles over keys by column in one pass (`flash_decode`): the block's rows
+    // are one query block of exactly `R` rows.
+    #[cfg(target_arch = "x86_64")]
+    let fused = fast
+        && job.fused
+        && rows == R
+        && super::flash_x86::reads_in_place(job.k.ty())
+        && super::flash_decode::fits(&job.k, &job.v, hd, bc);
+    #[cfg(target_arch = "x86_64")]
+    let addrs = job.k.head_addr(hd).zip(job.v.head_addr(hd));
+    #[cfg(target_arch = "x86_64")]
+    let column = job.k.block_size() * job.k.ty().bytes(1);
     while j0 < hi {
         let nb = (hi - j0).min(bc);
+        // Every row sees every key of the tile: none is past its position or before its window.
+        #[cfg(target_arch = "x86_64")]
+        if fused
+            && nb == bc
+            && job.pos0 + span.t0 + 1 >= j0 + nb
+            && s.first_visible(job.pos0 + span.t1 - 1) <= j0
+            && j0.is_multiple_of(16)
+        {
+            let (ka, va) = addrs.expect("fused tiles have head addresses");
+            let at = super::flash_decode::TileAt::locate(
+                &ka,
+                &va,
+                job.k.len(),
+                span.kvh,
+                j0,
+                nb / 16,
+                column,
+            );
+            // SAFETY: `fused` implies the CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C
+            // (`wide`), and views that pass `fits`; the tile's keys are whole segments in the
+            // cache (`j0 + nb <= hi <= len`).
+            unsafe {
+                super::flash_decode::tile::<R>(
+                    job.k.ty(),
+                    job.v.ty(),
+                    nb / 16,
+                    &at,
+                    &t.q[..R * hd],
+                    hd,
+                    &mut t.s[..R * bc],
+                    bc,
+                    &mut acc[..R * hd],
+                    &mut m[..R],
+                    &mut l[..R],
+                )
+            };
+            j0 += nb;
+            continue;
+        }
         t.ahead.plan(&job.k, &job.v, span.kvh, hd, j0 + nb, bc, nb);
         // The cache is read in place on the SIMD path: f32, f16 or bf16 keys transposed
         // straight from it, Q8_0 keys scored in integers where they lie, values of every

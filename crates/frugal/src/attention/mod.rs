@@ -28,6 +28,8 @@ mod flash_avx512;
 #[cfg(target_arch = "x86_64")]
 mod flash_columns;
 #[cfg(target_arch = "x86_64")]
+mod flash_decode;
+#[cfg(target_arch = "x86_64")]
 mod flash_q8_avx2;
 mod flash_span;
 #[cfg(target_arch = "x86_64")]

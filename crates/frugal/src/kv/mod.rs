@@ -600,6 +600,55 @@ impl<'a> KvView<'a> {
         self.data.as_ptr() as usize + offset
     }
 
+    /// The address of head `head` of position `pos`: its row, or, for a view by columns, its
+    /// value in the first column of its block (column `c` lies `c x block size` values on).
+    /// What decode's fused tiles read through (`attention::flash_decode`), with no slices.
+    #[inline]
+    pub fn head_at(&self, head: usize, head_dim: usize, pos: usize) -> usize {
+        let start = self.head_start(head, head_dim, pos);
+        match self.table {
+            Some((_, bs, _)) if self.columns => start + pos % bs * self.ty.bytes(1),
+            _ => start,
+        }
+    }
+
+    /// The arithmetic of [`head_at`](Self::head_at) with its parts taken out once: for a paged
+    /// view in per-head regions, no ring, blocks of a power of two positions. Decode's fused
+    /// tiles find sixteen keys' keys and values this way twice a tile each (a division by the
+    /// block size and the layout's match each time cost a twentieth of decode attention).
+    pub fn head_addr(&self, head_dim: usize) -> Option<HeadAddr<'a>> {
+        let Some((table, bs, BlockLayout::HeadRegions { blocks })) = self.table else {
+            return None;
+        };
+        if self.ring != 0 || !bs.is_power_of_two() {
+            return None;
+        }
+        let hb = self.ty.bytes(head_dim);
+        Some(HeadAddr {
+            base: self.data.as_ptr() as usize,
+            table,
+            shift: bs.trailing_zeros(),
+            head_bytes: blocks * bs * hb,
+            block_bytes: bs * hb,
+            step: if self.columns { self.ty.bytes(1) } else { hb },
+            head_bytes_one: hb,
+        })
+    }
+
+    /// Whether each block's rows of one head lie back to back (a paged view in per-head
+    /// regions, by rows, no ring): then the rows of a block's positions `p..p + n` of a head
+    /// are `n` rows of `head_dim` values from [`head_at`](Self::head_at)`(p)` on.
+    pub fn head_rows_back_to_back(&self) -> bool {
+        matches!(self.table, Some((_, _, BlockLayout::HeadRegions { .. })))
+            && self.ring == 0
+            && !self.columns
+    }
+
+    /// Positions per block of a paged view (1 for a contiguous one: every row its own run).
+    pub fn block_size(&self) -> usize {
+        self.table.map_or(1, |(_, bs, _)| bs)
+    }
+
     /// Calls `f` with the bytes of head `head` of rows `start..start+n`, one span per run of
     /// rows whose heads lie back to back (a per-head region: a whole run at once, so a head that
     /// is not a whole number of lines, 68 bytes for a Q8_0 head of 64, shares its lines with
@@ -708,6 +757,43 @@ impl<'a> KvView<'a> {
             }
             done += m;
         }
+    }
+}
+
+/// Where a paged view keeps each head of each position ([`KvView::head_addr`]).
+#[derive(Copy, Clone, Debug)]
+pub struct HeadAddr<'a> {
+    base: usize,
+    table: &'a [u32],
+    shift: u32,
+    head_bytes: usize,
+    block_bytes: usize,
+    step: usize,
+    head_bytes_one: usize,
+}
+
+impl HeadAddr<'_> {
+    /// [`KvView::head_at`] for a position the view holds.
+    #[inline(always)]
+    pub fn at(&self, head: usize, pos: usize) -> usize {
+        let (blk, off) = (pos >> self.shift, pos & ((1 << self.shift) - 1));
+        self.base
+            + head * self.head_bytes
+            + self.table[blk] as usize * self.block_bytes
+            + off * self.step
+    }
+
+    /// The `pos % block size`-th of the equal shares its block's bytes of head `head` make,
+    /// one per position: the position's row when the view is by rows. By columns, the
+    /// block's shares of all its positions together cover its bytes, in another order than
+    /// position by position: what a prefetch of a whole block's positions asks for.
+    #[inline(always)]
+    pub fn share_at(&self, head: usize, pos: usize) -> usize {
+        let (blk, off) = (pos >> self.shift, pos & ((1 << self.shift) - 1));
+        self.base
+            + head * self.head_bytes
+            + self.table[blk] as usize * self.block_bytes
+            + off * self.head_bytes_one
     }
 }
 

@@ -1,0 +1,424 @@
+//! A decode step's whole key tiles in one pass with AVX-512, for a paged cache that keeps keys
+//! by column and values by row (f32, f16 or bf16 keys; values of any format): the scores stay
+//! in registers for the row maximum and the exponentials, and the tile's keys and values are
+//! found from the block table once per sixteen keys.
+//!
+//! The general tile loop (`flash_span`) runs the same steps as separate kernels: scores stored,
+//! then read back for the maximum, again for the exponentials, and each kernel locates its own
+//! keys and values and plans the next tile's lines through `Ahead`. With the cache in L3 that
+//! bookkeeping was a seventh of decode attention, and a kernel's entry and exit a sixth.
+//!
+//! Every value is computed with the operations of the general loop in the same order: each
+//! score the chain of multiply-adds over the dimensions in order (`score_segments`), the
+//! maximum over the tile, the exponentials and their sums in eight-lane partial sums taken in
+//! key order (`exp_rows`), each weighted output the chain of multiply-adds over the keys in
+//! order (`weighted_values`) and the running output rescaled, then added to. So the bits are
+//! the general loop's (`tests::fused_decode_tiles_give_the_bits_of_the_tile_loop`).
+
+use std::arch::x86_64::*;
+
+use super::flash_avx512::{Bf16Lanes, F16Lanes, F32Lanes, Lanes16, Q8Lanes, exp16};
+use super::flash_x86::exp_lanes;
+use crate::kv::{HeadAddr, KvType, KvView};
+
+/// Sixteen keys: one vector of AVX-512 lanes.
+const SEG: usize = 16;
+
+/// The most segments a tile has: 64 keys, a 64-wide head's tile.
+const MAX_SEGS: usize = 4;
+
+/// Whether the tiles of `k` and `v` can take the fused pass: keys by column in blocks of a
+/// whole number of segments, values by row back to back within a block, a tile of whole
+/// segments and heads of whole vectors.
+pub(super) fn fits(k: &KvView, v: &KvView, hd: usize, bc: usize) -> bool {
+    k.columns()
+        && k.head_addr(hd).is_some()
+        && v.head_addr(hd).is_some()
+        && matches!(k.ty(), KvType::F32 | KvType::F16 | KvType::Bf16)
+        && v.head_rows_back_to_back()
+        && k.block_size().is_multiple_of(SEG)
+        && v.block_size().is_multiple_of(SEG)
+        && bc.is_multiple_of(SEG)
+        && (1..=MAX_SEGS).contains(&(bc / SEG))
+        && hd.is_multiple_of(SEG)
+}
+
+/// Where a tile's segments lie: each segment's keys (its first column; column `c` is
+/// `c * column` bytes on) and its sixteen value rows back to back; and the next tile's, to
+/// request as this one is computed (this tile's own past the cache's end).
+pub(super) struct TileAt {
+    pub(super) keys: [*const u8; MAX_SEGS],
+    pub(super) values: [*const u8; MAX_SEGS],
+    pub(super) next_keys: [*const u8; MAX_SEGS],
+    pub(super) next_values: [*const u8; MAX_SEGS],
+    pub(super) column: usize,
+}
+
+impl TileAt {
+    /// Keys `j0..j0 + 16 n` of head `kvh`, and the `n` segments after them: `k` and `v` are
+    /// the [`HeadAddr`]s of views that pass [`fits`] and hold `len` positions; `j0` is a
+    /// multiple of sixteen and the keys are in the cache.
+    pub(super) fn locate(
+        k: &HeadAddr,
+        v: &HeadAddr,
+        len: usize,
+        kvh: usize,
+        j0: usize,
+        n: usize,
+        column: usize,
+    ) -> Self {
+        let null = [std::ptr::null(); MAX_SEGS];
+        let mut at = TileAt {
+            keys: null,
+            values: null,
+            next_keys: null,
+            next_values: null,
+            column,
+        };
+        for w in 0..n {
+            let p = j0 + SEG * w;
+            at.keys[w] = std::ptr::without_provenance(k.at(kvh, p));
+            at.values[w] = std::ptr::without_provenance(v.at(kvh, p));
+            let next = p + SEG * n;
+            // Past the cache's end the next tile's requests go to this tile's own lines,
+            // already at hand. The sixteen keys' share of their block's bytes: the block's
+            // segments together cover it, whatever order its columns interleave them in.
+            (at.next_keys[w], at.next_values[w]) = if next < len {
+                (
+                    std::ptr::without_provenance(k.share_at(kvh, next)),
+                    std::ptr::without_provenance(v.at(kvh, next)),
+                )
+            } else {
+                (at.keys[w], at.values[w])
+            };
+        }
+        at
+    }
+}
+
+/// One tile of `16 n` keys for `R` query rows that all see every key of it: scores, the online
+/// softmax's update of `m`, `l` and `acc` (`R` rows, `acc` `R x hd`), and the weighted values.
+/// `q` holds the rows' queries, scaled (`R x hd`); `p` is scratch for `R x bc` weights. `keys`
+/// and `values` are the types of the two views.
+///
+/// # Safety
+/// The CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C; `at` comes from [`TileAt::locate`]
+/// over views that pass [`fits`], for `n` whole segments of keys in the cache.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile<const R: usize>(
+    keys: KvType,
+    values: KvType,
+    n: usize,
+    at: &TileAt,
+    q: &[f32],
+    hd: usize,
+    p: &mut [f32],
+    bc: usize,
+    acc: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
+    assert!(
+        (1..=MAX_SEGS).contains(&n)
+            && SEG * n <= bc
+            && q.len() >= R * hd
+            && p.len() >= R * bc
+            && acc.len() >= R * hd
+            && m.len() >= R
+            && l.len() >= R
+            && hd.is_multiple_of(SEG),
+        "fused decode tile: shapes"
+    );
+    macro_rules! by_values {
+        ($k:ty, $n:literal) => {
+            match values {
+                KvType::F32 => tile_n::<$k, F32Lanes, R, $n>(at, q, hd, p, bc, acc, m, l),
+                KvType::F16 => tile_n::<$k, F16Lanes, R, $n>(at, q, hd, p, bc, acc, m, l),
+                KvType::Bf16 => tile_n::<$k, Bf16Lanes, R, $n>(at, q, hd, p, bc, acc, m, l),
+                KvType::Q8_0 => tile_n::<$k, Q8Lanes, R, $n>(at, q, hd, p, bc, acc, m, l),
+            }
+        };
+    }
+    macro_rules! by_count {
+        ($k:ty) => {
+            match n {
+                1 => by_values!($k, 1),
+                2 => by_values!($k, 2),
+                3 => by_values!($k, 3),
+                _ => by_values!($k, 4),
+            }
+        };
+    }
+    // SAFETY: forwarded (the caller has the features; the shapes are checked above).
+    unsafe {
+        match keys {
+            KvType::F32 => by_count!(F32Lanes),
+            KvType::F16 => by_count!(F16Lanes),
+            KvType::Bf16 => by_count!(Bf16Lanes),
+            KvType::Q8_0 => unreachable!("Q8_0 keys are kept by rows"),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn tile_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
+    at: &TileAt,
+    q: &[f32],
+    hd: usize,
+    p: &mut [f32],
+    bc: usize,
+    acc: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
+    let es = LK::TY.bytes(1);
+    // Columns per line of a segment's keys.
+    let every = (64 / (SEG * es)).max(1);
+    // A segment's value rows, in bytes.
+    let vb = SEG * LV::TY.bytes(hd);
+    let (qp, pp) = (q.as_ptr(), p.as_mut_ptr());
+    // SAFETY: key loads read sixteen values at c * column of a segment (c < hd), inside the
+    // block `locate` found; value loads read row r < 16 of a segment's rows; q, p and acc are
+    // read and written inside the lengths `tile` checked. Prefetches never fault.
+    unsafe {
+        // Scores: each the chain of multiply-adds over the dimensions in order. The next
+        // tile's key lines and this tile's value lines are asked for over the columns, into
+        // L2 (see `score_segments`).
+        let mut a = [[_mm512_setzero_ps(); N]; R];
+        // Line `s` of each segment's next keys at step `s` (a step is a line of this
+        // segment's keys), and this tile's value lines at the same pace (fixed point: no
+        // division in the loop).
+        let steps = hd.div_ceil(every);
+        let v_lines = vb.div_ceil(64);
+        let v_rate = (v_lines << 16).div_ceil(steps);
+        let (mut c, mut step, mut v_done) = (0, 0, 0);
+        while c < hd {
+            let end = (c + every).min(hd);
+            let v_due = (((step + 1) * v_rate) >> 16).min(v_lines);
+            for w in 0..N {
+                _mm_prefetch::<_MM_HINT_T1>(at.next_keys[w].add(64 * step).cast());
+                for line in v_done..v_due {
+                    _mm_prefetch::<_MM_HINT_T1>(at.values[w].add(64 * line).cast());
+                }
+            }
+            v_done = v_due;
+            for cc in c..end {
+                let k: [__m512; N] =
+                    std::array::from_fn(|w| LK::load16(at.keys[w].add(cc * at.column), 0));
+                for (i, ai) in a.iter_mut().enumerate() {
+                    let qc = _mm512_set1_ps(*qp.add(i * hd + cc));
+                    for (aw, &kw) in ai.iter_mut().zip(&k) {
+                        *aw = _mm512_fmadd_ps(qc, kw, *aw);
+                    }
+                }
+            }
+            c = end;
+            step += 1;
+        }
+        // The online softmax: the tile's maximum per row (a NaN score is passed over, as
+        // MAXPS returns its second operand), the old sums' correction, the exponentials in
+        // eight-lane partial sums taken in key order.
+        let mut m_new = [0f32; R];
+        for (i, ai) in a.iter().enumerate() {
+            let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+            for &aw in ai {
+                mx = _mm512_max_ps(aw, mx);
+            }
+            let mut lanes = [0f32; 16];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), mx);
+            let tile_max = lanes.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+            m_new[i] = m[i].max(tile_max);
+        }
+        let corr = exp_lanes::<R>(std::array::from_fn(|i| m[i] - m_new[i]));
+        for (i, ai) in a.iter().enumerate() {
+            let mv = _mm512_set1_ps(m_new[i]);
+            let mut s8 = _mm256_setzero_ps();
+            for (w, &aw) in ai.iter().enumerate() {
+                let e = exp16(_mm512_sub_ps(aw, mv));
+                _mm512_storeu_ps(pp.add(i * bc + SEG * w), e);
+                s8 = _mm256_add_ps(s8, _mm512_castps512_ps256(e));
+                s8 = _mm256_add_ps(s8, _mm512_extractf32x8_ps::<1>(e));
+            }
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), s8);
+            let sum = lanes.iter().sum::<f32>();
+            l[i] = l[i] * corr[i] + sum;
+            m[i] = m_new[i];
+        }
+        // The weighted values, 64 dimensions a pass, each output the chain of multiply-adds
+        // over the keys in order; then the running output rescaled and the tile's added.
+        let mut d0 = 0;
+        while d0 < hd {
+            let hint = d0 == 0;
+            match hd - d0 {
+                64.. => weighted::<LV, R, N, 4>(at, pp, bc, hd, d0, acc, &corr, hint),
+                32.. => weighted::<LV, R, N, 2>(at, pp, bc, hd, d0, acc, &corr, hint),
+                _ => weighted::<LV, R, N, 1>(at, pp, bc, hd, d0, acc, &corr, hint),
+            }
+            d0 += match hd - d0 {
+                64.. => 64,
+                32.. => 32,
+                _ => 16,
+            };
+        }
+    }
+}
+
+/// Dimensions `d0..d0 + 16 W` of the tile's weighted values, added to `acc` rescaled by
+/// `corr`; with `hint`, the next tile's value rows asked for as this tile's are read.
+///
+/// # Safety
+/// As [`tile_n`], with `d0 + 16 W <= hd`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn weighted<LV: Lanes16, const R: usize, const N: usize, const W: usize>(
+    at: &TileAt,
+    pp: *const f32,
+    bc: usize,
+    hd: usize,
+    d0: usize,
+    acc: &mut [f32],
+    corr: &[f32; R],
+    hint: bool,
+) {
+    let hbv = LV::TY.bytes(hd);
+    let op = acc.as_mut_ptr();
+    // SAFETY: as `tile_n`.
+    unsafe {
+        let mut a = [[_mm512_setzero_ps(); W]; R];
+        // The next tile's value lines at the pace of this tile's rows (fixed point).
+        let lines = (SEG * hbv).div_ceil(64);
+        let rate = if hint { (lines << 16).div_ceil(SEG) } else { 0 };
+        for w in 0..N {
+            let (rows, next) = (at.values[w], at.next_values[w]);
+            let mut done = 0;
+            for r in 0..SEG {
+                let row = rows.add(r * hbv);
+                let due = (((r + 1) * rate) >> 16).min(lines);
+                for line in done..due {
+                    _mm_prefetch::<_MM_HINT_T1>(next.add(64 * line).cast());
+                }
+                done = due;
+                let j = SEG * w + r;
+                let vals: [__m512; W] = std::array::from_fn(|x| LV::load16(row, d0 + 16 * x));
+                for (i, ai) in a.iter_mut().enumerate() {
+                    let pj = _mm512_set1_ps(*pp.add(i * bc + j));
+                    for (ax, vx) in ai.iter_mut().zip(&vals) {
+                        *ax = _mm512_fmadd_ps(pj, *vx, *ax);
+                    }
+                }
+            }
+        }
+        for (i, ai) in a.iter().enumerate() {
+            let ci = _mm512_set1_ps(corr[i]);
+            for (x, &ax) in ai.iter().enumerate() {
+                let o = op.add(i * hd + d0 + 16 * x);
+                _mm512_storeu_ps(o, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(o), ci), ax));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::super::flash::flash_paths;
+    use super::super::{AttnShape, AttnWorkspace};
+    use crate::kv::{CacheShape, KvFormat, KvPool, KvSequence, KvType};
+
+    /// Decode rows over a paged pool that keeps keys by column take the fused pass for their
+    /// whole tiles. Every row gets the bits of the same call with the pass turned off (the
+    /// general tile loop) and of a prefill computing it among all the rows: keys of each
+    /// format the pass reads, values of every format, blocks of 16 and 32 positions (and of
+    /// 8, which the pass leaves to the general loop), groups of three and four query heads,
+    /// 64- and 128-wide heads, lengths across several chunks with a short last tile, and a
+    /// window.
+    #[test]
+    fn fused_decode_tiles_give_the_bits_of_the_tile_loop() {
+        if !super::super::flash_avx512::available() {
+            return;
+        }
+        let shapes = [
+            (9, 3, 64, None),
+            (8, 2, 64, None),
+            (4, 1, 128, None),
+            (9, 3, 64, Some(200)),
+        ];
+        let types = [
+            (KvType::F16, KvType::F16),
+            (KvType::F32, KvType::Bf16),
+            (KvType::Bf16, KvType::Q8_0),
+            (KvType::F16, KvType::F32),
+        ];
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for (n_head, n_head_kv, head_dim, window) in shapes {
+            let s = AttnShape {
+                n_head,
+                n_head_kv,
+                head_dim,
+                window,
+            };
+            let (q_dim, kv_dim) = (n_head * head_dim, n_head_kv * head_dim);
+            let len = 600;
+            let mut random = |n: usize, amp: f32| -> Vec<f32> {
+                (0..n).map(|_| rng.random_range(-amp..amp)).collect()
+            };
+            let (q, k, v) = (
+                random(len * q_dim, 1.5),
+                random(len * kv_dim, 1.5),
+                random(len * kv_dim, 1.0),
+            );
+            for (kt, vt) in types {
+                for bs in [16, 32, 8] {
+                    let format = KvFormat { k: kt, v: vt };
+                    let shape = CacheShape::new(n_head_kv, head_dim);
+                    let mut pool = KvPool::new(1, shape, format, bs, len / bs + 2).unwrap();
+                    let id = pool.add_sequence(len);
+                    let mut ws = AttnWorkspace::default();
+                    let (mut fused, mut general) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+                    for t in 0..len {
+                        let mut seq = pool.slot(id);
+                        seq.reserve(1).unwrap();
+                        let row = t * kv_dim..(t + 1) * kv_dim;
+                        seq.append(0, &k[row.clone()], &v[row]);
+                        seq.commit(1);
+                        let (kv, vv) = pool.layer(id, 0);
+                        let rows = t * q_dim..(t + 1) * q_dim;
+                        let qt = &q[rows.clone()];
+                        flash_paths(
+                            s,
+                            qt,
+                            kv,
+                            vv,
+                            t,
+                            &mut fused[rows.clone()],
+                            &mut ws,
+                            true,
+                            true,
+                        );
+                        flash_paths(s, qt, kv, vv, t, &mut general[rows], &mut ws, true, false);
+                    }
+                    let (kv, vv) = pool.layer(id, 0);
+                    let mut prefill = vec![0f32; q.len()];
+                    flash_paths(s, &q, kv, vv, 0, &mut prefill, &mut ws, true, true);
+                    let what = format!("{s:?} {format} blocks of {bs}");
+                    assert_eq!(
+                        bits(&fused),
+                        bits(&general),
+                        "{what}: fused against the loop"
+                    );
+                    assert_eq!(
+                        bits(&fused),
+                        bits(&prefill),
+                        "{what}: decode against prefill"
+                    );
+                }
+            }
+        }
+    }
+}
