@@ -164,6 +164,71 @@ pub(super) fn exp16(x: __m512) -> __m512 {
     _mm512_mul_ps(er, _mm512_castsi512_ps(bits))
 }
 
+/// [`exp16`] of an `R x N` grid of vectors, each step taken across all of them: one vector's
+/// exponential is a chain of some thirty dependent operations, too long for the core's
+/// scheduler to overlap many of them when they come one after another. Lane for lane the same
+/// operations in the same order, so the same bits.
+// Indexed loops: each step written across the grid in the same shape.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) fn exp16_grid<const R: usize, const N: usize>(x: [[__m512; N]; R]) -> [[__m512; N]; R] {
+    let round = _mm512_set1_ps(EXP_ROUND);
+    let mut x = x;
+    for xi in &mut x {
+        for xw in xi.iter_mut() {
+            *xw = _mm512_min_ps(
+                _mm512_max_ps(*xw, _mm512_set1_ps(EXP_MIN)),
+                _mm512_setzero_ps(),
+            );
+        }
+    }
+    let t =
+        x.map(|xi| xi.map(|xw| _mm512_add_ps(_mm512_mul_ps(xw, _mm512_set1_ps(EXP_LOG2E)), round)));
+    let mut r = [[round; N]; R];
+    for i in 0..R {
+        for w in 0..N {
+            let n = _mm512_sub_ps(t[i][w], round);
+            r[i][w] = _mm512_sub_ps(
+                _mm512_sub_ps(x[i][w], _mm512_mul_ps(n, _mm512_set1_ps(EXP_LN2_HI))),
+                _mm512_mul_ps(n, _mm512_set1_ps(EXP_LN2_LO)),
+            );
+        }
+    }
+    let mut p = [[_mm512_set1_ps(EXP_POLY[0]); N]; R];
+    for &c in &EXP_POLY[1..] {
+        for i in 0..R {
+            for w in 0..N {
+                p[i][w] = _mm512_add_ps(_mm512_mul_ps(p[i][w], r[i][w]), _mm512_set1_ps(c));
+            }
+        }
+    }
+    let mut e = p;
+    for i in 0..R {
+        for w in 0..N {
+            let er = _mm512_add_ps(
+                _mm512_add_ps(
+                    _mm512_mul_ps(_mm512_mul_ps(p[i][w], r[i][w]), r[i][w]),
+                    r[i][w],
+                ),
+                _mm512_set1_ps(1.0),
+            );
+            let bits = _mm512_slli_epi32(
+                _mm512_add_epi32(
+                    _mm512_sub_epi32(
+                        _mm512_castps_si512(t[i][w]),
+                        _mm512_set1_epi32(EXP_ROUND.to_bits() as i32),
+                    ),
+                    _mm512_set1_epi32(127),
+                ),
+                23,
+            );
+            e[i][w] = _mm512_mul_ps(er, _mm512_castsi512_ps(bits));
+        }
+    }
+    e
+}
+
 /// The largest element of `s` (`-inf` when empty), NaNs ignored: `flash_x86::row_max`'s value
 /// (a maximum does not depend on the order it is taken in), sixteen lanes at a time.
 ///

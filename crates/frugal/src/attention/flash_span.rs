@@ -189,7 +189,8 @@ fn block_body<const R: usize>(
     let column = job.k.block_size() * job.k.ty().bytes(1);
     while j0 < hi {
         let nb = (hi - j0).min(bc);
-        // Every row sees every key of the tile: none is past its position or before its window.
+        // Tiles every row sees whole (none past its position or before its window) take the
+        // fused pass, as one run.
         #[cfg(target_arch = "x86_64")]
         if fused
             && nb == bc
@@ -198,34 +199,34 @@ fn block_body<const R: usize>(
             && j0.is_multiple_of(16)
         {
             let (ka, va) = addrs.expect("fused tiles have head addresses");
-            let at = super::flash_decode::TileAt::locate(
-                &ka,
-                &va,
-                job.k.len(),
-                span.kvh,
+            let run = super::flash_decode::Run {
+                k: &ka,
+                v: &va,
+                len: job.k.len(),
+                kvh: span.kvh,
                 j0,
-                nb / 16,
+                tiles: (hi.min(job.pos0 + span.t0 + 1) - j0) / bc,
+                bc,
                 column,
-            );
+                hd,
+            };
             // SAFETY: `fused` implies the CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C
-            // (`wide`), and views that pass `fits`; the tile's keys are whole segments in the
-            // cache (`j0 + nb <= hi <= len`).
+            // (`wide`), and views that pass `fits`; the run's tiles are whole and in the cache
+            // (`j0 + tiles * bc <= hi <= len`).
             unsafe {
-                super::flash_decode::tile::<R>(
+                super::flash_decode::tiles::<R>(
                     job.k.ty(),
                     job.v.ty(),
-                    nb / 16,
-                    &at,
+                    &run,
                     &t.q[..R * hd],
-                    hd,
+                    &mut t.kt[..R * bc],
                     &mut t.s[..R * bc],
-                    bc,
                     &mut acc[..R * hd],
                     &mut m[..R],
                     &mut l[..R],
                 )
             };
-            j0 += nb;
+            j0 += run.tiles * bc;
             continue;
         }
         t.ahead.plan(&job.k, &job.v, span.kvh, hd, j0 + nb, bc, nb);
