@@ -235,30 +235,27 @@ pub(super) fn flash_paths(
             TILES.with_borrow_mut(|t| block(&job, span, acc, m, l, t));
         });
         // Merge each row's chunks in order, then normalize.
+        let rows_all = s.n_head_kv * rows;
+        let lanes = rows_all.min(MERGE_LANES);
         let parts = &*parts;
-        for kvh in 0..s.n_head_kv {
-            let part = |c: usize| &parts[(kvh * nchunks + c) * stride..][..stride];
-            for r in 0..rows {
-                let (tok, h) = (r / group, kvh * group + r % group);
-                // SAFETY: sequential here; row (tok, h) is inside `out`.
-                let o = unsafe { optr.row(tok * q_dim + h * hd, hd) };
-                let p0 = part(0);
-                o.copy_from_slice(&p0[r * hd..(r + 1) * hd]);
-                let (mut mr, mut lr) = (p0[rows * hd + r], p0[rows * hd + rows + r]);
-                for c in 1..nchunks {
-                    let p = part(c);
-                    merge_partial(
-                        o,
-                        &mut mr,
-                        &mut lr,
-                        &p[r * hd..(r + 1) * hd],
-                        p[rows * hd + r],
-                        p[rows * hd + rows + r],
-                    );
-                }
-                let inv = 1.0 / lr;
-                o.iter_mut().for_each(|a| *a *= inv);
-            }
+        for first in (0..rows_all).step_by(MERGE_LANES) {
+            let count = (rows_all - first).min(lanes);
+            merge_chunks(
+                parts,
+                nchunks,
+                stride,
+                rows,
+                hd,
+                first..first + count,
+                simd,
+                |row| {
+                    let (kvh, r) = (row / rows, row % rows);
+                    let (tok, h) = (r / group, kvh * group + r % group);
+                    // SAFETY: sequential here; row (tok, h) is inside `out`, and each row of
+                    // the call is merged once.
+                    unsafe { optr.row(tok * q_dim + h * hd, hd) }
+                },
+            );
         }
         return;
     }
@@ -324,6 +321,114 @@ pub(super) fn flash_paths(
 /// tile, so tiles never straddle a chunk.
 pub fn key_chunk(head_dim: usize) -> usize {
     MIN_SPLIT_KEYS.next_multiple_of(key_tile(head_dim))
+}
+
+/// Rows merged side by side: one vector of eight exponentials a side per chunk.
+const MERGE_LANES: usize = 8;
+
+/// Flash-decoding's merge for rows `rows` of the call's (KV head, row) pairs (at most
+/// [`MERGE_LANES`]): each row's chunk results `0..nchunks` merged in order as
+/// [`merge_partial`] merges them, into the output row `out(row)`, then normalized. The rows'
+/// rescaling factors are taken side by side, eight exponentials in one vector
+/// (`flash_x86::exp_lanes`, the scalar bits): one row's merges are a chain of two scalar
+/// exponentials a chunk, and row after row the chains ran one after another on the thread
+/// that merges while the others waited (at depth 4,096, a twentieth of the step's serial
+/// work).
+#[allow(clippy::too_many_arguments)]
+fn merge_chunks<'o>(
+    parts: &[f32],
+    nchunks: usize,
+    stride: usize,
+    rows: usize,
+    hd: usize,
+    which: std::ops::Range<usize>,
+    simd: bool,
+    out: impl Fn(usize) -> &'o mut [f32],
+) {
+    let n = which.len();
+    assert!(n <= MERGE_LANES, "flash merge: at most {MERGE_LANES} rows");
+    // Row `row` (a KV head's row `row % rows`) of chunk `c`: its output, maximum and sum.
+    let at = |row: usize, c: usize| {
+        let p = &parts[((row / rows) * nchunks + c) * stride..][..stride];
+        let r = row % rows;
+        (
+            &p[r * hd..(r + 1) * hd],
+            p[rows * hd + r],
+            p[rows * hd + rows + r],
+        )
+    };
+    let mut outs: [&mut [f32]; MERGE_LANES] = Default::default();
+    let (mut m, mut l) = ([0f32; MERGE_LANES], [0f32; MERGE_LANES]);
+    for (i, row) in which.clone().enumerate() {
+        let (acc, m0, l0) = at(row, 0);
+        outs[i] = out(row);
+        outs[i].copy_from_slice(acc);
+        (m[i], l[i]) = (m0, l0);
+    }
+    for c in 1..nchunks {
+        let (mut mn, mut da, mut db) = (
+            [0f32; MERGE_LANES],
+            [0f32; MERGE_LANES],
+            [0f32; MERGE_LANES],
+        );
+        for (i, row) in which.clone().enumerate() {
+            let (_, mc, _) = at(row, c);
+            mn[i] = m[i].max(mc);
+            (da[i], db[i]) = (m[i] - mn[i], mc - mn[i]);
+        }
+        let (a, b) = (exp_batch(da, simd), exp_batch(db, simd));
+        for (i, row) in which.clone().enumerate() {
+            let (acc_c, _, lc) = at(row, c);
+            // A chunk none of whose keys the row sees changes nothing.
+            if lc == 0.0 {
+                continue;
+            }
+            l[i] = l[i] * a[i] + lc * b[i];
+            scale_add(outs[i], a[i], acc_c, b[i], simd);
+            m[i] = mn[i];
+        }
+    }
+    for i in 0..n {
+        let inv = 1.0 / l[i];
+        outs[i].iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// `exp_approx` of eight values: side by side in one vector where the CPU has AVX2 and FMA
+/// (the same bits).
+fn exp_batch(x: [f32; MERGE_LANES], simd: bool) -> [f32; MERGE_LANES] {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is only set when the CPU has AVX2, FMA and F16C.
+        return unsafe { super::flash_x86::exp_lanes(x) };
+    }
+    let _ = simd;
+    x.map(exp_approx)
+}
+
+/// `acc[d] = acc[d] * a + y[d] * b`, as [`merge_partial`] computes it (no fused multiply-add:
+/// the same bits however wide the vectors).
+fn scale_add(acc: &mut [f32], a: f32, y: &[f32], b: f32, simd: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is only set when the CPU has AVX2, FMA and F16C.
+        return unsafe { scale_add_avx2(acc, a, y, b) };
+    }
+    let _ = simd;
+    scale_add_body(acc, a, y, b);
+}
+
+#[inline(always)]
+fn scale_add_body(acc: &mut [f32], a: f32, y: &[f32], b: f32) {
+    for (x, &y) in acc.iter_mut().zip(y) {
+        *x = *x * a + y * b;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scale_add_avx2(acc: &mut [f32], a: f32, y: &[f32], b: f32) {
+    scale_add_body(acc, a, y, b)
 }
 
 /// Merges a chunk's partial result `(acc_c, m_c, l_c)` into the running `(acc, m, l)`: both
