@@ -58,6 +58,31 @@ unsafe fn widen_halves(src: &[u8], out: &mut [f32], widen: impl Fn(__m128i) -> _
     whole
 }
 
+/// Encodes the leading multiple of eight values of `src` as f16 into `dst`
+/// (`dst.len() == 2 * src.len()`), rounding to nearest even as the scalar encoder does, and
+/// returns how many it encoded. Every value but a NaN gets the scalar encoder's bits (a NaN
+/// stays a NaN of the same sign; its payload may differ). Decode appends every new key and
+/// value of every layer: the scalar conversion took 2.3 µs a layer of SmolLM2 (384 values), on
+/// the thread the others wait for.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn encode_f16(src: &[f32], dst: &mut [u8]) -> usize {
+    assert_eq!(dst.len(), 2 * src.len(), "f16 encode lengths");
+    let whole = src.len() / 8 * 8;
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    // SAFETY: reads 8 f32s at i and writes 16 bytes at 2i with i + 8 <= whole, inside the
+    // checked lengths.
+    unsafe {
+        for i in (0..whole).step_by(8) {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(sp.add(i)));
+            _mm_storeu_si128(dp.add(2 * i).cast(), h);
+        }
+    }
+    whole
+}
+
 /// Q8_0 blocks (an f16 scale, 32 signed bytes) to f32: `d * q` per value.
 ///
 /// # Safety

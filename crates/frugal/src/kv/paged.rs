@@ -636,9 +636,13 @@ impl KvPool {
                     buf.resize(kh, 0);
                     self.format.k.encode(kr, buf);
                     let base = at(k_row, blk, 0, h);
-                    for (c, v) in buf.chunks_exact(es).enumerate() {
-                        let at = base + (c * bs + off) * es;
-                        kd[at..at + es].copy_from_slice(v);
+                    let column = &mut kd[base..base + bs * kh];
+                    // Whole values of a known width: a copy of a width known only at run time
+                    // is a call per value.
+                    match es {
+                        2 => scatter::<2>(buf, column, bs, off),
+                        4 => scatter::<4>(buf, column, bs, off),
+                        _ => unreachable!("keys by column are f32, f16 or bf16"),
                     }
                 } else {
                     let at_k = at(k_row, blk, off, h);
@@ -754,3 +758,12 @@ impl KvSequence for PagedSeq<'_> {
 
 #[cfg(test)]
 mod tests;
+
+/// Value `c` of one encoded key (`W` bytes each) to `c * bs + off` of its head's part of a
+/// block kept by column.
+fn scatter<const W: usize>(key: &[u8], block: &mut [u8], bs: usize, off: usize) {
+    for (c, v) in key.chunks_exact(W).enumerate() {
+        let at = (c * bs + off) * W;
+        block[at..at + W].copy_from_slice(v);
+    }
+}
