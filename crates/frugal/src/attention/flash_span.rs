@@ -166,18 +166,10 @@ fn block_body<const R: usize>(
     // stay at the same absolute offsets from the chunk start).
     let first = s.first_visible(job.pos0 + span.t0);
     let mut j0 = span.lo + first.saturating_sub(span.lo) / bc * bc;
-    // The cache rows of the first tile at once, then each next tile's spread over this one's
-    // work (`ahead`). The last tile's plan reaches into the keys after the span: a thread takes
-    // a run of consecutive chunks of one KV head (the team claims runs, `crate::team`), so
-    // that is most often the first tile of its next chunk, which would otherwise start cold.
     // Decode's whole tiles over keys by column in one pass (`flash_decode`): the block's rows
     // are one query block of exactly `R` rows.
     #[cfg(target_arch = "x86_64")]
-    let fused = fast
-        && job.fused
-        && rows == R
-        && super::flash_x86::reads_in_place(job.k.ty())
-        && super::flash_decode::fits(&job.k, &job.v, hd, bc);
+    let fused = fast && job.fused && rows == R && super::flash_decode::fits(&job.k, &job.v, hd, bc);
     #[cfg(target_arch = "x86_64")]
     let addrs = job.k.head_addr(hd).zip(job.v.head_addr(hd));
     #[cfg(target_arch = "x86_64")]
@@ -186,10 +178,13 @@ fn block_body<const R: usize>(
     let skip_first = fused;
     #[cfg(not(target_arch = "x86_64"))]
     let skip_first = false;
+    // The cache rows of the first tile at once, then each next tile's spread over this one's
+    // work (`ahead`). The last tile's plan reaches into the keys after the span: a thread takes
+    // a run of consecutive chunks of one KV head (the team claims runs, `crate::team`), so
+    // that is most often the first tile of its next chunk, which would otherwise start cold.
     // A fused run asks for each next tile's lines from the one before, past the end of its
-    // chunk into the next one (a thread takes a run of consecutive chunks of one KV head):
-    // the first tile's were asked for then (without this request: 0.079 -> 0.077 ms a layer
-    // in L3, the same from memory).
+    // chunk into the next one, so the first tile's were asked for then (without this request:
+    // 0.079 -> 0.077 ms a layer in L3, the same from memory).
     for kv in [&job.k, &job.v].into_iter().filter(|_| !skip_first) {
         if j0 < kv.len() {
             kv.prefetch_head(span.kvh, hd, j0, (kv.len() - j0).min(bc));

@@ -600,22 +600,11 @@ impl<'a> KvView<'a> {
         self.data.as_ptr() as usize + offset
     }
 
-    /// The address of head `head` of position `pos`: its row, or, for a view by columns, its
-    /// value in the first column of its block (column `c` lies `c x block size` values on).
-    /// What decode's fused tiles read through (`attention::flash_decode`), with no slices.
-    #[inline]
-    pub fn head_at(&self, head: usize, head_dim: usize, pos: usize) -> usize {
-        let start = self.head_start(head, head_dim, pos);
-        match self.table {
-            Some((_, bs, _)) if self.columns => start + pos % bs * self.ty.bytes(1),
-            _ => start,
-        }
-    }
-
-    /// The arithmetic of [`head_at`](Self::head_at) with its parts taken out once: for a paged
-    /// view in per-head regions, no ring, blocks of a power of two positions. Decode's fused
-    /// tiles find sixteen keys' keys and values this way twice a tile each (a division by the
-    /// block size and the layout's match each time cost a twentieth of decode attention).
+    /// Where head `head` of each position lies ([`HeadAddr::at`]), with the layout's parts
+    /// taken out once: for a paged view in per-head regions, no ring, blocks of a power of two
+    /// positions. Decode's fused tiles (`attention::flash_decode`) find sixteen keys' keys and
+    /// values this way twice a tile each (through `head_start`, a division by the block size
+    /// and the layout's match each time, it cost a twentieth of decode attention).
     pub fn head_addr(&self, head_dim: usize) -> Option<HeadAddr<'a>> {
         let Some((table, bs, BlockLayout::HeadRegions { blocks })) = self.table else {
             return None;
@@ -637,7 +626,7 @@ impl<'a> KvView<'a> {
 
     /// Whether each block's rows of one head lie back to back (a paged view in per-head
     /// regions, by rows, no ring): then the rows of a block's positions `p..p + n` of a head
-    /// are `n` rows of `head_dim` values from [`head_at`](Self::head_at)`(p)` on.
+    /// are `n` rows of `head_dim` values from [`HeadAddr::at`]`(p)` on.
     pub fn head_rows_back_to_back(&self) -> bool {
         matches!(self.table, Some((_, _, BlockLayout::HeadRegions { .. })))
             && self.ring == 0
@@ -773,7 +762,9 @@ pub struct HeadAddr<'a> {
 }
 
 impl HeadAddr<'_> {
-    /// [`KvView::head_at`] for a position the view holds.
+    /// The address of head `head` of position `pos` (one the view holds): its row, or, for a
+    /// view by columns, its value in the first column of its block (column `c` lies `c x block
+    /// size` values on).
     #[inline(always)]
     pub fn at(&self, head: usize, pos: usize) -> usize {
         let (blk, off) = (pos >> self.shift, pos & ((1 << self.shift) - 1));
