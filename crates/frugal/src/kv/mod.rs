@@ -19,6 +19,7 @@ mod contiguous;
 mod format;
 #[cfg(target_arch = "x86_64")]
 mod format_x86;
+mod head_addr;
 mod paged;
 mod pool_buffers;
 pub mod prefix;
@@ -27,6 +28,7 @@ mod ring_blocks;
 pub use batch::{KvBatch, OneSeq, PoolBatch};
 pub use contiguous::KvCache;
 pub use format::{KvFormat, KvType, Q8_0_BLOCK, UnknownKvType};
+pub use head_addr::HeadAddr;
 pub use paged::{KvPool, PagedSeq, SeqId};
 
 /// Errors from cache operations.
@@ -746,45 +748,6 @@ impl<'a> KvView<'a> {
             }
             done += m;
         }
-    }
-}
-
-/// Where a paged view keeps each head of each position ([`KvView::head_addr`]).
-#[derive(Copy, Clone, Debug)]
-pub struct HeadAddr<'a> {
-    base: usize,
-    table: &'a [u32],
-    shift: u32,
-    head_bytes: usize,
-    block_bytes: usize,
-    step: usize,
-    head_bytes_one: usize,
-}
-
-impl HeadAddr<'_> {
-    /// The address of head `head` of position `pos` (one the view holds): its row, or, for a
-    /// view by columns, its value in the first column of its block (column `c` lies `c x block
-    /// size` values on).
-    #[inline(always)]
-    pub fn at(&self, head: usize, pos: usize) -> usize {
-        let (blk, off) = (pos >> self.shift, pos & ((1 << self.shift) - 1));
-        self.base
-            + head * self.head_bytes
-            + self.table[blk] as usize * self.block_bytes
-            + off * self.step
-    }
-
-    /// The `pos % block size`-th of the equal shares its block's bytes of head `head` make,
-    /// one per position: the position's row when the view is by rows. By columns, the
-    /// block's shares of all its positions together cover its bytes, in another order than
-    /// position by position: what a prefetch of a whole block's positions asks for.
-    #[inline(always)]
-    pub fn share_at(&self, head: usize, pos: usize) -> usize {
-        let (blk, off) = (pos >> self.shift, pos & ((1 << self.shift) - 1));
-        self.base
-            + head * self.head_bytes
-            + self.table[blk] as usize * self.block_bytes
-            + off * self.head_bytes_one
     }
 }
 
