@@ -236,10 +236,9 @@ pub(super) fn flash_paths(
         });
         // Merge each row's chunks in order, then normalize.
         let rows_all = s.n_head_kv * rows;
-        let lanes = rows_all.min(MERGE_LANES);
         let parts = &*parts;
         for first in (0..rows_all).step_by(MERGE_LANES) {
-            let count = (rows_all - first).min(lanes);
+            let count = (rows_all - first).min(MERGE_LANES);
             merge_chunks(
                 parts,
                 nchunks,

@@ -27,36 +27,43 @@ const SEG: usize = 16;
 /// The most segments a tile has: 64 keys, a 64-wide head's tile.
 const MAX_SEGS: usize = 4;
 
-/// Whether the tiles of `k` and `v` can take the fused pass: keys by column in blocks of a
-/// whole number of segments, values by row back to back within a block, a tile of whole
-/// segments and heads of whole vectors.
-pub(super) fn fits(k: &KvView, v: &KvView, hd: usize, bc: usize) -> bool {
-    k.columns()
-        && k.head_addr(hd).is_some()
-        && v.head_addr(hd).is_some()
+/// Where the tiles of `k` and `v` lie, when they can take the fused pass: keys by column in
+/// blocks of a whole number of segments, values by row back to back within a block (both in
+/// per-head regions of blocks of a power of two positions), a tile of whole segments and heads
+/// of whole vectors. `None` when they cannot.
+pub(super) fn fused_views<'a>(
+    k: &KvView<'a>,
+    v: &KvView<'a>,
+    hd: usize,
+    bc: usize,
+) -> Option<(HeadAddr<'a>, HeadAddr<'a>)> {
+    let shapes = k.columns()
         && matches!(k.ty(), KvType::F32 | KvType::F16 | KvType::Bf16)
         && v.head_rows_back_to_back()
         && k.block_size().is_multiple_of(SEG)
         && v.block_size().is_multiple_of(SEG)
         && bc.is_multiple_of(SEG)
         && (1..=MAX_SEGS).contains(&(bc / SEG))
-        && hd.is_multiple_of(SEG)
+        && hd.is_multiple_of(SEG);
+    if !shapes {
+        return None;
+    }
+    k.head_addr(hd).zip(v.head_addr(hd))
 }
 
-/// Where a tile's segments lie: each segment's keys (its first column; column `c` is
-/// `c * column` bytes on) and its sixteen value rows back to back; and the next tile's, to
-/// request as this one is computed (this tile's own past the cache's end).
+/// Where a tile's segments lie: each segment's keys (its first column) and its sixteen value
+/// rows back to back; and the next tile's, to request as this one is computed (this tile's
+/// own past the cache's end).
 pub(super) struct TileAt {
     pub(super) keys: [*const u8; MAX_SEGS],
     pub(super) values: [*const u8; MAX_SEGS],
     pub(super) next_keys: [*const u8; MAX_SEGS],
     pub(super) next_values: [*const u8; MAX_SEGS],
-    pub(super) column: usize,
 }
 
 impl TileAt {
     /// Keys `j0..j0 + 16 n` of head `kvh`, and the `n` segments after them: `k` and `v` are
-    /// the [`HeadAddr`]s of views that pass [`fits`] and hold `len` positions; `j0` is a
+    /// the [`HeadAddr`]s [`fused_views`] gave for views that hold `len` positions; `j0` is a
     /// multiple of sixteen and the keys are in the cache.
     pub(super) fn locate(
         k: &HeadAddr,
@@ -65,7 +72,6 @@ impl TileAt {
         kvh: usize,
         j0: usize,
         n: usize,
-        column: usize,
     ) -> Self {
         let null = [std::ptr::null(); MAX_SEGS];
         let mut at = TileAt {
@@ -73,7 +79,6 @@ impl TileAt {
             values: null,
             next_keys: null,
             next_values: null,
-            column,
         };
         for w in 0..n {
             let p = j0 + SEG * w;
@@ -126,7 +131,7 @@ pub(super) struct Run<'a> {
 ///
 /// # Safety
 /// The CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C; `run` has addresses of views that
-/// pass [`fits`], and its tiles are whole and in the cache.
+/// pass [`fused_views`], and its tiles are whole and in the cache.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tiles<const R: usize>(
     keys: KvType,
@@ -200,8 +205,8 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
     unsafe {
         for t in 0..run.tiles {
             let j0 = run.j0 + t * run.bc;
-            let at = TileAt::locate(run.k, run.v, run.len, run.kvh, j0, N, run.column);
-            scores::<LK, LV, R, N>(&at, q, run.hd, s, run.bc);
+            let at = TileAt::locate(run.k, run.v, run.len, run.kvh, j0, N);
+            scores::<LK, LV, R, N>(&at, run.column, q, run.hd, s, run.bc);
             let corr = softmax::<R, N>(s, p, run.bc, m, l);
             weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr);
         }
@@ -209,7 +214,8 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
 }
 
 /// A tile's scores into `s` (row `i` at `i * bc`), each the chain of multiply-adds over the
-/// dimensions in order. The next tile's key lines and this tile's value lines are asked for
+/// dimensions in order (column `c` of a segment's keys `c * column` bytes past its first).
+/// The next tile's key lines and this tile's value lines are asked for
 /// over the columns, into L2 (see `score_segments`).
 ///
 /// # Safety
@@ -218,6 +224,7 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
 #[inline]
 unsafe fn scores<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
     at: &TileAt,
+    column: usize,
     q: &[f32],
     hd: usize,
     s: &mut [f32],
@@ -253,7 +260,7 @@ unsafe fn scores<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
             v_done = v_due;
             for cc in c..end {
                 let k: [__m512; N] =
-                    std::array::from_fn(|w| LK::load16(at.keys[w].add(cc * at.column), 0));
+                    std::array::from_fn(|w| LK::load16(at.keys[w].add(cc * column), 0));
                 for (i, ai) in a.iter_mut().enumerate() {
                     let qc = _mm512_set1_ps(*qp.add(i * hd + cc));
                     for (aw, &kw) in ai.iter_mut().zip(&k) {

@@ -169,13 +169,13 @@ fn block_body<const R: usize>(
     // Decode's whole tiles over keys by column in one pass (`flash_decode`): the block's rows
     // are one query block of exactly `R` rows.
     #[cfg(target_arch = "x86_64")]
-    let fused = fast && job.fused && rows == R && super::flash_decode::fits(&job.k, &job.v, hd, bc);
+    let fused = if fast && job.fused && rows == R {
+        super::flash_decode::fused_views(&job.k, &job.v, hd, bc)
+    } else {
+        None
+    };
     #[cfg(target_arch = "x86_64")]
-    let addrs = job.k.head_addr(hd).zip(job.v.head_addr(hd));
-    #[cfg(target_arch = "x86_64")]
-    let column = job.k.block_size() * job.k.ty().bytes(1);
-    #[cfg(target_arch = "x86_64")]
-    let skip_first = fused;
+    let skip_first = fused.is_some();
     #[cfg(not(target_arch = "x86_64"))]
     let skip_first = false;
     // The cache rows of the first tile at once, then each next tile's spread over this one's
@@ -195,27 +195,25 @@ fn block_body<const R: usize>(
         // Tiles every row sees whole (none past its position or before its window) take the
         // fused pass, as one run.
         #[cfg(target_arch = "x86_64")]
-        if fused
+        if let Some((ka, va)) = &fused
             && nb == bc
             && job.pos0 + span.t0 + 1 >= j0 + nb
             && s.first_visible(job.pos0 + span.t1 - 1) <= j0
-            && j0.is_multiple_of(16)
         {
-            let (ka, va) = addrs.expect("fused tiles have head addresses");
             let run = super::flash_decode::Run {
-                k: &ka,
-                v: &va,
+                k: ka,
+                v: va,
                 len: job.k.len(),
                 kvh: span.kvh,
                 j0,
                 tiles: (hi.min(job.pos0 + span.t0 + 1) - j0) / bc,
                 bc,
-                column,
+                column: job.k.block_size() * job.k.ty().bytes(1),
                 hd,
             };
             // SAFETY: `fused` implies the CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C
-            // (`wide`), and views that pass `fits`; the run's tiles are whole and in the cache
-            // (`j0 + tiles * bc <= hi <= len`).
+            // (`wide`), and views `fused_views` took; the run's tiles are whole and in the cache
+            // (`j0 + tiles * bc <= hi <= len`; `j0` a multiple of the tile, itself of sixteen).
             unsafe {
                 super::flash_decode::tiles::<R>(
                     job.k.ty(),
