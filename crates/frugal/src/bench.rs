@@ -87,11 +87,7 @@ fn timed_at(
 ) -> Result<Throughput> {
     let n = toks.len();
     let mut s = Scratch::new(opts.attention);
-    let mut kv = model.new_seq_cache(depth + n, &opts.kv)?;
-    // The prefix in chunks, as a server would prefill it: one call's score matrix stays bounded.
-    for chunk in tokens(depth, model.config.n_vocab, 3).chunks(512) {
-        model.forward(chunk, &mut kv as &mut dyn KvSequence, &mut s, Logits::Last)?;
-    }
+    let mut kv = cache_at(model, depth, n, opts, &mut s)?;
     let mut runs = Vec::with_capacity(reps);
     for rep in 0..=reps {
         kv.truncate(depth);
@@ -106,6 +102,22 @@ fn timed_at(
     }
     between();
     Ok(Throughput::from_runs(n, runs))
+}
+
+/// A cache for `depth + n` positions holding a prefix of `depth` tokens.
+fn cache_at(
+    model: &Model,
+    depth: usize,
+    n: usize,
+    opts: &EvalOptions,
+    s: &mut Scratch,
+) -> Result<SeqCache> {
+    let mut kv = model.new_seq_cache(depth + n, &opts.kv)?;
+    // The prefix in chunks, as a server would prefill it: one call's score matrix stays bounded.
+    for chunk in tokens(depth, model.config.n_vocab, 3).chunks(512) {
+        model.forward(chunk, &mut kv as &mut dyn KvSequence, s, Logits::Last)?;
+    }
+    Ok(kv)
 }
 
 /// [`prefill`] after a prefix of `depth` tokens in the cache (llama-bench's `pp N @ dD`).
@@ -187,40 +199,100 @@ pub fn decode_probed<T>(
 /// weights of a small model are, so the bound this gives is the one that actually holds for
 /// them; [`DRAM_WORKING_SET`] measures memory itself.
 pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
+    let probe = ReadProbe::new(bytes);
+    probe.pass();
+    (0..passes.max(1)).map(|_| probe.pass()).fold(0.0, f64::max)
+}
+
+/// The working set [`read_bandwidth`] streams, kept to be read again: [`decode_paired`] times
+/// one pass of it before every decode step.
+pub struct ReadProbe {
+    pages: Option<Pages>,
+    heap: Vec<u64>,
+    bytes: usize,
+}
+
+impl ReadProbe {
     const CHUNK: usize = 1 << 20;
-    let bytes = bytes.max(CHUNK).next_multiple_of(CHUNK);
-    // u64 words written with distinct values, so every page is really backed; on huge pages
-    // where the system grants them, as the weights and the cache are (`crate::pages`), since a
-    // stream over small pages reads slower and would give a bound decode can pass.
-    let mut pages = Pages::zeroed(bytes, true).ok();
-    let heap: Vec<u64>;
-    let buf: &[u64] = match pages.as_mut() {
-        Some(p) => {
-            for (i, w) in p.chunks_exact_mut(8).enumerate() {
-                w.copy_from_slice(&(i as u64).to_le_bytes());
+
+    /// At least `bytes` (rounded up to whole MiB) of u64 words written with distinct values, so
+    /// every page is really backed; on huge pages where the system grants them, as the weights
+    /// and the cache are (`crate::pages`), since a stream over small pages reads slower and
+    /// would give a bound decode can pass.
+    pub fn new(bytes: usize) -> Self {
+        let bytes = bytes.max(Self::CHUNK).next_multiple_of(Self::CHUNK);
+        let mut pages = Pages::zeroed(bytes, true).ok();
+        let heap = match pages.as_mut() {
+            Some(p) => {
+                for (i, w) in p.chunks_exact_mut(8).enumerate() {
+                    w.copy_from_slice(&(i as u64).to_le_bytes());
+                }
+                Vec::new()
             }
+            None => (0..bytes as u64 / 8).collect(),
+        };
+        Self { pages, heap, bytes }
+    }
+
+    fn words(&self) -> &[u64] {
+        match &self.pages {
             // SAFETY: a mapping starts on a page boundary (8-byte aligned); `bytes` is a
             // multiple of 8 and every bit pattern is a u64.
-            unsafe { std::slice::from_raw_parts(p.as_ptr().cast(), bytes / 8) }
+            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr().cast(), self.bytes / 8) },
+            None => &self.heap,
         }
-        None => {
-            heap = (0..bytes as u64 / 8).collect();
-            &heap
-        }
-    };
-    let threads = rayon::current_num_threads().max(1);
-    let share = (buf.len() / threads).next_multiple_of(CHUNK / 8);
-    let pass = || {
+    }
+
+    /// One timed pass, in bytes per second: each of the pool's threads streams its own
+    /// contiguous share.
+    pub fn pass(&self) -> f64 {
+        let buf = self.words();
+        let threads = rayon::current_num_threads().max(1);
+        let share = (buf.len() / threads).next_multiple_of(Self::CHUNK / 8);
         let t = Instant::now();
         let sum: u64 = buf
             .par_chunks(share)
             .map(sum_words)
             .reduce(|| 0, u64::wrapping_add);
         std::hint::black_box(sum);
-        bytes as f64 / t.elapsed().as_secs_f64()
-    };
-    pass();
-    (0..passes.max(1)).map(|_| pass()).fold(0.0, f64::max)
+        self.bytes as f64 / t.elapsed().as_secs_f64()
+    }
+}
+
+/// `n` decode steps after a prefix of `depth` tokens, each timed on its own right after one
+/// pass of `probe` (which should read what a step reads): (seconds of the step, bytes per
+/// second of the pass before it) for every step.
+///
+/// On a shared machine the bandwidth moves within seconds (the Zen 4 VM this was written on:
+/// single passes over 184 MB between 25 and 68 GB/s in one three-second stretch, the median
+/// anywhere from 32 to 61 GB/s from one minute to the next), and a `tg 128` run at depth
+/// 4,096 lasts most of a second. A bound from the fastest pass of a few taken around a run
+/// is one the run only met where it lasted the whole run. A pass and the step after it are a
+/// few milliseconds apart and read the same bytes, so each step meets the bandwidth of the
+/// moment it ran.
+pub fn decode_paired(
+    model: &Model,
+    n: usize,
+    depth: usize,
+    opts: &EvalOptions,
+    probe: &ReadProbe,
+) -> Result<Vec<(f64, f64)>> {
+    let toks = tokens(n, model.config.n_vocab, 2);
+    let mut s = Scratch::new(opts.attention);
+    let mut kv = cache_at(model, depth, n, opts, &mut s)?;
+    // One untimed step first, so the first pair does not pay for the scratch buffers.
+    if let Some(&t) = toks.first() {
+        model.forward(&[t], &mut kv as &mut dyn KvSequence, &mut s, Logits::Last)?;
+        kv.truncate(depth);
+    }
+    let mut pairs = Vec::with_capacity(n);
+    for &tok in &toks {
+        let bandwidth = probe.pass();
+        let t = Instant::now();
+        model.forward(&[tok], &mut kv as &mut dyn KvSequence, &mut s, Logits::Last)?;
+        pairs.push((t.elapsed().as_secs_f64(), bandwidth));
+    }
+    Ok(pairs)
 }
 
 /// A working set well past any last-level cache this engine runs on, for the memory bandwidth.
@@ -369,6 +441,32 @@ pub fn peak_rss_bytes() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gguf::GgufFile;
+    use crate::model::synthetic::{SyntheticSpec, build};
+
+    /// Every step gets its own timing and the bandwidth of the pass just before it; a probe
+    /// covers at least the bytes asked for, in whole MiB.
+    #[test]
+    fn paired_decode_times_each_step_after_a_pass() {
+        let model =
+            Model::from_file(GgufFile::from_bytes(build(&SyntheticSpec::default())).unwrap())
+                .unwrap();
+        let probe = ReadProbe::new(3 << 20 | 5);
+        assert_eq!(probe.bytes, 4 << 20);
+        assert_eq!(probe.words().len(), (4 << 20) / 8);
+        let opts = EvalOptions::default();
+        let pairs = decode_paired(&model, 5, 7, &opts, &probe).unwrap();
+        assert_eq!(pairs.len(), 5);
+        for &(step, bw) in &pairs {
+            assert!(step.is_finite() && step > 0.0, "step {step}");
+            assert!(bw.is_finite() && bw > 0.0, "bandwidth {bw}");
+        }
+        assert!(
+            decode_paired(&model, 0, 7, &opts, &probe)
+                .unwrap()
+                .is_empty()
+        );
+    }
 
     /// The vector sum is the portable one (wrapping adds commute), remainders included.
     #[test]
