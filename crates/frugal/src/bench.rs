@@ -199,17 +199,21 @@ pub fn decode_probed<T>(
 /// weights of a small model are, so the bound this gives is the one that actually holds for
 /// them; [`DRAM_WORKING_SET`] measures memory itself.
 pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
-    let probe = ReadProbe::new(bytes);
-    probe.pass();
-    (0..passes.max(1)).map(|_| probe.pass()).fold(0.0, f64::max)
+    ReadProbe::new(bytes).fastest(passes)
 }
 
-/// The working set [`read_bandwidth`] streams, kept to be read again: [`decode_paired`] times
-/// one pass of it before every decode step.
+/// The working set [`read_bandwidth`] streams, kept to be read again (a caller that measures
+/// the same working set many times allocates and writes it once); [`decode_paired`] times one
+/// pass of it before every decode step.
 pub struct ReadProbe {
-    pages: Option<Pages>,
-    heap: Vec<u64>,
+    words: ProbeWords,
     bytes: usize,
+}
+
+/// A probe's words: on (huge) pages where the system grants them, else on the heap.
+enum ProbeWords {
+    Pages(Pages),
+    Heap(Vec<u64>),
 }
 
 impl ReadProbe {
@@ -221,26 +225,33 @@ impl ReadProbe {
     /// would give a bound decode can pass.
     pub fn new(bytes: usize) -> Self {
         let bytes = bytes.max(Self::CHUNK).next_multiple_of(Self::CHUNK);
-        let mut pages = Pages::zeroed(bytes, true).ok();
-        let heap = match pages.as_mut() {
-            Some(p) => {
+        let words = match Pages::zeroed(bytes, true) {
+            Ok(mut p) => {
                 for (i, w) in p.chunks_exact_mut(8).enumerate() {
                     w.copy_from_slice(&(i as u64).to_le_bytes());
                 }
-                Vec::new()
+                ProbeWords::Pages(p)
             }
-            None => (0..bytes as u64 / 8).collect(),
+            Err(_) => ProbeWords::Heap((0..bytes as u64 / 8).collect()),
         };
-        Self { pages, heap, bytes }
+        Self { words, bytes }
     }
 
     fn words(&self) -> &[u64] {
-        match &self.pages {
+        match &self.words {
             // SAFETY: a mapping starts on a page boundary (8-byte aligned); `bytes` is a
             // multiple of 8 and every bit pattern is a u64.
-            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr().cast(), self.bytes / 8) },
-            None => &self.heap,
+            ProbeWords::Pages(p) => unsafe {
+                std::slice::from_raw_parts(p.as_ptr().cast(), self.bytes / 8)
+            },
+            ProbeWords::Heap(h) => h,
         }
+    }
+
+    /// One warm-up pass, then the fastest of `passes` timed passes (see [`read_bandwidth`]).
+    pub fn fastest(&self, passes: usize) -> f64 {
+        self.pass();
+        (0..passes.max(1)).map(|_| self.pass()).fold(0.0, f64::max)
     }
 
     /// One timed pass, in bytes per second: each of the pool's threads streams its own

@@ -208,7 +208,7 @@ pub struct Comparison {
 }
 
 /// The `q`-quantile of sorted values, interpolating linearly between neighbours.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

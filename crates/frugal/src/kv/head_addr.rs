@@ -21,11 +21,7 @@ impl HeadAddr<'_> {
     /// size` values on).
     #[inline(always)]
     pub fn at(&self, head: usize, pos: usize) -> usize {
-        let (blk, off) = (pos >> self.shift, pos & ((1 << self.shift) - 1));
-        self.base
-            + head * self.head_bytes
-            + self.table[blk] as usize * self.block_bytes
-            + off * self.step
+        self.in_block(head, pos, self.step)
     }
 
     /// The `pos % block size`-th of the equal shares its block's bytes of head `head` make,
@@ -34,10 +30,17 @@ impl HeadAddr<'_> {
     /// position by position: what a prefetch of a whole block's positions asks for.
     #[inline(always)]
     pub fn share_at(&self, head: usize, pos: usize) -> usize {
+        self.in_block(head, pos, self.head_bytes_one)
+    }
+
+    /// Head `head`'s start in the block of position `pos`, plus `per_position` bytes for each
+    /// position before it in the block.
+    #[inline(always)]
+    fn in_block(&self, head: usize, pos: usize, per_position: usize) -> usize {
         let (blk, off) = (pos >> self.shift, pos & ((1 << self.shift) - 1));
         self.base
             + head * self.head_bytes
             + self.table[blk] as usize * self.block_bytes
-            + off * self.head_bytes_one
+            + off * per_position
     }
 }

@@ -49,9 +49,12 @@ pub fn run(a: Args) -> Result<()> {
     // The bound: what one decode step reads, over the bandwidth of a working set that size read
     // again and again (from the last-level cache when it fits, as the weights then are), taken
     // before and after the tests and the higher kept (a neighbour on a shared machine slows a
-    // measurement, never speeds it); the memory's own bandwidth beside it.
-    let bandwidth_now = || frugal::bench::read_bandwidth(bytes_per_token as usize, 9);
-    let bandwidth_before = a.roofline.then(bandwidth_now);
+    // measurement, never speeds it); the memory's own bandwidth beside it. One working set
+    // serves every measurement.
+    let probe = a
+        .roofline
+        .then(|| frugal::bench::ReadProbe::new(bytes_per_token as usize));
+    let bandwidth_before = probe.as_ref().map(|p| p.fastest(9));
     let pp = if a.prompt > 0 {
         Some(frugal::bench::prefill_at(
             &model, a.prompt, a.depth, a.reps, &opts,
@@ -66,18 +69,17 @@ pub fn run(a: Args) -> Result<()> {
     let tg = if a.gen_tokens > 0 {
         let (t, p) =
             frugal::bench::decode_probed(&model, a.gen_tokens, a.depth, a.reps, &opts, || {
-                a.roofline
-                    .then(|| frugal::bench::read_bandwidth(bytes_per_token as usize, 3))
+                probe.as_ref().map(|p| p.fastest(3))
             })?;
         probes = p.into_iter().flatten().collect();
         Some(t)
     } else {
         None
     };
-    let bandwidth = bandwidth_before.map(|before| {
+    let bandwidth = probe.as_ref().zip(bandwidth_before).map(|(p, before)| {
         probes
             .iter()
-            .fold(before.max(bandwidth_now()), |m, &b| m.max(b))
+            .fold(before.max(p.fastest(9)), |m, &b| m.max(b))
     });
     // Run i against the higher of the bandwidths measured just before and just after it.
     let paired: Vec<f64> = match &tg {
@@ -91,15 +93,14 @@ pub fn run(a: Args) -> Result<()> {
     };
     // Step by step: each decode step right after one pass over the same bytes (see
     // `frugal::bench::decode_paired`): the step's bound at the bandwidth of that moment.
-    let stepwise: Vec<f64> = if a.roofline && a.gen_tokens > 0 {
-        let probe = frugal::bench::ReadProbe::new(bytes_per_token as usize);
-        probe.pass();
-        frugal::bench::decode_paired(&model, a.gen_tokens, a.depth, &opts, &probe)?
-            .into_iter()
-            .map(|(step, bw)| bytes_per_token as f64 / bw / step)
-            .collect()
-    } else {
-        Vec::new()
+    let stepwise: Vec<f64> = match &probe {
+        Some(p) if a.gen_tokens > 0 => {
+            frugal::bench::decode_paired(&model, a.gen_tokens, a.depth, &opts, p)?
+                .into_iter()
+                .map(|(step, bw)| bytes_per_token as f64 / bw / step)
+                .collect()
+        }
+        _ => Vec::new(),
     };
     let dram_bandwidth = a
         .roofline
@@ -213,7 +214,7 @@ pub fn run(a: Args) -> Result<()> {
         if !stepwise.is_empty() {
             let mut sorted = stepwise.clone();
             sorted.sort_by(f64::total_cmp);
-            let at = |q: f64| 100.0 * sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+            let at = |q: f64| 100.0 * frugal::eval::quantile(&sorted, q);
             let over = sorted.iter().filter(|&&f| f > 1.0).count();
             println!(
                 "step by step, each right after one pass over the same bytes: decode reaches {:.0}% of its bound (median of {} steps; 10th-90th percentile {:.0}-{:.0}%; {over} above 100%)",
