@@ -183,8 +183,12 @@ pub(super) fn exp16_grid<const R: usize, const N: usize>(x: [[__m512; N]; R]) ->
             );
         }
     }
-    let t =
-        x.map(|xi| xi.map(|xw| _mm512_add_ps(_mm512_mul_ps(xw, _mm512_set1_ps(EXP_LOG2E)), round)));
+    let mut t = [[round; N]; R];
+    for i in 0..R {
+        for w in 0..N {
+            t[i][w] = _mm512_add_ps(_mm512_mul_ps(x[i][w], _mm512_set1_ps(EXP_LOG2E)), round);
+        }
+    }
     let mut r = [[round; N]; R];
     for i in 0..R {
         for w in 0..N {

@@ -366,10 +366,14 @@ pub(super) unsafe fn tile_scores_wide<const R: usize>(
     // SAFETY: forwarded (the caller has the features; the segments are whole sixteen-key
     // parts of the blocks `head_block` gives, the values sixteen rows of one value block).
     unsafe {
-        let flush = |segs: &[Segment], s: &mut [f32], column: usize, ahead: &mut Ahead| {
-            score_segments::<R>(q, ty, segs, column, s, bc);
-            ahead.advance(16 * segs.len());
-        };
+        // A macro, not a closure: a closure is its own function, which a build in many codegen
+        // units may leave uninlined, outside this function's target features.
+        macro_rules! flush {
+            () => {{
+                score_segments::<R>(q, ty, &segs[..n], column, &mut s[first..], bc);
+                ahead.advance(16 * n);
+            }};
+        }
         while j < jn {
             let (bytes, bs, off, m) = k.head_block(kvh, hd, j0 + j, jn - j);
             column = bs * es;
@@ -394,14 +398,14 @@ pub(super) unsafe fn tile_scores_wide<const R: usize>(
                 };
                 n += 1;
                 if n == MAX_SEGMENTS {
-                    flush(&segs[..n], &mut s[first..], column, ahead);
+                    flush!();
                     n = 0;
                 }
                 x += 16;
             }
             if whole < m {
                 if n > 0 {
-                    flush(&segs[..n], &mut s[first..], column, ahead);
+                    flush!();
                     n = 0;
                 }
                 let jj = j + whole;
@@ -431,7 +435,7 @@ pub(super) unsafe fn tile_scores_wide<const R: usize>(
             j += m;
         }
         if n > 0 {
-            flush(&segs[..n], &mut s[first..], column, ahead);
+            flush!();
         }
     }
 }

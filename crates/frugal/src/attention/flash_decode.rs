@@ -287,8 +287,10 @@ unsafe fn scores<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
             }
             v_done = v_due;
             for cc in c..end {
-                let k: [__m512; N] =
-                    std::array::from_fn(|w| LK::load16(at.keys[w].add(cc * column), 0));
+                let mut k = [_mm512_setzero_ps(); N];
+                for (w, kw) in k.iter_mut().enumerate() {
+                    *kw = LK::load16(at.keys[w].add(cc * column), 0);
+                }
                 for (i, ai) in a.iter_mut().enumerate() {
                     let qc = _mm512_set1_ps(*qp.add(i * hd + cc));
                     for (aw, &kw) in ai.iter_mut().zip(&k) {
@@ -326,9 +328,12 @@ unsafe fn softmax<const R: usize, const N: usize>(
     let (sp, pp) = (s.as_ptr(), p.as_mut_ptr());
     // SAFETY: s and p hold R x bc, bc >= 16 N (`tiles` checked).
     unsafe {
-        let a: [[__m512; N]; R] = std::array::from_fn(|i| {
-            std::array::from_fn(|w| _mm512_loadu_ps(sp.add(i * bc + SEG * w)))
-        });
+        let mut a = [[_mm512_setzero_ps(); N]; R];
+        for (i, ai) in a.iter_mut().enumerate() {
+            for (w, aw) in ai.iter_mut().enumerate() {
+                *aw = _mm512_loadu_ps(sp.add(i * bc + SEG * w));
+            }
+        }
         let mut m_new = [0f32; R];
         for (i, ai) in a.iter().enumerate() {
             let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
@@ -340,11 +345,18 @@ unsafe fn softmax<const R: usize, const N: usize>(
             let tile_max = _mm512_reduce_max_ps(mx);
             m_new[i] = m[i].max(tile_max);
         }
-        let corr = exp_lanes::<R>(std::array::from_fn(|i| m[i] - m_new[i]));
-        let e = exp16_grid::<R, N>(std::array::from_fn(|i| {
-            let mv = _mm512_set1_ps(m_new[i]);
-            a[i].map(|aw| _mm512_sub_ps(aw, mv))
-        }));
+        let mut shift = [0f32; R];
+        for (i, x) in shift.iter_mut().enumerate() {
+            *x = m[i] - m_new[i];
+        }
+        let corr = exp_lanes::<R>(shift);
+        for (ai, &mi) in a.iter_mut().zip(&m_new) {
+            let mv = _mm512_set1_ps(mi);
+            for aw in ai.iter_mut() {
+                *aw = _mm512_sub_ps(*aw, mv);
+            }
+        }
+        let e = exp16_grid::<R, N>(a);
         for (i, ei) in e.iter().enumerate() {
             let mut s8 = _mm256_setzero_ps();
             for (w, &e) in ei.iter().enumerate() {
@@ -444,7 +456,10 @@ unsafe fn weighted<LV: Lanes16, const R: usize, const N: usize, const W: usize>(
                 }
                 done = due;
                 let j = SEG * w + r;
-                let vals: [__m512; W] = std::array::from_fn(|x| LV::load16(row, d0 + 16 * x));
+                let mut vals = [_mm512_setzero_ps(); W];
+                for (x, vx) in vals.iter_mut().enumerate() {
+                    *vx = LV::load16(row, d0 + 16 * x);
+                }
                 for (i, ai) in a.iter_mut().enumerate() {
                     let pj = _mm512_set1_ps(*pp.add(i * bc + j));
                     for (ax, vx) in ai.iter_mut().zip(&vals) {

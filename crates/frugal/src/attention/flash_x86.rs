@@ -300,7 +300,10 @@ pub(super) unsafe fn exp_rows<const R: usize>(
     max: [f32; R],
 ) -> [f32; R] {
     assert!(lo <= hi && (R == 0 || (R - 1) * stride + hi <= s.len()));
-    let m = max.map(|x| _mm256_set1_ps(x));
+    let mut m = [_mm256_setzero_ps(); R];
+    for (mi, &x) in m.iter_mut().zip(&max) {
+        *mi = _mm256_set1_ps(x);
+    }
     let mut acc = [_mm256_setzero_ps(); R];
     let whole = lo + (hi - lo) / 8 * 8;
     let base = s.as_mut_ptr();
@@ -308,9 +311,10 @@ pub(super) unsafe fn exp_rows<const R: usize>(
     while j < whole {
         // SAFETY: rows i < R hold j + 8 <= hi values at offset i * stride (asserted above).
         unsafe {
-            let x: [__m256; R] = std::array::from_fn(|i| {
-                _mm256_sub_ps(_mm256_loadu_ps(base.add(i * stride + j)), m[i])
-            });
+            let mut x = [_mm256_setzero_ps(); R];
+            for (i, xi) in x.iter_mut().enumerate() {
+                *xi = _mm256_sub_ps(_mm256_loadu_ps(base.add(i * stride + j)), m[i]);
+            }
             let e = exp8s(x);
             for i in 0..R {
                 _mm256_storeu_ps(base.add(i * stride + j), e[i]);
@@ -319,17 +323,18 @@ pub(super) unsafe fn exp_rows<const R: usize>(
         }
         j += 8;
     }
-    std::array::from_fn(|i| {
+    let mut sums = [0f32; R];
+    for (i, sum) in sums.iter_mut().enumerate() {
         let mut lanes = [0f32; 8];
         // SAFETY: lanes is 8 floats.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
-        let mut sum = lanes.iter().sum::<f32>();
+        *sum = lanes.iter().sum::<f32>();
         for x in &mut s[i * stride + whole..i * stride + hi] {
             *x = exp_approx(*x - max[i]);
-            sum += *x;
+            *sum += *x;
         }
-        sum
-    })
+    }
+    sums
 }
 
 /// `exp_approx` of up to eight values in one vector: the same bits, without a chain of thirty
