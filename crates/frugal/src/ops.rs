@@ -4,12 +4,35 @@ use rayon::prelude::*;
 
 use crate::model::features::RopeStyle;
 
+/// Sum of `v * v` over `x`, in f64: eight partial sums over the values `k, k + 8, k + 16, ...`,
+/// added in order, then the tail. One sum in sequence was a chain of dependent f64 additions,
+/// four cycles each: 0.7 us for a 576-wide row, 61 rows a decode step, all on one thread
+/// between parallel sections (decode at depth 16, same-process A/B: 1.5-2.0% faster a token).
+/// The partial sums change the f64 result in its last bits at most, far below the f32 scale it
+/// becomes.
+#[inline]
+fn sum_squares(x: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f64::from(v) * f64::from(v);
+        }
+    }
+    let mut sum = acc.iter().sum::<f64>();
+    for &v in tail {
+        sum += f64::from(v) * f64::from(v);
+    }
+    sum
+}
+
 /// RMSNorm: `out = x / sqrt(mean(x^2) + eps) * w`, row by row (`x` is `n x w.len()`).
 /// The mean is accumulated in f64, as ggml does.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        let ss: f64 = xr.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let ss = sum_squares(xr);
         let scale = (1.0 / (ss / d as f64 + f64::from(eps)).sqrt()) as f32;
         for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
             *o = v * scale * g;
@@ -83,7 +106,7 @@ pub fn rms_norm_prefix(x: &mut [f32], stride: usize, w: &[f32], eps: f32) {
     let d = w.len();
     for xr in x.chunks_exact_mut(stride) {
         let xr = &mut xr[..d];
-        let ss: f64 = xr.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let ss = sum_squares(xr);
         let scale = (1.0 / (ss / d as f64 + f64::from(eps)).sqrt()) as f32;
         for (v, &g) in xr.iter_mut().zip(w) {
             *v = *v * scale * g;
