@@ -209,23 +209,27 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    let locate = |t: usize| TileAt::locate(run.k, run.v, run.len, run.kvh, run.j0 + t * run.bc, N);
+    if run.tiles == 0 {
+        return;
+    }
     // SAFETY: forwarded; every tile located is whole and in the cache (`tiles` checked).
+    // No closures here: in a build of many codegen units a closure may stay a function of its
+    // own, outside these target features.
     unsafe {
-        if run.tiles == 0 {
-            return;
-        }
         // Tile t's scores are in `s` as each step begins; the step scores tile t + 1 between
         // tile t's softmax and its weighted sum (see `tiles`).
-        let mut at = locate(0);
+        let mut at = TileAt::locate(run.k, run.v, run.len, run.kvh, run.j0, N);
         scores::<LK, LV, R, N>(&at, run.column, q, run.hd, s, run.bc);
         for t in 0..run.tiles {
             let corr = softmax::<R, N>(s, p, run.bc, m, l);
-            let next = (t + 1 < run.tiles).then(|| {
-                let next = locate(t + 1);
+            let next = if t + 1 < run.tiles {
+                let j0 = run.j0 + (t + 1) * run.bc;
+                let next = TileAt::locate(run.k, run.v, run.len, run.kvh, j0, N);
                 scores::<LK, LV, R, N>(&next, run.column, q, run.hd, s, run.bc);
-                next
-            });
+                Some(next)
+            } else {
+                None
+            };
             weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr);
             if let Some(next) = next {
                 at = next;
