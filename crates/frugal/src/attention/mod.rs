@@ -120,6 +120,9 @@ pub struct AttnWorkspace {
     /// Over a Q8_0 key cache: the call's queries, scaled, then quantized once for every block.
     qscaled: Vec<f32>,
     qq: q8_keys::QuantQueries,
+    /// Split-KV decode: each KV head's finished chunks, counted so the thread that finishes a
+    /// head's last chunk merges it.
+    done: Vec<std::sync::atomic::AtomicUsize>,
 }
 
 /// `q` holds `n` query rows (`n x n_head*head_dim`) at positions `pos0..pos0+n`; `k` and `v`
@@ -182,6 +185,13 @@ impl OutPtr {
     #[allow(clippy::mut_from_ref)]
     unsafe fn row(&self, at: usize, len: usize) -> &mut [f32] {
         unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
+
+    /// # Safety
+    /// `at..at+len` must be inside the slice the pointer came from, and nothing may write that
+    /// range while the returned slice lives.
+    unsafe fn read(&self, at: usize, len: usize) -> &[f32] {
+        unsafe { std::slice::from_raw_parts(self.0.add(at), len) }
     }
 }
 

@@ -510,6 +510,63 @@ fn rows_are_independent_of_how_calls_group_them() {
     }
 }
 
+/// Split-KV decode inside a two-thread team, where whichever thread finishes a KV head's last
+/// chunk merges that head, gives the bits of the prefill's rows: the merge order is fixed
+/// whichever thread runs it. Repeated, so the chunks land on different threads.
+#[test]
+fn decode_merged_inside_a_team_gives_the_prefills_bits() {
+    let s = AttnShape {
+        n_head: 9,
+        n_head_kv: 3,
+        head_dim: 64,
+        window: None,
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for len in [300, 1100, 4100] {
+        let c = case(s, len, len, 1.5, 11 + len as u64);
+        let (kv_dim, q_dim) = (s.n_head_kv * s.head_dim, s.n_head * s.head_dim);
+        let (k, v) = (
+            KvView::from_f32(&c.k, kv_dim),
+            KvView::from_f32(&c.v, kv_dim),
+        );
+        let mut whole = vec![0f32; c.q.len()];
+        flash_with(
+            s,
+            &c.q,
+            k,
+            v,
+            0,
+            &mut whole,
+            &mut AttnWorkspace::default(),
+            true,
+        );
+        pool.install(|| {
+            crate::team::with_team(|| {
+                let mut ws = AttnWorkspace::default();
+                for rep in 0..40 {
+                    let t = len - 1 - rep % 3;
+                    let (kt, vt) = (
+                        KvView::from_f32(&c.k[..(t + 1) * kv_dim], kv_dim),
+                        KvView::from_f32(&c.v[..(t + 1) * kv_dim], kv_dim),
+                    );
+                    let mut got = vec![0f32; q_dim];
+                    let q = &c.q[t * q_dim..(t + 1) * q_dim];
+                    flash_with(s, q, kt, vt, t, &mut got, &mut ws, true);
+                    let want = &whole[t * q_dim..(t + 1) * q_dim];
+                    let same = got
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "len {len} position {t} rep {rep}");
+                }
+            })
+        });
+    }
+}
+
 /// A 16-bit cache read in place (keys widened as they are transposed, values as they are
 /// weighed) gives the bits of flash over the same values decoded to f32 first, for a whole
 /// prefill and for rows one at a time (decode, where values are read in place), on both ISAs.
