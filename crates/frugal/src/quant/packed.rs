@@ -749,5 +749,8 @@ impl<R: Copy> PairCall<'_, '_, R> {
     }
 }
 
+mod gated;
+pub use gated::matvec_packed_gated;
+
 #[cfg(test)]
 mod tests;

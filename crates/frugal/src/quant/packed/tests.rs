@@ -304,3 +304,61 @@ fn wide_pair_products_equal_one_token_products_bit_for_bit() {
         }
     }
 }
+
+/// The gated section (both products, the activation and the quantized result per tile) gives
+/// the bits of the products, the activation over the whole row and `Q8Acts::quantize`, for
+/// every packed format, on one thread and in a two-thread team, where tiles land on either
+/// thread.
+#[test]
+fn gated_section_gives_the_bits_of_its_steps_apart() {
+    let (rows, cols) = (96, 512);
+    let x: Vec<f32> = (0..cols)
+        .map(|i| ((i * 11 % 19) as f32 - 9.0) / 3.0)
+        .collect();
+    let mut q = Q8Acts::default();
+    q.quantize(&x, cols);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for ty in FORMATS {
+        let pack = |seed: usize| {
+            let wf: Vec<f32> = weights(rows * cols + seed)[seed..].to_vec();
+            let data = quantize(ty, &wf).unwrap();
+            PackedMatrix::pack(&WeightMatrix::new(ty, rows, cols, &data).unwrap()).unwrap()
+        };
+        let (gate, up) = (pack(0), pack(7));
+        let (mut g, mut u) = (vec![0f32; rows], vec![0f32; rows]);
+        matmul_packed(&gate, &q, &mut g);
+        matmul_packed(&up, &q, &mut u);
+        for (act, apart) in [
+            (
+                crate::ops::swiglu_serial as fn(&mut [f32], &[f32]),
+                crate::ops::swiglu as fn(&mut [f32], &[f32]),
+            ),
+            (crate::ops::geglu_tanh_serial, crate::ops::geglu_tanh),
+        ] {
+            let mut want = g.clone();
+            apart(&mut want, &u);
+            let mut want_q = Q8Acts::default();
+            want_q.quantize(&want, rows);
+            for threads in [1, 2] {
+                let (mut h, mut hq) = (vec![f32::NAN; rows], Q8Acts::default());
+                let mut scratch = vec![f32::NAN; rows];
+                let mut run =
+                    || matvec_packed_gated(&gate, &up, &q, act, &mut h, &mut scratch, &mut hq);
+                if threads == 1 {
+                    run();
+                } else {
+                    pool.install(|| crate::team::with_team(run));
+                }
+                assert_eq!(bits(&h), bits(&want), "{ty} threads {threads}");
+                assert_eq!(hq.qs, want_q.qs, "{ty} threads {threads}");
+                assert_eq!(bits(&hq.d), bits(&want_q.d), "{ty} threads {threads}");
+                assert_eq!(bits(&hq.s), bits(&want_q.s), "{ty} threads {threads}");
+                assert_eq!((hq.k, hq.n), (rows, 1));
+            }
+        }
+    }
+}
