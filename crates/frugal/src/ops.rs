@@ -118,17 +118,17 @@ pub fn rms_norm_prefix(x: &mut [f32], stride: usize, w: &[f32], eps: f32) {
 /// [`exp_poly`] (within 2 ulp of libm's, as llama.cpp's own vector `expf` is): a libm call per
 /// value kept decode's 1,536-wide FFN serial on one thread, 4% of a SmolLM2 decode step.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    gated_in_chunks(gate, up, swiglu_serial);
-}
-
-/// [`swiglu`] on this thread alone (a slice of a row that one parallel task owns).
-pub fn swiglu_serial(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { swiglu_avx2(gate, up) };
-    }
-    swiglu_portable(gate, up);
+    let fast =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    gated_in_chunks(gate, up, |g, u| {
+        #[cfg(target_arch = "x86_64")]
+        if fast {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            return unsafe { swiglu_avx2(g, u) };
+        }
+        swiglu_portable(g, u);
+    });
 }
 
 /// [`swiglu`] on one chunk; the portable build is the scalar twin of the AVX2 one.
@@ -168,17 +168,17 @@ const ELEMENTWISE_CHUNK: usize = 16 * 1024;
 /// is `sigmoid(2u)`) with a vectorizable `exp` ([`exp_poly`]): one exponential and a division
 /// per value instead of libm's tanh, which made the GELU a quarter of Gemma's prefill.
 pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
-    gated_in_chunks(gate, up, geglu_tanh_serial);
-}
-
-/// [`geglu_tanh`] on this thread alone (a slice of a row that one parallel task owns).
-pub fn geglu_tanh_serial(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { geglu_tanh_avx2(gate, up) };
-    }
-    geglu_tanh_portable(gate, up);
+    let fast =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    gated_in_chunks(gate, up, |g, u| {
+        #[cfg(target_arch = "x86_64")]
+        if fast {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            return unsafe { geglu_tanh_avx2(g, u) };
+        }
+        geglu_tanh_portable(g, u);
+    });
 }
 
 /// [`geglu_tanh`] on one chunk; the portable build is the scalar twin of the AVX2 one (the

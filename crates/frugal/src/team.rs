@@ -20,7 +20,6 @@
 
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};
-use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -35,10 +34,10 @@ const ACTIVE: u64 = OPEN - 1;
 /// Polls of the state word between two looks at rayon's queues, for a helper with nothing to do.
 const POLLS_PER_RAYON_LOOK: u32 = 64;
 
-/// A section over chunks `0..n`: each run of chunks a thread claims is `f(run)`.
+/// A section: chunk `i` of `0..n` is `f(i)`.
 #[derive(Clone, Copy)]
 struct Section {
-    f: *const (dyn Fn(Range<usize>) + Sync),
+    f: *const (dyn Fn(usize) + Sync),
     n: usize,
 }
 
@@ -122,20 +121,12 @@ impl<R, F: FnOnce() -> R> Here<F> {
 /// `f(i)` for every `i` in `0..n`, in parallel: through the team this thread owns, else rayon.
 /// Which thread runs a chunk never changes what it computes.
 pub fn for_each(n: usize, f: impl Fn(usize) + Sync) {
-    for_each_run(n, |run| run.for_each(&f));
-}
-
-/// `f(run)` for runs of consecutive chunks that together cover `0..n` once, in parallel as
-/// [`for_each`]: through a team, each run is what one thread claimed at once (long runs first,
-/// single chunks last), so a task can stream a run's inputs in order before it finishes each
-/// chunk; outside one, single chunks through rayon. What a chunk computes must not depend on
-/// the run it came in.
-pub fn for_each_run(n: usize, f: impl Fn(Range<usize>) + Sync) {
     let team = OWNED.get();
     if team.is_null() {
-        (0..n).into_par_iter().for_each(|i| f(i..i + 1));
+        let f = &f;
+        (0..n).into_par_iter().for_each(f);
     } else if IN_SECTION.get() {
-        f(0..n);
+        (0..n).for_each(f);
     } else {
         // SAFETY: `OWNED` points at the team `with_team` keeps alive while this thread runs
         // its closure; it is cleared before the team is dropped.
@@ -178,13 +169,13 @@ impl<T> SendPtr<T> {
 
 impl Team {
     /// One section, on the owner: open it, run chunks, close it, wait for the helpers in it.
-    fn run(&self, n: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+    fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         if n == 0 {
             return;
         }
         // SAFETY: the lifetime is erased for the helpers; they only call it inside this
         // section, which does not end before every helper has left it (below).
-        let f: *const (dyn Fn(Range<usize>) + Sync) = unsafe { std::mem::transmute(f) };
+        let f: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
         // SAFETY: no helper is inside a section (the previous one waited for them all).
         unsafe { *self.section.get() = Some(Section { f, n }) };
         self.next.store(0, Ordering::Relaxed);
@@ -212,7 +203,7 @@ impl Team {
     /// each thread streams its weights in order as the prefetchers expect (claims of an eighth
     /// each made decode 5% slower than rayon's halves, 8% slower than this), and the last are
     /// single chunks, so a thread the machine slowed hands the end of its share to the others.
-    fn chunks(&self, f: &(dyn Fn(Range<usize>) + Sync), n: usize) {
+    fn chunks(&self, f: &(dyn Fn(usize) + Sync), n: usize) {
         let mut cur = self.next.load(Ordering::Relaxed);
         while cur < n {
             let take = (n - cur).div_ceil(self.threads);
@@ -223,7 +214,7 @@ impl Team {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    f(cur..cur + take);
+                    (cur..cur + take).for_each(f);
                     cur = self.next.load(Ordering::Relaxed);
                 }
                 Err(now) => cur = now,
@@ -311,29 +302,6 @@ mod tests {
                 })
             });
         }
-    }
-
-    #[test]
-    fn runs_cover_every_chunk_once_and_start_long() {
-        pool(2).install(|| {
-            with_team(|| {
-                for n in [1, 2, 9, 48] {
-                    let runs = std::sync::Mutex::new(Vec::new());
-                    for_each_run(n, |r| runs.lock().unwrap().push(r));
-                    let mut runs = runs.into_inner().unwrap();
-                    runs.sort_by_key(|r| r.start);
-                    let mut next = 0;
-                    for r in &runs {
-                        assert_eq!(r.start, next, "n {n}: {runs:?}");
-                        assert!(!r.is_empty());
-                        next = r.end;
-                    }
-                    assert_eq!(next, n);
-                    // Guided claims: the first takes half of the chunks.
-                    assert_eq!(runs[0].len(), n.div_ceil(2), "n {n}: {runs:?}");
-                }
-            })
-        });
     }
 
     #[test]

@@ -17,14 +17,11 @@ use super::{Linear, Model};
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
 use crate::kv::{KvBatch, KvPool, KvSequence, OneSeq, PoolBatch, SeqId};
-use crate::ops::{
-    RopeTable, add_assign, geglu_tanh, geglu_tanh_serial, rms_norm, rms_norm_prefix, swiglu,
-    swiglu_serial,
-};
+use crate::ops::{RopeTable, add_assign, geglu_tanh, rms_norm, rms_norm_prefix, swiglu};
 use crate::quant::GgmlType;
 use crate::quant::act::{Activations, Q8Acts, WideActs};
 use crate::quant::matmul;
-use crate::quant::packed::{matmul_packed, matvec_packed_gated, matvec_packed_many};
+use crate::quant::packed::{matmul_packed, matvec_packed_many};
 use crate::quant::sparse_matrix::matmul_sparse;
 use rayon::prelude::*;
 
@@ -632,28 +629,9 @@ impl Model {
     ) {
         let n = x.len() / self.config.n_embd;
         let gate = sized(gate, n * ff);
-        let glu = self.config.features.ffn_act;
-        // Decode on 8-bit activations: the products, the activation and the down projection's
-        // quantized input in one parallel section (`matvec_packed_gated`, the same bits).
-        if let (Some(q), Some(gp), Some(up_p)) = (xq, &w.gate.packed, &w.up.packed)
-            && n == 1
-            && act != Activations::F32
-            && ff.is_multiple_of(crate::quant::act::QK)
-            && w.gate.sparse.is_none()
-            && w.up.sparse.is_none()
-            && x.len() == w.gate.cols
-        {
-            let serial = match glu {
-                FfnAct::Silu => swiglu_serial,
-                FfnAct::GeluTanh => geglu_tanh_serial,
-            };
-            let up = sized(up, ff);
-            matvec_packed_gated(gp, up_p, q, serial, gate, up, acts);
-            return self.linear(&w.down, gate, Some(acts), y);
-        }
         let up = sized(up, n * ff);
         self.linear_many([&w.gate, &w.up], x, xq, [&mut *gate, &mut *up]);
-        match glu {
+        match self.config.features.ffn_act {
             FfnAct::Silu => swiglu(gate, up),
             FfnAct::GeluTanh => geglu_tanh(gate, up),
         }

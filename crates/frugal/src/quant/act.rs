@@ -94,25 +94,28 @@ impl Q8Acts {
             "Q8Acts::quantize: {} values are not rows of {k} (a multiple of {QK})",
             x.len()
         );
-        self.prepare(k, x.len() / k);
+        self.k = k;
+        self.n = x.len() / k;
+        self.qs.resize(x.len(), 0);
+        self.d.resize(x.len() / QK, 0.0);
+        self.s.resize(x.len() / QK, 0.0);
         let blocks = x
             .chunks_exact(QK)
             .zip(self.qs.chunks_exact_mut(QK))
             .zip(self.d.iter_mut().zip(self.s.iter_mut()));
-        for ((xb, qb), (d, s)) in blocks {
-            (*d, *s) = quantize_block_at(isa, xb, qb);
+        #[cfg(target_arch = "x86_64")]
+        if isa != super::kernels::Isa::Scalar {
+            for ((xb, qb), (d, s)) in blocks {
+                // SAFETY: every level above Scalar implies AVX2 (detected at run time); the
+                // chunks are QK = 32 long.
+                (*d, *s) = unsafe { quantize_block_avx2(xb, qb) };
+            }
+            return;
         }
-    }
-
-    /// Sizes the buffers for `n` rows of `k` (a multiple of [`QK`]), for blocks written one by
-    /// one with [`quantize_block_at`].
-    pub(crate) fn prepare(&mut self, k: usize, n: usize) {
-        assert!(k > 0 && k.is_multiple_of(QK), "Q8Acts rows of {k}");
-        self.k = k;
-        self.n = n;
-        self.qs.resize(n * k, 0);
-        self.d.resize(n * k / QK, 0.0);
-        self.s.resize(n * k / QK, 0.0);
+        let _ = isa;
+        for ((xb, qb), (d, s)) in blocks {
+            (*d, *s) = quantize_block(xb, qb);
+        }
     }
 
     pub fn row(&self, t: usize) -> Q8Row<'_> {
@@ -274,21 +277,6 @@ impl WideActs {
             qsum: &self.qsum[t * nb..(t + 1) * nb],
         }
     }
-}
-
-/// One block of [`Q8Acts`] at an instruction-set level (the levels give the same bytes):
-/// the 32 values `xb` into `qb`, returning `(d, d * sum(q))`.
-#[inline]
-pub(crate) fn quantize_block_at(isa: super::kernels::Isa, xb: &[f32], qb: &mut [i8]) -> (f32, f32) {
-    assert!(xb.len() == QK && qb.len() == QK, "a block is {QK} values");
-    #[cfg(target_arch = "x86_64")]
-    if isa != super::kernels::Isa::Scalar {
-        // SAFETY: every level above Scalar implies AVX2 (detected at run time); both are QK
-        // long (checked above).
-        return unsafe { quantize_block_avx2(xb, qb) };
-    }
-    let _ = isa;
-    quantize_block(xb, qb)
 }
 
 /// One block: `d = absmax / 127`, `q = round(x / d)` (half away from zero), returns `(d, d *

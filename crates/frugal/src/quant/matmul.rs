@@ -160,18 +160,6 @@ pub(super) struct RowsOut {
 }
 
 impl RowsOut {
-    /// All of `buf` as one task's rows of a single token (a task that keeps its rows to itself
-    /// before it writes what they become).
-    pub(super) fn local(buf: &mut [f32]) -> Self {
-        RowsOut {
-            out: SharedOut(buf.as_mut_ptr()),
-            total_rows: buf.len(),
-            n: 1,
-            r0: 0,
-            rows: buf.len(),
-        }
-    }
-
     /// Writes all of this task's rows of token `t` (`vals.len()` must be the task's row count).
     pub(super) fn put_run(&mut self, t: usize, vals: &[f32]) {
         assert!(

@@ -749,8 +749,5 @@ impl<R: Copy> PairCall<'_, '_, R> {
     }
 }
 
-mod gated;
-pub use gated::matvec_packed_gated;
-
 #[cfg(test)]
 mod tests;
