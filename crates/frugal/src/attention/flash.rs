@@ -218,9 +218,9 @@ pub(super) fn flash_paths(
     // Each KV head's rows are merged by the thread that finishes the head's last chunk, inside
     // the parallel section, so the first heads merge while the other thread still computes.
     // Merged after the section, one thread merged every row while the others waited: at depth
-    // 4,096, 7-14k TSC ticks a layer, reading the other core's chunks. Same-process A/B,
-    // SmolLM2, two threads: decode 1.5% faster a token at depth 4,096 with an f16 cache (17 of
-    // 20 pairs), 1.8% with f32 (12 of 12), 0.8% at depth 1,024.
+    // 4,096, 7-14k TSC ticks a layer, reading the other core's chunks. Same-process A/Bs,
+    // SmolLM2, two threads, decode at depth 4,096: f32 cache 1.8% and 1.7% faster a token (12
+    // of 12 and 9 of 12 pairs); f16 2.9%, 1.5%, 0.4%, -0.7% in four runs; depth 1,024 0.8%.
     if n <= br && nchunks - c0 >= 2 {
         let nchunks = nchunks - c0;
         let rows = n * group;
