@@ -134,39 +134,6 @@ pub fn for_each(n: usize, f: impl Fn(usize) + Sync) {
     }
 }
 
-/// `f(i, part)` for the consecutive `stride`-long parts of `data` (the last may be shorter),
-/// in parallel as [`for_each`].
-pub fn for_each_part<T: Send>(data: &mut [T], stride: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    assert!(stride > 0, "team parts of length zero");
-    let (len, base) = (data.len(), SendPtr(data.as_mut_ptr()));
-    for_each(len.div_ceil(stride), |i| {
-        let start = i * stride;
-        let end = (start + stride).min(len);
-        // SAFETY: part i is data[start..end], inside `data` and disjoint from every other
-        // part, and each index is run exactly once while `data` is borrowed here.
-        let part = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
-        f(i, part);
-    });
-}
-
-/// A raw pointer that may cross threads: the parts it reaches are disjoint.
-struct SendPtr<T>(*mut T);
-impl<T> Clone for SendPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SendPtr<T> {}
-// SAFETY: used only to hand disjoint parts of one borrowed slice to the team's threads.
-unsafe impl<T: Send> Sync for SendPtr<T> {}
-// SAFETY: as above.
-unsafe impl<T: Send> Send for SendPtr<T> {}
-impl<T> SendPtr<T> {
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
-
 impl Team {
     /// One section, on the owner: open it, run chunks, close it, wait for the helpers in it.
     fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
@@ -305,17 +272,18 @@ mod tests {
     }
 
     #[test]
-    fn parts_cover_the_slice_and_nested_sections_run() {
+    fn nested_sections_and_rayon_sections_run_inside_a_team() {
         pool(2).install(|| {
             with_team(|| {
-                let mut v = vec![0u32; 1000];
-                for_each_part(&mut v, 64, |i, part| {
+                let inner: Vec<AtomicU32> = (0..16).map(|_| AtomicU32::new(0)).collect();
+                for_each(16, |i| {
                     // A nested section runs on the thread that reaches it.
-                    for_each(part.len(), |_| {});
-                    part.iter_mut().for_each(|x| *x = i as u32 + 1);
+                    for_each(i + 1, |_| {
+                        inner[i].fetch_add(1, Ordering::Relaxed);
+                    });
                 });
-                for (j, &x) in v.iter().enumerate() {
-                    assert_eq!(x, j as u32 / 64 + 1);
+                for (i, x) in inner.iter().enumerate() {
+                    assert_eq!(x.load(Ordering::Relaxed), i as u32 + 1);
                 }
                 // A rayon section inside the team still completes.
                 let s: u64 = (0..10_000u64).into_par_iter().sum();
