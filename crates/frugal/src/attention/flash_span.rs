@@ -193,27 +193,36 @@ fn block_body<const R: usize>(
     while j0 < hi {
         let nb = (hi - j0).min(bc);
         // Tiles every row sees whole (none past its position or before its window) take the
-        // fused pass, as one run.
+        // fused pass, as one run; so does the last tile when the cache ends inside it (decode's
+        // last keys), as a run of one tile of the sixteen-key segments that hold them.
         #[cfg(target_arch = "x86_64")]
         if let Some((ka, va)) = &fused
-            && nb == bc
+            && (nb == bc || j0 + nb == job.k.len())
             && job.pos0 + span.t0 + 1 >= j0 + nb
             && s.first_visible(job.pos0 + span.t1 - 1) <= j0
         {
+            let (tiles, tile, valid) = if nb == bc {
+                ((hi.min(job.pos0 + span.t0 + 1) - j0) / bc, bc, bc)
+            } else {
+                (1, nb.next_multiple_of(16), nb)
+            };
             let run = super::flash_decode::Run {
                 k: ka,
                 v: va,
                 len: job.k.len(),
                 kvh: span.kvh,
                 j0,
-                tiles: (hi.min(job.pos0 + span.t0 + 1) - j0) / bc,
-                bc,
+                tiles,
+                bc: tile,
                 column: job.k.block_size() * job.k.ty().bytes(1),
                 hd,
+                valid,
             };
             // SAFETY: `fused` implies the CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C
             // (`wide`), and views `fused_views` took; the run's tiles are whole and in the cache
-            // (`j0 + tiles * bc <= hi <= len`; `j0` a multiple of the tile, itself of sixteen).
+            // (`j0 + tiles * bc <= hi <= len`; `j0` a multiple of the tile, itself of sixteen),
+            // or it is one tile whose `valid` keys end the cache, in segments of blocks the
+            // cache holds (blocks are whole segments, `fused_views`).
             unsafe {
                 super::flash_decode::tiles::<R>(
                     job.k.ty(),
@@ -227,7 +236,7 @@ fn block_body<const R: usize>(
                     &mut l[..R],
                 )
             };
-            j0 += run.tiles * bc;
+            j0 += (run.tiles - 1) * bc + run.valid;
             continue;
         }
         t.ahead.plan(&job.k, &job.v, span.kvh, hd, j0 + nb, bc, nb);
