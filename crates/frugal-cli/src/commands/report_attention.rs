@@ -357,25 +357,15 @@ fn write_charts(rows: &[Row], a: &Args, dir: &std::path::Path) -> String {
             .collect(),
         y_fmt: |v| format!("{v:.0}"),
     };
-    let mut md = String::new();
-    for (chart, stem, alt) in [
-        (&quality, "ppl-vs-kv-bytes", "perplexity against KV bytes"),
-        (&curves, "recovery", "recovery curves"),
-        (&decode, "decode-vs-depth", "decode speed against depth"),
-    ] {
-        if chart.series.iter().all(|s| s.points.is_empty()) {
-            continue;
-        }
-        match plot::write(chart, dir, stem) {
-            Ok(_) => {
-                let _ = writeln!(md, "![{alt}](attention-layouts/{stem}.svg)\n");
-            }
-            Err(e) => {
-                let _ = writeln!(md, "(no chart {stem}: {e})\n");
-            }
-        }
-    }
-    md
+    plot::embed(
+        &[
+            (&quality, "ppl-vs-kv-bytes", "perplexity against KV bytes"),
+            (&curves, "recovery", "recovery curves"),
+            (&decode, "decode-vs-depth", "decode speed against depth"),
+        ],
+        dir,
+        "attention-layouts",
+    )
 }
 
 fn report(a: &Args, rows: &[Row], model: &str, budget: usize, charts: &str) -> String {

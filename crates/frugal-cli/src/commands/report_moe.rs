@@ -659,33 +659,23 @@ fn write_charts(
             .points
             .sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
     }
-    let mut md = String::new();
-    for (chart, stem, alt) in [
-        (
-            &collapse,
-            "balance",
-            "busiest expert load per step, per balancing mode",
-        ),
-        (&quality, "kl-vs-active", "KL against active parameters"),
-        (
-            &speed,
-            "decode-vs-active",
-            "decode speed against active parameters",
-        ),
-    ] {
-        if chart.series.iter().all(|s| s.points.is_empty()) {
-            continue;
-        }
-        match plot::write(chart, dir, stem) {
-            Ok(_) => {
-                let _ = writeln!(md, "![{alt}](moe/{stem}.svg)\n");
-            }
-            Err(e) => {
-                let _ = writeln!(md, "(no chart {stem}: {e})\n");
-            }
-        }
-    }
-    md
+    plot::embed(
+        &[
+            (
+                &collapse,
+                "balance",
+                "busiest expert load per step, per balancing mode",
+            ),
+            (&quality, "kl-vs-active", "KL against active parameters"),
+            (
+                &speed,
+                "decode-vs-active",
+                "decode speed against active parameters",
+            ),
+        ],
+        dir,
+        "moe",
+    )
 }
 
 fn report(

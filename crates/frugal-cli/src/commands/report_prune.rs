@@ -602,33 +602,23 @@ fn write_charts(rows: &[Row], methods: &[Method], dir: &Path) -> String {
             .collect(),
         y_fmt: |v| format!("{v:.2}"),
     };
-    let mut md = String::new();
-    for (chart, stem, alt) in [
-        (&quality, "ppl-vs-sparsity", "perplexity against sparsity"),
-        (
-            &speed,
-            "decode-vs-bytes",
-            "decode speed against weight bytes",
-        ),
-        (
-            &breakeven,
-            "bitmap-breakeven",
-            "decode speed of dense and bitmap storage against sparsity",
-        ),
-    ] {
-        if chart.series.iter().all(|s| s.points.is_empty()) {
-            continue;
-        }
-        match plot::write(chart, dir, stem) {
-            Ok(_) => {
-                let _ = writeln!(md, "![{alt}](pruning/{stem}.svg)\n");
-            }
-            Err(e) => {
-                let _ = writeln!(md, "(no chart {stem}: {e})\n");
-            }
-        }
-    }
-    md
+    plot::embed(
+        &[
+            (&quality, "ppl-vs-sparsity", "perplexity against sparsity"),
+            (
+                &speed,
+                "decode-vs-bytes",
+                "decode speed against weight bytes",
+            ),
+            (
+                &breakeven,
+                "bitmap-breakeven",
+                "decode speed of dense and bitmap storage against sparsity",
+            ),
+        ],
+        dir,
+        "pruning",
+    )
 }
 
 fn report(

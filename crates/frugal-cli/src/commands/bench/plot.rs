@@ -22,6 +22,23 @@ pub struct Chart<'a> {
     pub y_fmt: fn(f64) -> String,
 }
 
+/// Markdown for a report's charts: each chart with points written into `dir` (`write`) and
+/// linked as `folder/stem.svg` (the folder `dir` is, next to the markdown), with `alt` as its
+/// text; a chart that cannot be drawn leaves a line saying why, and one without points nothing.
+pub fn embed(charts: &[(&Chart, &str, &str)], dir: &Path, folder: &str) -> String {
+    let mut md = String::new();
+    for &(chart, stem, alt) in charts {
+        if chart.series.iter().all(|s| s.points.is_empty()) {
+            continue;
+        }
+        md += &match write(chart, dir, stem) {
+            Ok(_) => format!("![{alt}]({folder}/{stem}.svg)\n\n"),
+            Err(e) => format!("(no chart {stem}: {e})\n\n"),
+        };
+    }
+    md
+}
+
 /// Writes `dir/stem.svg` and `dir/stem.png`; returns their paths.
 pub fn write(chart: &Chart, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
     crate::commands::font::register_chart_font()?;
