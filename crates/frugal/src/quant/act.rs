@@ -99,20 +99,17 @@ impl Q8Acts {
         self.qs.resize(x.len(), 0);
         self.d.resize(x.len() / QK, 0.0);
         self.s.resize(x.len() / QK, 0.0);
+        #[cfg(target_arch = "x86_64")]
+        if isa != super::kernels::Isa::Scalar {
+            // SAFETY: every level above Scalar implies AVX2 (detected at run time).
+            unsafe { quantize_blocks_avx2(x, &mut self.qs, &mut self.d, &mut self.s) };
+            return;
+        }
+        let _ = isa;
         let blocks = x
             .chunks_exact(QK)
             .zip(self.qs.chunks_exact_mut(QK))
             .zip(self.d.iter_mut().zip(self.s.iter_mut()));
-        #[cfg(target_arch = "x86_64")]
-        if isa != super::kernels::Isa::Scalar {
-            for ((xb, qb), (d, s)) in blocks {
-                // SAFETY: every level above Scalar implies AVX2 (detected at run time); the
-                // chunks are QK = 32 long.
-                (*d, *s) = unsafe { quantize_block_avx2(xb, qb) };
-            }
-            return;
-        }
-        let _ = isa;
         for ((xb, qb), (d, s)) in blocks {
             (*d, *s) = quantize_block(xb, qb);
         }
@@ -280,7 +277,7 @@ impl WideActs {
 }
 
 /// One block: `d = absmax / 127`, `q = round(x / d)` (half away from zero), returns `(d, d *
-/// sum(q))`. The reference for [`quantize_block_avx2`].
+/// sum(q))`. The reference for [`quantize_blocks_avx2`].
 fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, f32) {
     // Eight running maxima, one per lane, so the scan vectorizes (max is exact in any order).
     let mut lanes = [0f32; 8];
@@ -303,50 +300,91 @@ fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, f32) {
     (d, d * sum as f32)
 }
 
-/// [`quantize_block`] in AVX2, the same operations lane by lane (so the same bytes).
+/// [`quantize_block`] over every block of `x` (`qs` as long, `d` and `s` one per block) in
+/// AVX2, the same operations lane by lane (so the same bytes), eight blocks at a time: their
+/// maxima first, then `d = amax / 127` and `1 / d` for all eight in two vector divisions (the
+/// same IEEE division per lane), then each block scaled, rounded and packed. Block by block, each
+/// block's two scalar divisions ended a chain of dependent steps the next block's had to wait
+/// behind: decode's 1,536-wide row took 1,144 TSC ticks in L1 (Zen 4).
 ///
 /// # Safety
-/// The CPU has AVX2; `xb` and `qb` are 32 long.
+/// The CPU has AVX2; `qs` is as long as `x`, a whole number of blocks, and `d` and `s` hold one
+/// value per block.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn quantize_block_avx2(xb: &[f32], qb: &mut [i8]) -> (f32, f32) {
+unsafe fn quantize_blocks_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     use std::arch::x86_64::*;
-    debug_assert!(xb.len() == QK && qb.len() == QK);
-    // SAFETY: 32 floats read and 32 bytes written, as the caller guarantees.
-    unsafe {
-        let sign = _mm256_set1_ps(-0.0);
-        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xb.as_ptr().add(8 * i)));
-        let abs = |x: __m256| _mm256_andnot_ps(sign, x);
-        let m = _mm256_max_ps(
-            _mm256_max_ps(abs(v[0]), abs(v[1])),
-            _mm256_max_ps(abs(v[2]), abs(v[3])),
-        );
-        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
-        let d = amax / 127.0;
-        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
-        let half = _mm256_set1_ps(0.5);
-        let q: [__m256i; 4] = std::array::from_fn(|i| {
-            let r = _mm256_mul_ps(v[i], id);
-            // 0.5 with r's sign, then truncate: round half away from zero.
-            let h = _mm256_or_ps(half, _mm256_and_ps(r, sign));
-            _mm256_cvttps_epi32(_mm256_add_ps(r, h))
-        });
-        let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        let t4 = _mm_add_epi32(
-            _mm256_castsi256_si128(total),
-            _mm256_extracti128_si256(total, 1),
-        );
-        let t2 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b00_00_11_10));
-        let sum = _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 0b00_00_00_01)));
-        // i32 -> i16 -> i8 packs interleave the 128-bit halves; one permute restores the order.
-        let w16a = _mm256_packs_epi32(q[0], q[1]);
-        let w16b = _mm256_packs_epi32(q[2], q[3]);
-        let w8 = _mm256_packs_epi16(w16a, w16b);
-        let ordered = _mm256_permutevar8x32_epi32(w8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, ordered);
-        (d, d * sum as f32)
+    let nb = d.len();
+    assert!(
+        x.len() == nb * QK && qs.len() == x.len() && s.len() == nb,
+        "quantize_blocks_avx2: shapes"
+    );
+    let sign = _mm256_set1_ps(-0.0);
+    let half = _mm256_set1_ps(0.5);
+    let (xp, qp) = (x.as_ptr(), qs.as_mut_ptr());
+    let mut b0 = 0;
+    while b0 < nb {
+        let n = (nb - b0).min(8);
+        let mut amax = [0f32; 8];
+        // SAFETY (whole loop): block b's 32 floats and 32 bytes lie at 32 b of `x` and `qs`,
+        // b < nb (asserted above).
+        unsafe {
+            for (j, a) in amax.iter_mut().enumerate().take(n) {
+                let p = xp.add(QK * (b0 + j));
+                let m = _mm256_max_ps(
+                    _mm256_max_ps(
+                        _mm256_andnot_ps(sign, _mm256_loadu_ps(p)),
+                        _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(8))),
+                    ),
+                    _mm256_max_ps(
+                        _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(16))),
+                        _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(24))),
+                    ),
+                );
+                let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                *a = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+            }
+            let dv = _mm256_div_ps(_mm256_loadu_ps(amax.as_ptr()), _mm256_set1_ps(127.0));
+            // 1 / d where d > 0, else 0 (a zero block, or NaN).
+            let positive = _mm256_cmp_ps::<_CMP_GT_OQ>(dv, _mm256_setzero_ps());
+            let iv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0), dv), positive);
+            let (mut ds, mut ids) = ([0f32; 8], [0f32; 8]);
+            _mm256_storeu_ps(ds.as_mut_ptr(), dv);
+            _mm256_storeu_ps(ids.as_mut_ptr(), iv);
+            for j in 0..n {
+                let b = b0 + j;
+                let p = xp.add(QK * b);
+                let id = _mm256_set1_ps(ids[j]);
+                let mut q = [_mm256_setzero_si256(); 4];
+                for (i, qi) in q.iter_mut().enumerate() {
+                    let r = _mm256_mul_ps(_mm256_loadu_ps(p.add(8 * i)), id);
+                    // 0.5 with r's sign, then truncate: round half away from zero.
+                    let h = _mm256_or_ps(half, _mm256_and_ps(r, sign));
+                    *qi = _mm256_cvttps_epi32(_mm256_add_ps(r, h));
+                }
+                let total =
+                    _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+                let t4 = _mm_add_epi32(
+                    _mm256_castsi256_si128(total),
+                    _mm256_extracti128_si256(total, 1),
+                );
+                let t2 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b00_00_11_10));
+                let sum =
+                    _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 0b00_00_00_01)));
+                // i32 -> i16 -> i8 packs interleave the 128-bit halves; one permute restores the
+                // order.
+                let w16a = _mm256_packs_epi32(q[0], q[1]);
+                let w16b = _mm256_packs_epi32(q[2], q[3]);
+                let w8 = _mm256_packs_epi16(w16a, w16b);
+                let ordered =
+                    _mm256_permutevar8x32_epi32(w8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256(qp.add(QK * b) as *mut __m256i, ordered);
+                d[b] = ds[j];
+                s[b] = ds[j] * sum as f32;
+            }
+        }
+        b0 += n;
     }
 }
 
@@ -415,6 +453,22 @@ mod tests {
         assert_eq!(reference.qs, fast.qs);
         assert_eq!(reference.d, fast.d);
         assert_eq!(reference.s, fast.s);
+        // Rows of 1 to 20 blocks and decode's 48, at scales over many binades (the fast path
+        // takes blocks eight at a time: whole eights and every remainder).
+        for blocks in (1..=20).chain([48]) {
+            let k = blocks * QK;
+            let x: Vec<f32> = (0..2 * k)
+                .map(|i| {
+                    let scale = 2f32.powi((i / QK % 17) as i32 - 8);
+                    ((i * 7919 % 1013) as f32 - 506.0) * 0.013 * scale
+                })
+                .collect();
+            reference.quantize_with(crate::quant::kernels::Isa::Scalar, &x, k);
+            fast.quantize(&x, k);
+            assert_eq!(reference.qs, fast.qs, "{blocks} blocks");
+            assert_eq!(reference.d, fast.d, "{blocks} blocks");
+            assert_eq!(reference.s, fast.s, "{blocks} blocks");
+        }
     }
 }
 
