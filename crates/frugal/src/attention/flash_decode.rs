@@ -361,28 +361,7 @@ unsafe fn softmax<const R: usize, const N: usize>(
                 *aw = _mm512_loadu_ps(sp.add(i * bc + SEG * w));
             }
         }
-        let mut m_new = [0f32; R];
-        for (i, ai) in a.iter().enumerate() {
-            let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
-            for &aw in ai {
-                mx = _mm512_max_ps(aw, mx);
-            }
-            // No lane of `mx` is NaN: across lanes the maximum is the same whatever order it
-            // is taken in (but for the sign of a zero, which no exponential sees).
-            let tile_max = _mm512_reduce_max_ps(mx);
-            m_new[i] = m[i].max(tile_max);
-        }
-        let mut shift = [0f32; R];
-        for (i, x) in shift.iter_mut().enumerate() {
-            *x = m[i] - m_new[i];
-        }
-        let corr = exp_lanes::<R>(shift);
-        for (ai, &mi) in a.iter_mut().zip(&m_new) {
-            let mv = _mm512_set1_ps(mi);
-            for aw in ai.iter_mut() {
-                *aw = _mm512_sub_ps(*aw, mv);
-            }
-        }
+        let (m_new, corr) = rebase::<R, N>(&mut a, m);
         let e = exp16_grid::<R, N>(a);
         for (i, ei) in e.iter().enumerate() {
             let mut s8 = _mm256_setzero_ps();
@@ -399,6 +378,40 @@ unsafe fn softmax<const R: usize, const N: usize>(
         }
         corr
     }
+}
+
+/// The rows' new maxima (the running `m` against the tile's scores `a`), the corrections of
+/// what they had accumulated (`exp(m - m_new)`), and the scores shifted by them, ready for the
+/// exponentials: the steps [`softmax`] and [`softmax_partial`] share.
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+fn rebase<const R: usize, const N: usize>(
+    a: &mut [[__m512; N]; R],
+    m: &[f32],
+) -> ([f32; R], [f32; R]) {
+    let mut m_new = [0f32; R];
+    for (i, ai) in a.iter().enumerate() {
+        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+        for &aw in ai.iter() {
+            mx = _mm512_max_ps(aw, mx);
+        }
+        // No lane of `mx` is NaN: across lanes the maximum is the same whatever order it is
+        // taken in (but for the sign of a zero, which no exponential sees).
+        m_new[i] = m[i].max(_mm512_reduce_max_ps(mx));
+    }
+    let mut shift = [0f32; R];
+    for (i, x) in shift.iter_mut().enumerate() {
+        *x = m[i] - m_new[i];
+    }
+    // SAFETY: the features `exp_lanes` needs are this function's.
+    let corr = unsafe { exp_lanes::<R>(shift) };
+    for (ai, &mi) in a.iter_mut().zip(&m_new) {
+        let mv = _mm512_set1_ps(mi);
+        for aw in ai.iter_mut() {
+            *aw = _mm512_sub_ps(*aw, mv);
+        }
+    }
+    (m_new, corr)
 }
 
 /// [`softmax`] over a tile of which only the first `valid` keys are in the cache (decode's
@@ -435,25 +448,7 @@ unsafe fn softmax_partial<const R: usize, const N: usize>(
                 *aw = _mm512_mask_loadu_ps(none, keep[w], sp.add(i * bc + SEG * w));
             }
         }
-        let mut m_new = [0f32; R];
-        for (i, ai) in a.iter().enumerate() {
-            let mut mx = none;
-            for &aw in ai {
-                mx = _mm512_max_ps(aw, mx);
-            }
-            m_new[i] = m[i].max(_mm512_reduce_max_ps(mx));
-        }
-        let mut shift = [0f32; R];
-        for (i, x) in shift.iter_mut().enumerate() {
-            *x = m[i] - m_new[i];
-        }
-        let corr = exp_lanes::<R>(shift);
-        for (ai, &mi) in a.iter_mut().zip(&m_new) {
-            let mv = _mm512_set1_ps(mi);
-            for aw in ai.iter_mut() {
-                *aw = _mm512_sub_ps(*aw, mv);
-            }
-        }
+        let (m_new, corr) = rebase::<R, N>(&mut a, m);
         let e = exp16_grid::<R, N>(a);
         // Eight-key groups wholly in the cache.
         let eights = valid / 8;
