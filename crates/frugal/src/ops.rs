@@ -55,17 +55,30 @@ fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn rms_norm_avx2(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    rms_norm_body(x, w, eps, out);
+/// `$avx2` and `$avx512`: the loop `$body` compiled for AVX2 and FMA, and for AVX-512 besides
+/// (the same operations on each value, so the same bits at each [`VectorLevel`]).
+///
+/// # Safety (of the functions made)
+/// The CPU has the level's features.
+macro_rules! at_vector_levels {
+    ($body:ident => $avx2:ident, $avx512:ident ($($arg:ident: $ty:ty),*)) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $avx2($($arg: $ty),*) {
+            $body($($arg),*);
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn $avx512($($arg: $ty),*) {
+            $body($($arg),*);
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn rms_norm_avx512(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    rms_norm_body(x, w, eps, out);
-}
+at_vector_levels!(rms_norm_body => rms_norm_avx2, rms_norm_avx512(
+    x: &[f32], w: &[f32], eps: f32, out: &mut [f32]
+));
 
 /// Rotary position embedding tables: `cos`/`sin` of `pos * base^(-2i/rope_dim)` for each
 /// position and each rotated pair, computed in f64; and which dimensions form the pairs.
@@ -234,17 +247,7 @@ fn swiglu_portable(gate: &mut [f32], up: &[f32]) {
     swiglu_body(gate, up);
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
-    swiglu_body(gate, up);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
-    swiglu_body(gate, up);
-}
+at_vector_levels!(swiglu_body => swiglu_avx2, swiglu_avx512(gate: &mut [f32], up: &[f32]));
 
 /// Runs `f` on matching chunks of `gate` and `up` in parallel.
 fn gated_in_chunks(gate: &mut [f32], up: &[f32], f: impl Fn(&mut [f32], &[f32]) + Sync) {
@@ -296,17 +299,9 @@ fn geglu_tanh_portable(gate: &mut [f32], up: &[f32]) {
     geglu_tanh_body(gate, up);
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn geglu_tanh_avx2(gate: &mut [f32], up: &[f32]) {
-    geglu_tanh_body(gate, up);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn geglu_tanh_avx512(gate: &mut [f32], up: &[f32]) {
-    geglu_tanh_body(gate, up);
-}
+at_vector_levels!(geglu_tanh_body => geglu_tanh_avx2, geglu_tanh_avx512(
+    gate: &mut [f32], up: &[f32]
+));
 
 /// `e^x` without branches, so loops over it vectorize (a libm call per value cost a quarter of
 /// prefill attention, and of Gemma's GELU): range reduction `x = n ln2 + r` with ln2 in two

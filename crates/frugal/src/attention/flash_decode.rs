@@ -220,9 +220,6 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    if run.tiles == 0 {
-        return;
-    }
     let whole = SEG * N;
     // SAFETY: forwarded; every tile located is whole and in the cache (`tiles` checked).
     // No closures here: in a build of many codegen units a closure may stay a function of its
@@ -248,12 +245,7 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
             } else {
                 None
             };
-            // A whole tile's count spelled as the constant it is, so its loops keep theirs.
-            if valid == whole {
-                weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr, whole);
-            } else {
-                weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr, valid);
-            }
+            weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr, valid);
             if let Some(next) = next {
                 at = next;
             }
