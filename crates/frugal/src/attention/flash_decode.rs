@@ -228,7 +228,7 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
         // Tile t's scores are in `s` as each step begins; the step scores tile t + 1 between
         // tile t's softmax and its weighted sum (see `tiles`).
         let mut at = TileAt::locate(run.k, run.v, run.len, run.kvh, run.j0, N);
-        scores::<LK, LV, R, N>(&at, run.column, q, run.hd, s, run.bc);
+        scores::<LK, R, N>(&at, run.column, q, run.hd, s, run.bc);
         for t in 0..run.tiles {
             // Only the last tile may be partial.
             let valid = if t + 1 == run.tiles { run.valid } else { whole };
@@ -240,7 +240,7 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
             let next = if t + 1 < run.tiles {
                 let j0 = run.j0 + (t + 1) * run.bc;
                 let next = TileAt::locate(run.k, run.v, run.len, run.kvh, j0, N);
-                scores::<LK, LV, R, N>(&next, run.column, q, run.hd, s, run.bc);
+                scores::<LK, R, N>(&next, run.column, q, run.hd, s, run.bc);
                 Some(next)
             } else {
                 None
@@ -255,17 +255,20 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
 
 /// A tile's scores into `s` (row `i` at `i * bc`), each the chain of multiply-adds over the
 /// dimensions in order (column `c` of a segment's keys `c * column` bytes past its first).
-/// The next tile's key lines are asked for over the columns, into L2 (see `score_segments`),
-/// and, for f32 and Q8_0 values, this tile's value lines too: [`weighted_all`] asked for them
-/// a tile ahead already, and for 16-bit values asking again only cost (decode at depth 4,096,
-/// same-process A/B, f16 and bf16: 1.0-2.7% faster a token without it in seven pairs out of
-/// seven; f32: 3.6-7.6% slower without it).
+/// The next tile's key lines are asked for over the columns, into L2 (see `score_segments`).
+/// This tile's value lines are not asked for again: [`weighted_all`] asked for them a tile
+/// ahead. (f32 values used to be asked for twice. Each request holds one of the core's few
+/// outstanding-miss slots whether or not the line is on its way already, and one core's
+/// attention from memory is bound by those slots: without the second request, attention
+/// alone at depth 4,096 on one thread went 9.92 -> 8.92 ms a step, 10 of 10 pairs, and whole
+/// decode 2.4% faster a token on one thread, 1.8% on two; for 16-bit values the second
+/// request had already been dropped for the same reason.)
 ///
 /// # Safety
 /// As [`tiles`], for a tile `at` of `N` segments.
 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
 #[inline]
-unsafe fn scores<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
+unsafe fn scores<LK: Lanes16, const R: usize, const N: usize>(
     at: &TileAt,
     column: usize,
     q: &[f32],
@@ -276,8 +279,6 @@ unsafe fn scores<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
     let es = LK::TY.bytes(1);
     // Columns per line of a segment's keys.
     let every = (64 / (SEG * es)).max(1);
-    // A segment's value rows, in bytes.
-    let vb = SEG * LV::TY.bytes(hd);
     let (qp, sp) = (q.as_ptr(), s.as_mut_ptr());
     // SAFETY: key loads read sixteen values at c * column of a segment (c < hd), inside the
     // block `locate` found; q and s are read and written inside the lengths `tiles` checked.
@@ -285,26 +286,13 @@ unsafe fn scores<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
     unsafe {
         let mut a = [[_mm512_setzero_ps(); N]; R];
         // Line `step` of each segment's next keys at step `step` (a step is a line of this
-        // segment's keys), and this tile's value lines at the same pace (fixed point: no
-        // division in the loop).
-        let steps = hd.div_ceil(every);
-        let v_lines = if matches!(LV::TY, KvType::F32 | KvType::Q8_0) {
-            vb.div_ceil(64)
-        } else {
-            0
-        };
-        let v_rate = (v_lines << 16).div_ceil(steps);
-        let (mut c, mut step, mut v_done) = (0, 0, 0);
+        // segment's keys).
+        let (mut c, mut step) = (0, 0);
         while c < hd {
             let end = (c + every).min(hd);
-            let v_due = (((step + 1) * v_rate) >> 16).min(v_lines);
             for w in 0..N {
                 _mm_prefetch::<_MM_HINT_T1>(at.next_keys[w].add(64 * step).cast());
-                for line in v_done..v_due {
-                    _mm_prefetch::<_MM_HINT_T1>(at.values[w].add(64 * line).cast());
-                }
             }
-            v_done = v_due;
             for cc in c..end {
                 let mut k = [_mm512_setzero_ps(); N];
                 for (w, kw) in k.iter_mut().enumerate() {
@@ -471,10 +459,8 @@ unsafe fn softmax_partial<const R: usize, const N: usize>(
 /// The tile's weighted values over its first `valid` keys (all of a whole tile's), 64
 /// dimensions a pass, each output the chain of multiply-adds over the keys in order; then the
 /// running output rescaled by `corr` and the tile's added.
-/// The next tile's value rows are asked for as this tile's are read. For f32 values its scores
-/// ask for them again over their columns, and from memory the two together measured faster
-/// than either (attention alone at depth 4,096: 3.06 ms, against 3.6 with only the scores'
-/// requests); for 16-bit values this request alone is faster (see [`scores`]).
+/// The next tile's value rows are asked for as this tile's are read, the only request for
+/// them (see [`scores`]).
 ///
 /// # Safety
 /// As [`tiles`].
