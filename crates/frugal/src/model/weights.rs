@@ -172,15 +172,20 @@ impl Weights {
         (Self::layer_matrices(&mut self.layers), &mut self.output)
     }
 
+    /// Every layer's matrices in the order a decode step reads them (queries, keys, values,
+    /// output, then the feed-forward's), so that, packed one after another
+    /// ([`crate::quant::packed::PackedMatrix::pack_shared`]), a thread's reads run on from one
+    /// product into the next instead of jumping.
     fn layer_matrices(layers: &mut [LayerWeights]) -> impl Iterator<Item = &mut Linear> {
         layers.iter_mut().flat_map(|l| {
             let (a, b) = match &mut l.kv {
                 KvProjection::Heads { wk, wv } => (wk, Some(wv)),
                 KvProjection::Latent { kv_a, .. } => (kv_a, None),
             };
-            [&mut l.wq, a, &mut l.wo]
+            [&mut l.wq, a]
                 .into_iter()
                 .chain(b)
+                .chain([&mut l.wo])
                 .chain(l.ffn.products_mut())
         })
     }
