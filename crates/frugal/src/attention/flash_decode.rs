@@ -566,11 +566,28 @@ unsafe fn score_column<LK: Lanes16, const R: usize, const N: usize>(
         for (w, kw) in k.iter_mut().enumerate() {
             *kw = LK::load16(at.keys[w].add(c * column), 0);
         }
-        for (i, ai) in a.iter_mut().enumerate() {
-            let qc = _mm512_set1_ps(*qp.add(i * hd + c));
-            for (aw, &kw) in ai.iter_mut().zip(&k) {
-                *aw = _mm512_fmadd_ps(qc, kw, *aw);
-            }
+        add_outer::<R, N>(a, &k, qp.add(c), hd);
+    }
+}
+
+/// `a[i][x] += s[i * stride] * v[x]`: each row's scalar times every vector, one multiply-add
+/// of each chain.
+///
+/// # Safety
+/// `s` points at `R` values `stride` apart.
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn add_outer<const R: usize, const K: usize>(
+    a: &mut [[__m512; K]; R],
+    v: &[__m512; K],
+    s: *const f32,
+    stride: usize,
+) {
+    for (i, ai) in a.iter_mut().enumerate() {
+        // SAFETY: as the caller guarantees.
+        let si = _mm512_set1_ps(unsafe { *s.add(i * stride) });
+        for (ax, &vx) in ai.iter_mut().zip(v) {
+            *ax = _mm512_fmadd_ps(si, vx, *ax);
         }
     }
 }
@@ -596,12 +613,7 @@ unsafe fn weigh_key<LV: Lanes16, const R: usize, const W: usize>(
         for (x, vx) in vals.iter_mut().enumerate() {
             *vx = LV::load16(row, d0 + 16 * x);
         }
-        for (i, ai) in a.iter_mut().enumerate() {
-            let pj = _mm512_set1_ps(*pp.add(i * bc + j));
-            for (ax, vx) in ai.iter_mut().zip(&vals) {
-                *ax = _mm512_fmadd_ps(pj, *vx, *ax);
-            }
-        }
+        add_outer::<R, W>(a, &vals, pp.add(j), bc);
     }
 }
 
