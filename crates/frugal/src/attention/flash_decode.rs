@@ -267,9 +267,9 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
 /// The next tile's key lines are asked for over the columns, into L2 (see `score_segments`).
 /// This tile's value lines are not asked for again: [`weighted_all`] asked for them a tile
 /// ahead. (f32 values used to be asked for twice. Each request holds one of the core's few
-/// outstanding-miss slots whether or not the line is on its way already, and one core's
-/// attention from memory is bound by those slots: without the second request, attention
-/// alone at depth 4,096 on one thread went 9.92 -> 8.92 ms a step, 10 of 10 pairs, and whole
+/// outstanding-miss slots whether or not the line is on its way already: without the second
+/// request, attention alone at depth 4,096 on one thread went 9.92 -> 8.92 ms a step, 10 of
+/// 10 pairs, and whole
 /// decode 2.4% faster a token on one thread, 1.8% on two; for 16-bit values the second
 /// request had already been dropped for the same reason.)
 ///
