@@ -237,27 +237,21 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
             } else {
                 softmax_partial::<R, N>(s, p, run.bc, m, l, valid)
             };
-            if t + 1 < run.tiles && N == 4 && run.hd == 64 {
-                let j0 = run.j0 + (t + 1) * run.bc;
-                let next = TileAt::locate(run.k, run.v, run.len, run.kvh, j0, N);
+            if t + 1 == run.tiles {
+                weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr, valid);
+                break;
+            }
+            let j0 = run.j0 + (t + 1) * run.bc;
+            let next = TileAt::locate(run.k, run.v, run.len, run.kvh, j0, N);
+            if N == 4 && run.hd == 64 {
                 scores_and_weighted::<LK, LV, R>(
                     &at, &next, run.column, q, s, p, run.bc, acc, &corr,
                 );
-                at = next;
-                continue;
-            }
-            let next = if t + 1 < run.tiles {
-                let j0 = run.j0 + (t + 1) * run.bc;
-                let next = TileAt::locate(run.k, run.v, run.len, run.kvh, j0, N);
-                scores::<LK, R, N>(&next, run.column, q, run.hd, s, run.bc);
-                Some(next)
             } else {
-                None
-            };
-            weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr, valid);
-            if let Some(next) = next {
-                at = next;
+                scores::<LK, R, N>(&next, run.column, q, run.hd, s, run.bc);
+                weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr, whole);
             }
+            at = next;
         }
     }
 }
@@ -269,9 +263,8 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
 /// ahead. (f32 values used to be asked for twice. Each request holds one of the core's few
 /// outstanding-miss slots whether or not the line is on its way already: without the second
 /// request, attention alone at depth 4,096 on one thread went 9.92 -> 8.92 ms a step, 10 of
-/// 10 pairs, and whole
-/// decode 2.4% faster a token on one thread, 1.8% on two; for 16-bit values the second
-/// request had already been dropped for the same reason.)
+/// 10 pairs, and whole decode 2.4% faster a token on one thread, 1.8% on two; for 16-bit
+/// values the second request had already been dropped for the same reason.)
 ///
 /// # Safety
 /// As [`tiles`], for a tile `at` of `N` segments.
@@ -515,10 +508,30 @@ unsafe fn scores_and_weighted<LK: Lanes16, LV: Lanes16, const R: usize>(
             weigh_key::<LV, R, W>(at.values[w].add(r * hbv), pp, bc, j, 0, &mut wa);
         }
         store_scores::<R, N>(&sa, s, bc);
-        for (i, ai) in wa.iter().enumerate() {
-            let ci = _mm512_set1_ps(corr[i]);
-            for (x, &ax) in ai.iter().enumerate() {
-                let o = op.add(i * HD + 16 * x);
+        fold_tile::<R, W>(&wa, op, HD, 0, corr);
+    }
+}
+
+/// The running outputs (dimensions `d0..d0 + 16 W` of `R` rows of `hd` at `op`) rescaled by
+/// `corr` and a tile's weighted values `a` added.
+///
+/// # Safety
+/// `op` points at `R x hd` values, `d0 + 16 W <= hd`.
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn fold_tile<const R: usize, const W: usize>(
+    a: &[[__m512; W]; R],
+    op: *mut f32,
+    hd: usize,
+    d0: usize,
+    corr: &[f32; R],
+) {
+    for (i, ai) in a.iter().enumerate() {
+        let ci = _mm512_set1_ps(corr[i]);
+        for (x, &ax) in ai.iter().enumerate() {
+            // SAFETY: inside R x hd, as the caller guarantees.
+            unsafe {
+                let o = op.add(i * hd + d0 + 16 * x);
                 _mm512_storeu_ps(o, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(o), ci), ax));
             }
         }
@@ -703,13 +716,7 @@ unsafe fn weighted<LV: Lanes16, const R: usize, const N: usize, const W: usize>(
                 weigh_key::<LV, R, W>(row, pp, bc, SEG * w + r, d0, &mut a);
             }
         }
-        for (i, ai) in a.iter().enumerate() {
-            let ci = _mm512_set1_ps(corr[i]);
-            for (x, &ax) in ai.iter().enumerate() {
-                let o = op.add(i * hd + d0 + 16 * x);
-                _mm512_storeu_ps(o, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(o), ci), ax));
-            }
-        }
+        fold_tile::<R, W>(&a, op, hd, d0, corr);
     }
 }
 
@@ -745,6 +752,7 @@ mod tests {
             (KvType::F32, KvType::Bf16),
             (KvType::Bf16, KvType::Q8_0),
             (KvType::F16, KvType::F32),
+            (KvType::F32, KvType::F32),
         ];
         let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         let mut rng = ChaCha8Rng::seed_from_u64(3);
