@@ -143,7 +143,8 @@ pub(super) struct Run<'a> {
 /// token on two threads, 2.5% on one. (An earlier A/B found this order 10% slower from
 /// memory. Its harness was most likely built with the default 16 codegen units, and there the
 /// closures in these kernels are not inlined, which makes them 30-45% slower; the
-/// workspace builds with 4.)
+/// workspace builds with 4.) For tiles of 64 keys and heads of 64 dimensions the softmax
+/// itself runs inside that loop too, a segment at a time ([`step`]).
 ///
 /// # Safety
 /// The CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C; `run` has addresses of views that
@@ -230,24 +231,22 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
         let mut at = TileAt::locate(run.k, run.v, run.len, run.kvh, run.j0, N);
         scores::<LK, R, N>(&at, run.column, q, run.hd, s, run.bc);
         for t in 0..run.tiles {
-            // Only the last tile may be partial.
-            let valid = if t + 1 == run.tiles { run.valid } else { whole };
-            let corr = if valid == whole {
-                softmax::<R, N>(s, p, run.bc, m, l)
-            } else {
-                softmax_partial::<R, N>(s, p, run.bc, m, l, valid)
-            };
             if t + 1 == run.tiles {
-                weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr, valid);
+                // Only the last tile may be partial.
+                let corr = if run.valid == whole {
+                    softmax::<R, N>(s, p, run.bc, m, l)
+                } else {
+                    softmax_partial::<R, N>(s, p, run.bc, m, l, run.valid)
+                };
+                weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr, run.valid);
                 break;
             }
             let j0 = run.j0 + (t + 1) * run.bc;
             let next = TileAt::locate(run.k, run.v, run.len, run.kvh, j0, N);
             if N == 4 && run.hd == 64 {
-                scores_and_weighted::<LK, LV, R>(
-                    &at, &next, run.column, q, s, p, run.bc, acc, &corr,
-                );
+                step::<LK, LV, R>(&at, &next, run.column, q, s, p, run.bc, acc, m, l);
             } else {
+                let corr = softmax::<R, N>(s, p, run.bc, m, l);
                 scores::<LK, R, N>(&next, run.column, q, run.hd, s, run.bc);
                 weighted_all::<LV, R, N>(&at, p, run.bc, run.hd, acc, &corr, whole);
             }
@@ -339,9 +338,7 @@ unsafe fn softmax<const R: usize, const N: usize>(
                 s8 = _mm256_add_ps(s8, _mm512_castps512_ps256(e));
                 s8 = _mm256_add_ps(s8, _mm512_extractf32x8_ps::<1>(e));
             }
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), s8);
-            let sum = lanes.iter().sum::<f32>();
+            let sum = sum_lanes(s8);
             l[i] = l[i] * corr[i] + sum;
             m[i] = m_new[i];
         }
@@ -432,9 +429,7 @@ unsafe fn softmax_partial<const R: usize, const N: usize>(
                     s8 = _mm256_add_ps(s8, _mm512_extractf32x8_ps::<1>(e));
                 }
             }
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), s8);
-            let mut sum = lanes.iter().sum::<f32>();
+            let mut sum = sum_lanes(s8);
             for j in 8 * eights..valid {
                 sum += *pp.add(i * bc + j);
             }
@@ -445,33 +440,43 @@ unsafe fn softmax_partial<const R: usize, const N: usize>(
     }
 }
 
-/// The next tile's scores and this whole tile's weighted values in one loop, for tiles of 64
-/// keys and heads of 64 dimensions: step `j` scores column `j` of `next`'s keys and weighs
-/// key `j` of `at`'s values, so that the key and value streams are read side by side rather
-/// than one after the other. Each score is the same chain over the columns in order as
-/// [`scores`]' and each output the same chain over the keys in order as [`weighted`]'s, so
-/// the bits are theirs. The next tile's scores go to `s` after the loop (the softmax has read
-/// `s` already); requests as the two functions make them. Same-process A/B, f32 cache at
-/// depth 4,096, one thread: attention alone 2.0-3.6% faster a step (11 and 12 of 12 pairs),
-/// in L3 3.8% (295 of 300); whole decode 2.4% faster a token (8 of 8); two threads 0.995
-/// (8 of 12) beside an A/A of 1.019. With an f16 cache it measured neutral (attention alone
-/// 1.000-1.002 on one thread, 0.988-1.001 on two, against A/As of 0.980-0.994).
+/// One whole tile `at` of 64 keys, for heads of 64 dimensions, and the next tile's scores,
+/// in one loop: the tile's softmax (its scores are in `s`), its weighted values, and `next`'s
+/// scores, which go to `s` after the loop.
+///
+/// Step `j` scores column `j` of `next`'s keys and weighs key `j` of `at`'s values, so that the
+/// key and value streams are read side by side. The softmax is spread through the same loop:
+/// the rows' new maxima and corrections come first, then the exponentials a segment of sixteen
+/// keys at a time, each computed half a segment before its keys are weighed. Work done in one
+/// block between the loads stops the loads for its length, and from memory a stop costs more
+/// than its own time: the loads that follow it start behind, with nothing in flight. Spread
+/// through the loop, the same work hides behind the loads. Same-process A/B, f32 cache at
+/// depth 4,096, attention alone on one thread: the softmax as one block per tile took 10-12%
+/// longer a step (12 of 12 pairs, twice); skipped altogether (a wrong result, as a bound) the
+/// loop read the cache at the same rate as with it spread.
+///
+/// Every value has the operations and order of the separate steps, so the same bits: each
+/// score the chain over the columns in order ([`scores`]), each output the chain over the keys
+/// in order ([`weighted`]), the maxima, corrections and sums as [`softmax`] takes them (each
+/// exponential lane by lane `exp16_grid`'s, the sums a segment's two halves in key order).
+/// Requests as [`scores`] and [`weighted`] make them.
 ///
 /// # Safety
-/// As [`tiles`], with `N = 4` (64 keys a tile), `hd = 64` and `at` a whole tile.
+/// As [`tiles`], with `N = 4` (64 keys a tile), `hd = 64` and `at` and `next` whole tiles.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
 #[inline]
-unsafe fn scores_and_weighted<LK: Lanes16, LV: Lanes16, const R: usize>(
+unsafe fn step<LK: Lanes16, LV: Lanes16, const R: usize>(
     at: &TileAt,
     next: &TileAt,
     column: usize,
     q: &[f32],
     s: &mut [f32],
-    p: &[f32],
+    p: &mut [f32],
     bc: usize,
     acc: &mut [f32],
-    corr: &[f32; R],
+    m: &mut [f32],
+    l: &mut [f32],
 ) {
     const N: usize = 4;
     const W: usize = 4;
@@ -481,13 +486,27 @@ unsafe fn scores_and_weighted<LK: Lanes16, LV: Lanes16, const R: usize>(
     let hbv = LV::TY.bytes(HD);
     let lines = (SEG * hbv).div_ceil(64);
     let rate = (lines << 16).div_ceil(SEG);
-    let (qp, pp, op) = (q.as_ptr(), p.as_ptr(), acc.as_mut_ptr());
-    // SAFETY: as `scores` and `weighted` for these shapes (`tiles` checked them).
+    let (qp, sp, pp, op) = (q.as_ptr(), s.as_ptr(), p.as_mut_ptr(), acc.as_mut_ptr());
+    // SAFETY: as `scores`, `softmax` and `weighted` for these shapes (`tiles` checked them).
     unsafe {
+        let mut a = [[_mm512_setzero_ps(); N]; R];
+        for (i, ai) in a.iter_mut().enumerate() {
+            for (w, aw) in ai.iter_mut().enumerate() {
+                *aw = _mm512_loadu_ps(sp.add(i * bc + SEG * w));
+            }
+        }
+        let (m_new, corr) = rebase::<R, N>(&mut a, m);
+        let mut sums = [_mm256_setzero_ps(); R];
+        segment_weights::<R>(sp, pp, bc, 0, &m_new, &mut sums);
         let mut sa = [[_mm512_setzero_ps(); N]; R];
         let mut wa = [[_mm512_setzero_ps(); W]; R];
         let mut done = 0;
         for j in 0..HD {
+            // Key j of this tile: row r of segment w.
+            let (w, r) = (j / SEG, j % SEG);
+            if r == SEG / 2 && w + 1 < N {
+                segment_weights::<R>(sp, pp, bc, w + 1, &m_new, &mut sums);
+            }
             if j % every == 0 {
                 let step = j / every;
                 for w in 0..N {
@@ -495,8 +514,6 @@ unsafe fn scores_and_weighted<LK: Lanes16, LV: Lanes16, const R: usize>(
                 }
             }
             score_column::<LK, R, N>(next, column, qp, HD, j, &mut sa);
-            // Key j of this tile: row r of segment w.
-            let (w, r) = (j / SEG, j % SEG);
             if r == 0 {
                 done = 0;
             }
@@ -508,8 +525,62 @@ unsafe fn scores_and_weighted<LK: Lanes16, LV: Lanes16, const R: usize>(
             weigh_key::<LV, R, W>(at.values[w].add(r * hbv), pp, bc, j, 0, &mut wa);
         }
         store_scores::<R, N>(&sa, s, bc);
-        fold_tile::<R, W>(&wa, op, HD, 0, corr);
+        fold_tile::<R, W>(&wa, op, HD, 0, &corr);
+        for i in 0..R {
+            l[i] = l[i] * corr[i] + sum_lanes(sums[i]);
+            m[i] = m_new[i];
+        }
     }
+}
+
+/// The weights of segment `w` (keys `16 w..16 w + 16`) of `R` rows: each row's scores at `sp`
+/// less its new maximum, their exponentials into `pp` (row `i` at `i * bc`), added to the
+/// rows' eight-lane sums low half then high half, as [`softmax`] adds them.
+///
+/// # Safety
+/// `sp` and `pp` point at `R x bc` values, `bc >= 16 (w + 1)`.
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn segment_weights<const R: usize>(
+    sp: *const f32,
+    pp: *mut f32,
+    bc: usize,
+    w: usize,
+    m_new: &[f32; R],
+    sums: &mut [__m256; R],
+) {
+    let mut x = [[_mm512_setzero_ps(); 1]; R];
+    for (i, xi) in x.iter_mut().enumerate() {
+        // SAFETY: inside R x bc, as the caller guarantees.
+        let si = unsafe { _mm512_loadu_ps(sp.add(i * bc + SEG * w)) };
+        xi[0] = _mm512_sub_ps(si, _mm512_set1_ps(m_new[i]));
+    }
+    let e = exp16_grid::<R, 1>(x);
+    for (i, ei) in e.iter().enumerate() {
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_ps(pp.add(i * bc + SEG * w), ei[0]) };
+        sums[i] = _mm256_add_ps(sums[i], _mm512_castps512_ps256(ei[0]));
+        sums[i] = _mm256_add_ps(sums[i], _mm512_extractf32x8_ps::<1>(ei[0]));
+    }
+}
+
+/// The eight lanes of `v` added in lane order, as `iter().sum()` adds them, taken out of the
+/// register one by one rather than stored and read back.
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+fn sum_lanes(v: __m256) -> f32 {
+    let (lo, hi) = (_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let lanes = [
+        _mm_cvtss_f32(lo),
+        _mm_cvtss_f32(_mm_movehdup_ps(lo)),
+        _mm_cvtss_f32(_mm_movehl_ps(lo, lo)),
+        _mm_cvtss_f32(_mm_shuffle_ps::<0b11_11_11_11>(lo, lo)),
+        _mm_cvtss_f32(hi),
+        _mm_cvtss_f32(_mm_movehdup_ps(hi)),
+        _mm_cvtss_f32(_mm_movehl_ps(hi, hi)),
+        _mm_cvtss_f32(_mm_shuffle_ps::<0b11_11_11_11>(hi, hi)),
+    ];
+    lanes.iter().sum()
 }
 
 /// The running outputs (dimensions `d0..d0 + 16 W` of `R` rows of `hd` at `op`) rescaled by
