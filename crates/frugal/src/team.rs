@@ -20,6 +20,7 @@
 
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -34,10 +35,10 @@ const ACTIVE: u64 = OPEN - 1;
 /// Polls of the state word between two looks at rayon's queues, for a helper with nothing to do.
 const POLLS_PER_RAYON_LOOK: u32 = 64;
 
-/// A section: chunk `i` of `0..n` is `f(i)`.
+/// A section: chunks `0..n`, a claimed run `a..b` of them run as `f(a..b)`.
 #[derive(Clone, Copy)]
 struct Section {
-    f: *const (dyn Fn(usize) + Sync),
+    f: *const (dyn Fn(Range<usize>) + Sync),
     n: usize,
 }
 
@@ -125,8 +126,27 @@ pub fn for_each(n: usize, f: impl Fn(usize) + Sync) {
     if team.is_null() {
         let f = &f;
         (0..n).into_par_iter().for_each(f);
+    } else {
+        for_each_run(n, |run| run.for_each(&f));
+    }
+}
+
+/// [`for_each`] for work that runs better over consecutive chunks together: `f(a..b)` for
+/// runs `a..b` that cover `0..n` once, in parallel, each run on one thread. Through the team
+/// the runs are its claims (see [`Team::chunks`]); through rayon, one run per thread of the
+/// pool, of equal lengths. What a chunk computes must not depend on the run it is in.
+pub fn for_each_run(n: usize, f: impl Fn(Range<usize>) + Sync) {
+    let team = OWNED.get();
+    if n == 0 {
+        return;
+    }
+    if team.is_null() {
+        let parts = rayon::current_num_threads().clamp(1, n);
+        (0..parts)
+            .into_par_iter()
+            .for_each(|p| f(p * n / parts..(p + 1) * n / parts));
     } else if IN_SECTION.get() {
-        (0..n).for_each(f);
+        f(0..n);
     } else {
         // SAFETY: `OWNED` points at the team `with_team` keeps alive while this thread runs
         // its closure; it is cleared before the team is dropped.
@@ -136,13 +156,13 @@ pub fn for_each(n: usize, f: impl Fn(usize) + Sync) {
 
 impl Team {
     /// One section, on the owner: open it, run chunks, close it, wait for the helpers in it.
-    fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+    fn run(&self, n: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
         if n == 0 {
             return;
         }
         // SAFETY: the lifetime is erased for the helpers; they only call it inside this
         // section, which does not end before every helper has left it (below).
-        let f: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
+        let f: *const (dyn Fn(Range<usize>) + Sync) = unsafe { std::mem::transmute(f) };
         // SAFETY: no helper is inside a section (the previous one waited for them all).
         unsafe { *self.section.get() = Some(Section { f, n }) };
         self.next.store(0, Ordering::Relaxed);
@@ -170,7 +190,7 @@ impl Team {
     /// each thread streams its weights in order as the prefetchers expect (claims of an eighth
     /// each made decode 5% slower than rayon's halves, 8% slower than this), and the last are
     /// single chunks, so a thread the machine slowed hands the end of its share to the others.
-    fn chunks(&self, f: &(dyn Fn(usize) + Sync), n: usize) {
+    fn chunks(&self, f: &(dyn Fn(Range<usize>) + Sync), n: usize) {
         let mut cur = self.next.load(Ordering::Relaxed);
         while cur < n {
             let take = (n - cur).div_ceil(self.threads);
@@ -181,7 +201,7 @@ impl Team {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    (cur..cur + take).for_each(f);
+                    f(cur..cur + take);
                     cur = self.next.load(Ordering::Relaxed);
                 }
                 Err(now) => cur = now,
@@ -269,6 +289,38 @@ mod tests {
                 })
             });
         }
+    }
+
+    #[test]
+    fn runs_cover_every_chunk_once_in_order() {
+        for threads in [1, 2, 3] {
+            for team in [true, false] {
+                pool(threads).install(|| {
+                    let body = || {
+                        for n in [0, 1, 2, 7, 48, 1536] {
+                            let hits: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+                            for_each_run(n, |run| {
+                                assert!(run.start < run.end && run.end <= n, "run {run:?}");
+                                for i in run {
+                                    hits[i].fetch_add(1, Ordering::Relaxed);
+                                }
+                            });
+                            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n {n}");
+                        }
+                    };
+                    if team { with_team(body) } else { body() }
+                });
+            }
+        }
+        // Through rayon, one run per thread: a single thread gets every chunk in one run.
+        pool(1).install(|| {
+            let runs = AtomicU32::new(0);
+            for_each_run(48, |run| {
+                assert_eq!(run, 0..48);
+                runs.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(runs.load(Ordering::Relaxed), 1);
+        });
     }
 
     #[test]

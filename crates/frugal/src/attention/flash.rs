@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 
 use rayon::prelude::*;
 
-use super::flash_span::{TILES, block, exp_approx, grow};
+use super::flash_span::{TILES, block, chunk_run, exp_approx, grow};
 use super::q8_keys::QuantQueries;
 use super::{AttnShape, AttnWorkspace, OutPtr};
 use crate::kv::{KvType, KvView};
@@ -238,49 +238,50 @@ pub(super) fn flash_paths(
             d.store(0, Ordering::Relaxed);
         }
         let parts = OutPtr(partials[..total].as_mut_ptr());
-        crate::team::for_each(s.n_head_kv * nchunks, |i| {
-            let (kvh, c) = (i / nchunks, c0 + i % nchunks);
-            {
-                // SAFETY: chunk i's part is partials[i * stride..][..stride], inside `total`,
-                // and task i is its only user until its count below is released.
-                let part = unsafe { parts.row(i * stride, stride) };
-                let (acc, ml) = part.split_at_mut(rows * hd);
-                let (m, l) = ml.split_at_mut(rows);
-                let span = Span {
-                    kvh,
-                    t0: 0,
-                    t1: n,
-                    lo: c * chunk,
-                    hi: ((c + 1) * chunk).min(len),
-                };
-                TILES.with_borrow_mut(|t| block(&job, span, acc, m, l, t));
-            }
-            // Every chunk's writes come before its count (release); the last count (acquire)
-            // sees them all.
-            if done[kvh].fetch_add(1, Ordering::AcqRel) + 1 < nchunks {
-                return;
-            }
-            // SAFETY: every chunk of head kvh is done and none is written any more; the head's
-            // parts are inside `total`.
-            let head = unsafe { parts.read(kvh * per_head, per_head) };
-            // Merge each row's chunks in order, then normalize.
-            for first in (0..rows).step_by(MERGE_LANES) {
-                let count = (rows - first).min(MERGE_LANES);
-                merge_chunks(
-                    head,
-                    nchunks,
-                    stride,
-                    rows,
-                    hd,
-                    first..first + count,
-                    simd,
-                    |r| {
-                        let (tok, h) = (r / group, kvh * group + r % group);
-                        // SAFETY: row (tok, h) is inside `out`, and each row of the call is
-                        // merged once, by the task that finished its head's last chunk.
-                        unsafe { optr.row(tok * q_dim + h * hd, hd) }
-                    },
-                );
+        // Each thread takes runs of consecutive chunks (`for_each_run`), and a run's chunks of
+        // one KV head are read in one pass (`chunk_run`).
+        crate::team::for_each_run(s.n_head_kv * nchunks, |run| {
+            let mut i = run.start;
+            while i < run.end {
+                let kvh = i / nchunks;
+                let end = run.end.min((kvh + 1) * nchunks);
+                let count = end - i;
+                {
+                    // SAFETY: chunks i..end's parts are partials[i * stride..end * stride],
+                    // inside `total`, and this run is their only user until their count below
+                    // is released.
+                    let parts = unsafe { parts.row(i * stride, count * stride) };
+                    let cs = c0 + i % nchunks..c0 + i % nchunks + count;
+                    TILES.with_borrow_mut(|t| chunk_run(&job, kvh, n, cs, chunk, parts, stride, t));
+                }
+                i = end;
+                // Every chunk's writes come before its count (release); the last count
+                // (acquire) sees them all.
+                if done[kvh].fetch_add(count, Ordering::AcqRel) + count < nchunks {
+                    continue;
+                }
+                // SAFETY: every chunk of head kvh is done and none is written any more; the
+                // head's parts are inside `total`.
+                let head = unsafe { parts.read(kvh * per_head, per_head) };
+                // Merge each row's chunks in order, then normalize.
+                for first in (0..rows).step_by(MERGE_LANES) {
+                    let count = (rows - first).min(MERGE_LANES);
+                    merge_chunks(
+                        head,
+                        nchunks,
+                        stride,
+                        rows,
+                        hd,
+                        first..first + count,
+                        simd,
+                        |r| {
+                            let (tok, h) = (r / group, kvh * group + r % group);
+                            // SAFETY: row (tok, h) is inside `out`, and each row of the call is
+                            // merged once, by the run that finished its head's last chunk.
+                            unsafe { optr.row(tok * q_dim + h * hd, hd) }
+                        },
+                    );
+                }
             }
         });
         return;

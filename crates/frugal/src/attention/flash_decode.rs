@@ -123,6 +123,41 @@ pub(super) struct Run<'a> {
     /// tile, whose last segment the cache fills only in part (more than `bc - 16`: every
     /// segment holds at least one).
     pub(super) valid: usize,
+    /// A run over several key chunks: where each chunk's result goes. `None`: one running
+    /// result, the one [`tiles`] is given.
+    pub(super) chunks: Option<ChunkParts>,
+}
+
+/// Where a run over consecutive key chunks leaves each chunk's result, so that one pass reads
+/// them all without a stop between chunks (every chunk's result is the one it has alone). Chunk
+/// `c` of the run (from 0) starts `c * stride` floats past `base`: its rows' outputs
+/// (`R x hd`), their maxima (`R`), their sums (`R`), set to an empty result before the run.
+/// A chunk is `per_chunk` tiles.
+#[derive(Copy, Clone)]
+pub(super) struct ChunkParts {
+    pub(super) base: *mut f32,
+    pub(super) stride: usize,
+    pub(super) per_chunk: usize,
+}
+
+impl ChunkParts {
+    /// Chunk `c`'s output, maxima and sums for `R` rows of `hd`.
+    ///
+    /// # Safety
+    /// Chunk `c` is one of the run's, and nothing else uses its part while these live.
+    unsafe fn part<'p, const R: usize>(
+        &self,
+        c: usize,
+        hd: usize,
+    ) -> (&'p mut [f32], &'p mut [f32], &'p mut [f32]) {
+        // SAFETY: as the caller guarantees; a part holds `R x hd + 2 R` floats.
+        let part = unsafe {
+            std::slice::from_raw_parts_mut(self.base.add(c * self.stride), R * hd + 2 * R)
+        };
+        let (acc, ml) = part.split_at_mut(R * hd);
+        let (m, l) = ml.split_at_mut(R);
+        (acc, m, l)
+    }
 }
 
 /// `run.tiles` tiles of keys for `R` query rows that all see every key of them: for each, the
@@ -177,7 +212,8 @@ pub(super) unsafe fn tiles<const R: usize>(
             && acc.len() >= R * hd
             && m.len() >= R
             && l.len() >= R
-            && hd.is_multiple_of(SEG),
+            && hd.is_multiple_of(SEG)
+            && run.chunks.is_none_or(|c| c.per_chunk >= 1),
         "fused decode tiles: shapes"
     );
     macro_rules! by_values {
@@ -230,7 +266,15 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
         // tile t's softmax and its weighted sum (see `tiles`).
         let mut at = TileAt::locate(run.k, run.v, run.len, run.kvh, run.j0, N);
         scores::<LK, R, N>(&at, run.column, q, run.hd, s, run.bc);
+        let (mut acc, mut m, mut l) = (acc, m, l);
         for t in 0..run.tiles {
+            // The first tile of the run's next chunk: on into that chunk's result.
+            if let Some(c) = &run.chunks
+                && t > 0
+                && t.is_multiple_of(c.per_chunk)
+            {
+                (acc, m, l) = c.part::<R>(t / c.per_chunk, run.hd);
+            }
             if t + 1 == run.tiles {
                 // Only the last tile may be partial.
                 let corr = if run.valid == whole {
@@ -450,10 +494,13 @@ unsafe fn softmax_partial<const R: usize, const N: usize>(
 /// keys at a time, each computed half a segment before its keys are weighed. Work done in one
 /// block between the loads stops the loads for its length, and from memory a stop costs more
 /// than its own time: the loads that follow it start behind, with nothing in flight. Spread
-/// through the loop, the same work hides behind the loads. Same-process A/B, f32 cache at
-/// depth 4,096, attention alone on one thread: the softmax as one block per tile took 10-12%
-/// longer a step (12 of 12 pairs, twice); skipped altogether (a wrong result, as a bound) the
-/// loop read the cache at the same rate as with it spread.
+/// through the loop, the same work hides behind the loads. Same-process A/Bs at depth 4,096,
+/// attention alone, against the softmax as one block before the loop: f32 cache 12-14% less
+/// time a step on one thread (16 of 16 pairs, twice), 2-4% on two; f16 7% less on one thread
+/// and 6% on two (40 of 40), measured with runs over several chunks; bf16 the same time.
+/// (An earlier f16 A/B on two threads, before runs crossed chunks, found the spread 15%
+/// slower; a later one with a call per chunk found it 4% faster.) Skipped altogether, a wrong
+/// result kept only as a bound, the softmax would save another 3%.
 ///
 /// Every value has the operations and order of the separate steps, so the same bits: each
 /// score the chain over the columns in order ([`scores`]), each output the chain over the keys
