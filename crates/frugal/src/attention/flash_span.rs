@@ -105,8 +105,32 @@ pub(super) fn chunk_run(
         && let Some((ka, va)) = super::flash_decode::fused_views(&job.k, &job.v, hd, job.bc)
     {
         match rows {
-            3 => return fused_chunks::<3>(job, kvh, &ka, &va, lo..hi, chunk, parts, stride, t),
-            4 => return fused_chunks::<4>(job, kvh, &ka, &va, lo..hi, chunk, parts, stride, t),
+            3 => {
+                return super::flash_decode::fused_chunks::<3>(
+                    job,
+                    kvh,
+                    &ka,
+                    &va,
+                    lo..hi,
+                    chunk,
+                    parts,
+                    stride,
+                    t,
+                );
+            }
+            4 => {
+                return super::flash_decode::fused_chunks::<4>(
+                    job,
+                    kvh,
+                    &ka,
+                    &va,
+                    lo..hi,
+                    chunk,
+                    parts,
+                    stride,
+                    t,
+                );
+            }
             _ => {}
         }
     }
@@ -121,104 +145,6 @@ pub(super) fn chunk_run(
             hi: ((c + 1) * chunk).min(job.k.len()),
         };
         block(job, span, acc, m, l, t);
-    }
-}
-
-/// [`chunk_run`]'s fused run for `R` rows (one token's query heads of KV head `kvh`) over keys
-/// `keys` (from a chunk's start): the whole tiles as one run, then the cache's last keys, when
-/// they end inside a tile, as a run of one tile of the segments that hold them (as [`block`]
-/// takes them).
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-fn fused_chunks<const R: usize>(
-    job: &Job,
-    kvh: usize,
-    ka: &crate::kv::HeadAddr,
-    va: &crate::kv::HeadAddr,
-    keys: std::ops::Range<usize>,
-    chunk: usize,
-    parts: &mut [f32],
-    stride: usize,
-    t: &mut Tiles,
-) {
-    let s = job.s;
-    let hd = s.head_dim;
-    let bc = job.bc;
-    let (lo, hi) = (keys.start, keys.end);
-    let nchunks = (hi - lo).div_ceil(chunk);
-    assert!(
-        parts.len() >= nchunks * stride && stride >= R * hd + 2 * R,
-        "fused chunks: parts"
-    );
-    grow(&mut t.q, R * hd);
-    grow(&mut t.kt, R * bc);
-    grow(&mut t.s, R * bc);
-    for g in 0..R {
-        let src = &job.q[(kvh * R + g) * hd..][..hd];
-        for (d, &x) in t.q[g * hd..][..hd].iter_mut().zip(src) {
-            *d = x * job.scale;
-        }
-    }
-    // Every chunk starts from an empty result.
-    for part in parts.chunks_mut(stride).take(nchunks) {
-        let (acc, ml) = part.split_at_mut(R * hd);
-        acc.fill(0.0);
-        ml[..R].fill(f32::NEG_INFINITY);
-        ml[R..2 * R].fill(0.0);
-    }
-    let whole = (hi - lo) / bc;
-    let base = parts.as_mut_ptr();
-    let run =
-        |j0: usize, tiles: usize, tile: usize, valid: usize, chunks| super::flash_decode::Run {
-            k: ka,
-            v: va,
-            len: job.k.len(),
-            kvh,
-            j0,
-            tiles,
-            bc: tile,
-            column: job.k.block_size() * job.k.ty().bytes(1),
-            hd,
-            valid,
-            chunks,
-        };
-    let mut go = |r: &super::flash_decode::Run, first: usize| {
-        // SAFETY: `fused` implies the CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C
-        // (`wide`), and `fused_views` took the views; the run's tiles are whole and in the
-        // cache, or one tile whose `valid` keys end it (as in `block_body`). Chunk `first`
-        // onwards of `parts` are this call's, each `stride` floats, checked above.
-        unsafe {
-            let (acc, ml) = std::slice::from_raw_parts_mut(base.add(first * stride), stride)
-                .split_at_mut(R * hd);
-            let (m, l) = ml.split_at_mut(R);
-            super::flash_decode::tiles::<R>(
-                job.k.ty(),
-                job.v.ty(),
-                r,
-                &t.q[..R * hd],
-                &mut t.kt[..R * bc],
-                &mut t.s[..R * bc],
-                &mut acc[..R * hd],
-                &mut m[..R],
-                &mut l[..R],
-            )
-        }
-    };
-    if whole > 0 {
-        let chunks = super::flash_decode::ChunkParts {
-            base,
-            stride,
-            per_chunk: chunk / bc,
-        };
-        go(&run(lo, whole, bc, bc, Some(chunks)), 0);
-    }
-    let end = lo + whole * bc;
-    if end < hi {
-        let nb = hi - end;
-        go(
-            &run(end, 1, nb.next_multiple_of(16), nb, None),
-            (end - lo) / chunk,
-        );
     }
 }
 
