@@ -136,6 +136,35 @@ pub(super) struct Run<'a> {
     pub(super) chunks: Option<ChunkParts>,
 }
 
+impl<'a> Run<'a> {
+    /// Tiles `j0..` of KV head `kvh` in the views of `job` (`k` and `v` their addresses from
+    /// [`fused_views`]): `tiles` tiles of `tile` keys, `valid` of the last one in the cache.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        job: &Job,
+        k: &'a HeadAddr<'a>,
+        v: &'a HeadAddr<'a>,
+        kvh: usize,
+        j0: usize,
+        (tiles, tile, valid): (usize, usize, usize),
+        chunks: Option<ChunkParts>,
+    ) -> Self {
+        Run {
+            k,
+            v,
+            len: job.k.len(),
+            kvh,
+            j0,
+            tiles,
+            bc: tile,
+            column: job.k.block_size() * job.k.ty().bytes(1),
+            hd: job.s.head_dim,
+            valid,
+            chunks,
+        }
+    }
+}
+
 /// Where a run over consecutive key chunks leaves each chunk's result, so that one pass reads
 /// them all without a stop between chunks (every chunk's result is the one it has alone). Chunk
 /// `c` of the run (from 0) starts `c * stride` floats past `base`: its rows' outputs
@@ -252,6 +281,36 @@ pub(super) unsafe fn tiles<const R: usize>(
             KvType::Bf16 => by_count!(Bf16Lanes),
             KvType::Q8_0 => unreachable!("Q8_0 keys are kept by rows"),
         }
+    }
+}
+
+/// [`tiles`] for the views of `job`, with the scratch of `t`: the rows' scaled queries in
+/// `t.q` (`R x hd`), the scores and weights in `t.kt` and `t.s`.
+///
+/// # Safety
+/// As [`tiles`].
+pub(super) unsafe fn tiles_in<const R: usize>(
+    job: &Job,
+    run: &Run,
+    t: &mut Tiles,
+    acc: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
+    let (hd, bc) = (run.hd, run.bc);
+    // SAFETY: forwarded.
+    unsafe {
+        tiles::<R>(
+            job.k.ty(),
+            job.v.ty(),
+            run,
+            &t.q[..R * hd],
+            &mut t.kt[..R * bc],
+            &mut t.s[..R * bc],
+            &mut acc[..R * hd],
+            &mut m[..R],
+            &mut l[..R],
+        )
     }
 }
 
@@ -403,6 +462,19 @@ unsafe fn step<LK: Lanes16, LV: Lanes16, const R: usize>(
     }
 }
 
+/// [`fused_chunks`] for a number of rows.
+pub(super) type FusedChunks = fn(
+    &Job,
+    usize,
+    &HeadAddr,
+    &HeadAddr,
+    std::ops::Range<usize>,
+    usize,
+    &mut [f32],
+    usize,
+    &mut Tiles,
+);
+
 /// [`super::flash_span::chunk_run`]'s fused run for `R` rows (one token's query heads of KV head `kvh`) over keys
 /// `keys` (from a chunk's start): the whole tiles as one run, then the cache's last keys, when
 /// they end inside a tile, as a run of one tile of the segments that hold them (as [`block`]
@@ -446,19 +518,6 @@ pub(super) fn fused_chunks<const R: usize>(
     }
     let whole = (hi - lo) / bc;
     let base = parts.as_mut_ptr();
-    let run = |j0: usize, tiles: usize, tile: usize, valid: usize, chunks| Run {
-        k: ka,
-        v: va,
-        len: job.k.len(),
-        kvh,
-        j0,
-        tiles,
-        bc: tile,
-        column: job.k.block_size() * job.k.ty().bytes(1),
-        hd,
-        valid,
-        chunks,
-    };
     let mut go = |r: &Run, first: usize| {
         // SAFETY: `fused` implies the CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C
         // (`wide`), and `fused_views` took the views; the run's tiles are whole and in the
@@ -468,17 +527,7 @@ pub(super) fn fused_chunks<const R: usize>(
             let (acc, ml) = std::slice::from_raw_parts_mut(base.add(first * stride), stride)
                 .split_at_mut(R * hd);
             let (m, l) = ml.split_at_mut(R);
-            tiles::<R>(
-                job.k.ty(),
-                job.v.ty(),
-                r,
-                &t.q[..R * hd],
-                &mut t.kt[..R * bc],
-                &mut t.s[..R * bc],
-                &mut acc[..R * hd],
-                &mut m[..R],
-                &mut l[..R],
-            )
+            tiles_in::<R>(job, r, t, acc, m, l)
         }
     };
     if whole > 0 {
@@ -487,13 +536,17 @@ pub(super) fn fused_chunks<const R: usize>(
             stride,
             per_chunk: chunk / bc,
         };
-        go(&run(lo, whole, bc, bc, Some(chunks)), 0);
+        go(
+            &Run::new(job, ka, va, kvh, lo, (whole, bc, bc), Some(chunks)),
+            0,
+        );
     }
     let end = lo + whole * bc;
     if end < hi {
         let nb = hi - end;
+        let tile = nb.next_multiple_of(16);
         go(
-            &run(end, 1, nb.next_multiple_of(16), nb, None),
+            &Run::new(job, ka, va, kvh, end, (1, tile, nb), None),
             (end - lo) / chunk,
         );
     }

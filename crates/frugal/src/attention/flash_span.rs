@@ -104,34 +104,13 @@ pub(super) fn chunk_run(
         && lo < hi
         && let Some((ka, va)) = super::flash_decode::fused_views(&job.k, &job.v, hd, job.bc)
     {
-        match rows {
-            3 => {
-                return super::flash_decode::fused_chunks::<3>(
-                    job,
-                    kvh,
-                    &ka,
-                    &va,
-                    lo..hi,
-                    chunk,
-                    parts,
-                    stride,
-                    t,
-                );
-            }
-            4 => {
-                return super::flash_decode::fused_chunks::<4>(
-                    job,
-                    kvh,
-                    &ka,
-                    &va,
-                    lo..hi,
-                    chunk,
-                    parts,
-                    stride,
-                    t,
-                );
-            }
-            _ => {}
+        let fused: Option<super::flash_decode::FusedChunks> = match rows {
+            3 => Some(super::flash_decode::fused_chunks::<3>),
+            4 => Some(super::flash_decode::fused_chunks::<4>),
+            _ => None,
+        };
+        if let Some(f) = fused {
+            return f(job, kvh, &ka, &va, lo..hi, chunk, parts, stride, t);
         }
     }
     for (i, c) in cs.enumerate() {
@@ -284,37 +263,21 @@ fn block_body<const R: usize>(
             } else {
                 (1, nb.next_multiple_of(16), nb)
             };
-            let run = super::flash_decode::Run {
-                k: ka,
-                v: va,
-                len: job.k.len(),
-                kvh: span.kvh,
+            let run = super::flash_decode::Run::new(
+                job,
+                ka,
+                va,
+                span.kvh,
                 j0,
-                tiles,
-                bc: tile,
-                column: job.k.block_size() * job.k.ty().bytes(1),
-                hd,
-                valid,
-                chunks: None,
-            };
+                (tiles, tile, valid),
+                None,
+            );
             // SAFETY: `fused` implies the CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C
             // (`wide`), and views `fused_views` took; the run's tiles are whole and in the cache
             // (`j0 + tiles * bc <= hi <= len`; `j0` a multiple of the tile, itself of sixteen),
             // or it is one tile whose `valid` keys end the cache, in segments of blocks the
             // cache holds (blocks are whole segments, `fused_views`).
-            unsafe {
-                super::flash_decode::tiles::<R>(
-                    job.k.ty(),
-                    job.v.ty(),
-                    &run,
-                    &t.q[..R * hd],
-                    &mut t.kt[..R * bc],
-                    &mut t.s[..R * bc],
-                    &mut acc[..R * hd],
-                    &mut m[..R],
-                    &mut l[..R],
-                )
-            };
+            unsafe { super::flash_decode::tiles_in::<R>(job, &run, t, acc, m, l) };
             j0 += (run.tiles - 1) * bc + run.valid;
             continue;
         }
