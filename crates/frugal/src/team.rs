@@ -133,8 +133,8 @@ pub fn for_each(n: usize, f: impl Fn(usize) + Sync) {
 
 /// [`for_each`] for work that runs better over consecutive chunks together: `f(a..b)` for
 /// runs `a..b` that cover `0..n` once, in parallel, each run on one thread. Through the team
-/// the runs are its claims (see [`Team::chunks`]); through rayon, one run per thread of the
-/// pool, of equal lengths. What a chunk computes must not depend on the run it is in.
+/// the runs are its claims (`Team::chunks`); through rayon, one run per thread of the pool, of
+/// equal lengths. What a chunk computes must not depend on the run it is in.
 pub fn for_each_run(n: usize, f: impl Fn(Range<usize>) + Sync) {
     let team = OWNED.get();
     if n == 0 {

@@ -265,14 +265,14 @@ pub(super) fn flash_paths(
                 let head = unsafe { parts.read(kvh * per_head, per_head) };
                 // Merge each row's chunks in order, then normalize.
                 for first in (0..rows).step_by(MERGE_LANES) {
-                    let count = (rows - first).min(MERGE_LANES);
+                    let width = (rows - first).min(MERGE_LANES);
                     merge_chunks(
                         head,
                         nchunks,
                         stride,
                         rows,
                         hd,
-                        first..first + count,
+                        first..first + width,
                         simd,
                         |r| {
                             let (tok, h) = (r / group, kvh * group + r % group);

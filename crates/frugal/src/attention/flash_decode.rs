@@ -385,10 +385,11 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
 /// result kept only as a bound, the softmax would save another 3%.
 ///
 /// Every value has the operations and order of the separate steps, so the same bits: each
-/// score the chain over the columns in order ([`steps::scores`]), each output the chain over the keys
-/// in order ([`steps::weighted`]), the maxima, corrections and sums as [`steps::softmax`] takes them (each
-/// exponential lane by lane `exp16_grid`'s, the sums a segment's two halves in key order).
-/// Requests as [`steps::scores`] and [`steps::weighted`] make them.
+/// score the chain over the columns in order ([`steps::scores`]), each output the chain over
+/// the keys in order ([`steps::weighted`]), the maxima, corrections and sums as
+/// [`steps::softmax`] takes them (each exponential lane by lane `exp16_grid`'s, the sums a
+/// segment's two halves in key order). Requests as [`steps::scores`] and [`steps::weighted`]
+/// make them.
 ///
 /// # Safety
 /// As [`tiles`], with `N = 4` (64 keys a tile), `hd = 64` and `at` and `next` whole tiles.
@@ -475,10 +476,10 @@ pub(super) type FusedChunks = fn(
     &mut Tiles,
 );
 
-/// [`super::flash_span::chunk_run`]'s fused run for `R` rows (one token's query heads of KV head `kvh`) over keys
-/// `keys` (from a chunk's start): the whole tiles as one run, then the cache's last keys, when
-/// they end inside a tile, as a run of one tile of the segments that hold them (as [`block`]
-/// takes them).
+/// [`super::flash_span::chunk_run`]'s fused run for `R` rows (one token's query heads of KV
+/// head `kvh`) over `keys` (from a chunk's start): the whole tiles as one run, then the cache's
+/// last keys, when they end inside a tile, as a run of one tile of the segments that hold them
+/// (as [`super::flash_span::block`] takes them).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn fused_chunks<const R: usize>(
     job: &Job,
@@ -517,25 +518,22 @@ pub(super) fn fused_chunks<const R: usize>(
         ml[R..2 * R].fill(0.0);
     }
     let whole = (hi - lo) / bc;
-    let base = parts.as_mut_ptr();
+    let chunks = ChunkParts {
+        base: parts.as_mut_ptr(),
+        stride,
+        per_chunk: chunk / bc,
+    };
     let mut go = |r: &Run, first: usize| {
         // SAFETY: `fused` implies the CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C
         // (`wide`), and `fused_views` took the views; the run's tiles are whole and in the
         // cache, or one tile whose `valid` keys end it (as in `block_body`). Chunk `first`
         // onwards of `parts` are this call's, each `stride` floats, checked above.
         unsafe {
-            let (acc, ml) = std::slice::from_raw_parts_mut(base.add(first * stride), stride)
-                .split_at_mut(R * hd);
-            let (m, l) = ml.split_at_mut(R);
+            let (acc, m, l) = chunks.part::<R>(first, hd);
             tiles_in::<R>(job, r, t, acc, m, l)
         }
     };
     if whole > 0 {
-        let chunks = ChunkParts {
-            base,
-            stride,
-            per_chunk: chunk / bc,
-        };
         go(
             &Run::new(job, ka, va, kvh, lo, (whole, bc, bc), Some(chunks)),
             0,
