@@ -2,8 +2,6 @@
 
 use rayon::prelude::*;
 
-use crate::model::features::RopeStyle;
-
 /// Sum of `v * v` over `x`, in f64: eight partial sums over the values `k, k + 8, k + 16, ...`,
 /// added in order, then the tail. One sum in sequence was a chain of dependent f64 additions,
 /// four cycles each: 0.7 us for a 576-wide row, 61 rows a decode step, all on one thread
@@ -80,17 +78,116 @@ at_vector_levels!(rms_norm_body => rms_norm_avx2, rms_norm_avx512(
     x: &[f32], w: &[f32], eps: f32, out: &mut [f32]
 ));
 
+/// Which dimensions of a head RoPE rotates together.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`: GGUF Llama files (their Q and K rows are permuted to it).
+    #[default]
+    Interleaved,
+    /// Split halves `(i, i + rope_dim/2)`: GPT-NeoX's layout (Gemma, Qwen, Phi-3).
+    Neox,
+}
+
+/// How a model stretches RoPE's angles past the context it was first trained on, as ggml's
+/// `rope` computes them: pair `i` at position `p` turns by `p * base^(-2i/d) / factor_i`
+/// (`te`), scaled by `freq_scale` (`ti = freq_scale * te`); under YaRN the low-frequency
+/// pairs take `ti`, the high-frequency ones `te`, with a linear ramp between; cos and sin are
+/// multiplied by `mscale`. The default changes nothing, to the bit.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RopeScaling {
+    /// One divisor per rotated pair: Llama 3's `rope_freqs` (its long-context frequency
+    /// correction), Phi-3's long or short factors.
+    pub freq_factors: Option<Vec<f32>>,
+    /// `1 / factor` of linear (position-interpolation) and YaRN scaling.
+    pub freq_scale: f32,
+    pub yarn: Option<Yarn>,
+    /// Multiplies cos and sin, so each attention score by its square: Phi-3's
+    /// `rope.scaling.attn_factor`, times YaRN's `1 + 0.1 ln(factor)`.
+    pub mscale: f32,
+}
+
+impl Default for RopeScaling {
+    fn default() -> Self {
+        RopeScaling {
+            freq_factors: None,
+            freq_scale: 1.0,
+            yarn: None,
+            mscale: 1.0,
+        }
+    }
+}
+
+/// YaRN's ramp between interpolated and extrapolated pairs (ggml's `rope_yarn_corr_dims`).
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Yarn {
+    /// The context the model was trained on before scaling.
+    pub orig_ctx: usize,
+    /// Pairs that turn more than `beta_fast` times over `orig_ctx` keep their frequency.
+    pub beta_fast: f32,
+    /// Pairs that turn fewer than `beta_slow` times are fully interpolated.
+    pub beta_slow: f32,
+}
+
+impl RopeScaling {
+    /// Whether this changes any angle (the plain table is then used as is).
+    pub fn is_identity(&self) -> bool {
+        *self == RopeScaling::default()
+    }
+
+    /// Per pair: the angle's multiplier before and after the ramp (`1/factor_i`, and
+    /// `freq_scale/factor_i`), and the ramp's weight on the unscaled angle.
+    fn pairs(&self, rope_dim: usize, base: f32) -> Vec<(f64, f64, f64)> {
+        let half = rope_dim / 2;
+        let corr = self.yarn.map(|y| {
+            // Pair index at which a pair turns `b` times over the original context.
+            let c = |b: f32| {
+                let n = y.orig_ctx as f64 / (f64::from(b) * 2.0 * std::f64::consts::PI);
+                rope_dim as f64 * n.ln() / (2.0 * f64::from(base).ln())
+            };
+            let lo = c(y.beta_fast).floor().max(0.0);
+            let hi = c(y.beta_slow).ceil().min(rope_dim as f64 - 1.0);
+            (lo, hi)
+        });
+        (0..half)
+            .map(|i| {
+                let ff = self.freq_factors.as_ref().map_or(1.0, |f| f64::from(f[i]));
+                let ramp = corr.map_or(0.0, |(lo, hi)| {
+                    let y = (i as f64 - lo) / (hi - lo).max(0.001);
+                    1.0 - y.clamp(0.0, 1.0)
+                });
+                (1.0 / ff, f64::from(self.freq_scale) / ff, ramp)
+            })
+            .collect()
+    }
+}
+
 /// Rotary position embedding tables: `cos`/`sin` of `pos * base^(-2i/rope_dim)` for each
-/// position and each rotated pair, computed in f64; and which dimensions form the pairs.
+/// position and each rotated pair, computed in f64 (then scaled: [`RopeScaling`]); and which
+/// dimensions form the pairs.
 #[derive(Default, Debug)]
 pub struct RopeTable {
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
     half: usize,
     pub style: RopeStyle,
+    /// The angle transform applied by [`Self::extend`] (set with [`Self::set_scaling`]).
+    scaling: RopeScaling,
+    /// [`RopeScaling::pairs`] for the rotated width and base they were computed for, kept
+    /// so that a decode step does not allocate.
+    pairs: Vec<(f64, f64, f64)>,
+    pairs_for: Option<(usize, u32)>,
 }
 
 impl RopeTable {
+    /// Selects the angle transform of the rows [`Self::extend`] adds next.
+    pub fn set_scaling(&mut self, scaling: &RopeScaling) {
+        if self.scaling != *scaling {
+            self.scaling = scaling.clone();
+            self.pairs_for = None;
+        }
+    }
+
     /// Fills the tables for positions `pos0..pos0+n` (reusing the buffers).
     pub fn fill(&mut self, pos0: usize, n: usize, rope_dim: usize, base: f32) {
         self.cos.clear();
@@ -101,12 +198,28 @@ impl RopeTable {
     /// Appends rows for positions `pos0..pos0+n` (the next segment of a batch).
     pub fn extend(&mut self, pos0: usize, n: usize, rope_dim: usize, base: f32) {
         self.half = rope_dim / 2;
+        if self.scaling.is_identity() {
+            for p in pos0..pos0 + n {
+                for i in 0..self.half {
+                    let inv_freq = f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);
+                    let theta = p as f64 * inv_freq;
+                    self.cos.push(theta.cos() as f32);
+                    self.sin.push(theta.sin() as f32);
+                }
+            }
+            return;
+        }
+        if self.pairs_for != Some((rope_dim, base.to_bits())) {
+            self.pairs = self.scaling.pairs(rope_dim, base);
+            self.pairs_for = Some((rope_dim, base.to_bits()));
+        }
+        let ms = f64::from(self.scaling.mscale);
         for p in pos0..pos0 + n {
-            for i in 0..self.half {
-                let inv_freq = f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);
-                let theta = p as f64 * inv_freq;
-                self.cos.push(theta.cos() as f32);
-                self.sin.push(theta.sin() as f32);
+            for (i, &(unscaled, scaled, ramp)) in self.pairs.iter().enumerate() {
+                let theta = p as f64 * f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);
+                let th = theta * scaled * (1.0 - ramp) + theta * unscaled * ramp;
+                self.cos.push((th.cos() * ms) as f32);
+                self.sin.push((th.sin() * ms) as f32);
             }
         }
     }

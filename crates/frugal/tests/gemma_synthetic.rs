@@ -53,6 +53,8 @@ struct Hp {
     rope_base: f64,
     window: usize,
     period: usize,
+    /// `rope.scaling.factor` of linear scaling (1 without): global layers' positions divided.
+    linear: f64,
 }
 
 fn hparams(f: &GgufFile) -> Hp {
@@ -71,6 +73,10 @@ fn hparams(f: &GgufFile) -> Hp {
             .u32_opt("gemma3.attention.sliding_window_pattern")
             .unwrap()
             .map_or(DEFAULT_PERIOD, |p| p as usize),
+        linear: f
+            .f32_opt("gemma3.rope.scaling.factor")
+            .unwrap()
+            .map_or(1.0, f64::from),
     }
 }
 
@@ -95,10 +101,10 @@ fn reference(f: &GgufFile, tokens: &[u32], v: Variant) -> Vec<Vec<f64>> {
         let s = 1.0 / (ms + hp.eps).sqrt();
         x.iter().zip(w).map(|(a, g)| a * s * g).collect()
     };
-    let rope = |head: &mut [f64], pos: usize, base: f64| {
+    let rope = |head: &mut [f64], pos: f64, base: f64| {
         let half = hd / 2;
         for i in 0..half {
-            let theta = pos as f64 * base.powf(-2.0 * i as f64 / hd as f64);
+            let theta = pos * base.powf(-2.0 * i as f64 / hd as f64);
             let (s, c) = theta.sin_cos();
             let (ia, ib) = if v.neox {
                 (i, i + half)
@@ -133,6 +139,8 @@ fn reference(f: &GgufFile, tokens: &[u32], v: Variant) -> Vec<Vec<f64>> {
             hp.rope_base
         };
         let window = (local && v.window).then_some(hp.window);
+        // Linear scaling applies to the global layers only (the local ones keep their base).
+        let stretch = if local { 1.0 } else { hp.linear };
         let (an, qn, kn) = (w("attn_norm"), w("attn_q_norm"), w("attn_k_norm"));
         let (wq, wk, wv, wo) = (w("attn_q"), w("attn_k"), w("attn_v"), w("attn_output"));
         let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
@@ -144,7 +152,7 @@ fn reference(f: &GgufFile, tokens: &[u32], v: Variant) -> Vec<Vec<f64>> {
                 for head in heads.chunks_exact_mut(hd) {
                     let normed = norm(head, nw);
                     head.copy_from_slice(&normed);
-                    rope(head, pos, base);
+                    rope(head, pos as f64 / stretch, base);
                 }
             }
             qs.push(q);
@@ -152,6 +160,12 @@ fn reference(f: &GgufFile, tokens: &[u32], v: Variant) -> Vec<Vec<f64>> {
             vs.push(mv(&wv, &h));
         }
         let group = hp.n_head / hp.n_head_kv;
+        // llama.cpp's 27B rule (keyed on its 62 layers): 1/sqrt(n_embd/n_head), not per head.
+        let q_scale = if hp.n_layers == 62 {
+            1.0 / ((d / hp.n_head) as f64).sqrt()
+        } else {
+            1.0 / (hd as f64).sqrt()
+        };
         for (i, xt) in x.iter_mut().enumerate() {
             // Key j is visible to query i iff j <= i and, in a local layer, i - j < window.
             let first = window.map_or(0, |w| (i + 1).saturating_sub(w));
@@ -162,7 +176,7 @@ fn reference(f: &GgufFile, tokens: &[u32], v: Variant) -> Vec<Vec<f64>> {
                 let scores: Vec<f64> = (first..=i)
                     .map(|j| {
                         let k = &ks[j][kvh * hd..(kvh + 1) * hd];
-                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt()
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() * q_scale
                     })
                     .collect();
                 let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -528,14 +542,9 @@ fn bad_gemma_metadata_is_refused_naming_the_key() {
             "gemma3.attention.head_count",
             edited(|w| w.set("gemma3.attention.head_count", u(8))),
         ),
-        // Gemma 3 4B-27B scale their global layers' positions (linear, factor 8): not
-        // implemented, so refused rather than run with positions off by 8.
         (
             "gemma3.rope.scaling.type",
-            edited(|w| {
-                w.set("gemma3.rope.scaling.type", Value::String("linear".into()));
-                w.set("gemma3.rope.scaling.factor", Value::F32(8.0));
-            }),
+            edited(|w| w.set("gemma3.rope.scaling.type", Value::String("longrope".into()))),
         ),
     ];
     for (key, bytes) in cases {
@@ -547,6 +556,43 @@ fn bad_gemma_metadata_is_refused_naming_the_key() {
     let f = GgufFile::from_bytes(edited(|w| w.set("gemma3.attention.sliding_window", u(0))));
     let e = Config::from_gguf(&f.unwrap()).unwrap_err().to_string();
     assert!(e.contains("gemma3.attention.sliding_window"), "{e}");
+}
+
+/// Gemma 3 4B-27B: linear RoPE scaling (factor 8) in the global layers only, and the 27B's
+/// query scale of `1/sqrt(n_embd/n_head)` (llama.cpp recognizes the 27B by its 62 layers; here
+/// 48/4 = 12 against heads of 32), each against the reference.
+#[test]
+fn linear_scaling_and_the_27b_query_scale_match_the_reference() {
+    let tokens = text_tokens(20);
+    let scaled = edited(|w| {
+        w.set("gemma3.rope.scaling.type", Value::String("linear".into()));
+        w.set("gemma3.rope.scaling.factor", Value::F32(8.0));
+    });
+    let model = load(scaled).unwrap();
+    let want = reference(&model.file, &tokens, GEMMA);
+    let plain = load(edited(|_| {})).unwrap();
+    let unscaled = reference(&plain.file, &tokens, GEMMA);
+    assert!(
+        ref_diff(&want, &unscaled) > 1e-3,
+        "scaling must change the model"
+    );
+    check_all_paths(
+        &model,
+        &tokens,
+        &want,
+        &[Feed::Prefill, Feed::Decode],
+        "linear x8",
+    );
+
+    let g = SyntheticGemma {
+        period: Some(6),
+        ..SyntheticGemma::default()
+    };
+    let big = load(build(&spec(g, 62, 5))).unwrap();
+    assert!(big.config.features.query_scale.is_some());
+    let tokens = text_tokens(8);
+    let want = reference(&big.file, &tokens, GEMMA);
+    check_all_paths(&big, &tokens, &want, &[Feed::Prefill], "62 layers");
 }
 
 #[test]

@@ -21,9 +21,7 @@ fn spec(ty: GgmlType) -> SyntheticSpec {
         ty,
         untied_output: true,
         seed: 3,
-        mla: None,
-        moe: None,
-        gemma: None,
+        ..Default::default()
     }
 }
 

@@ -61,6 +61,7 @@ pub fn run(a: Args) -> Result<()> {
     // and unscaled, or a selection bias (a tensor it does not expect, so it refuses the file).
     let moe_llama_cpp =
         moe.map(|m| m.llama_cpp_compatible() && f.tensor_info("blk.0.exp_probs_b.bias").is_none());
+    let compat = frugal::model::compat::check(&f);
     // Bytes per token as a real (one-token) cache of the file's shape stores them.
     let measure = |c: &Config, ty: KvType| {
         KvCache::measured_bytes_per_token(c.n_layers, c.cache_shape(), KvFormat::both(ty))
@@ -128,7 +129,11 @@ pub fn run(a: Args) -> Result<()> {
             "tensors": tensors,
             "types": types,
             "n_params": n_params,
-            "llama_cpp_readable": frugal_only.is_empty(),
+            "llama_cpp_readable": compat.llama_cpp_refuses.is_empty(),
+            "llama_cpp_refuses": compat.llama_cpp_refuses,
+            "llama_cpp_differs": compat.llama_cpp_differs,
+            "frugal_runs": compat.frugal.is_ok(),
+            "frugal_refuses": compat.frugal.as_ref().err(),
             "n_params_active": moe_active,
             "moe_routing_llama_cpp": moe_llama_cpp,
         });
@@ -187,16 +192,6 @@ pub fn run(a: Args) -> Result<()> {
             m.n_used,
             m.n_expert,
         );
-        if moe_llama_cpp == Some(false) {
-            println!(
-                "warning: llama.cpp's llama architecture does not run this routing ({:?} gating, \
-                 renormalized {}, scale {}, selection bias {}): frugal does",
-                m.gating,
-                m.norm_weights,
-                m.weights_scale,
-                f.tensor_info("blk.0.exp_probs_b.bias").is_some()
-            );
-        }
     }
     println!("bytes by type:");
     for (ty, (n, e, b)) in &by_type {
@@ -205,6 +200,19 @@ pub fn run(a: Args) -> Result<()> {
             human_bytes(*b),
             *b as f64 * 8.0 / *e as f64
         );
+    }
+    match &compat.frugal {
+        Ok(()) => println!("\nfrugal: runs this file"),
+        Err(e) => println!("\nfrugal: cannot run this file: {e}"),
+    }
+    if compat.llama_cpp_refuses.is_empty() {
+        println!("llama.cpp: loads this file");
+    }
+    for why in &compat.llama_cpp_refuses {
+        println!("llama.cpp: refuses this file: {why}");
+    }
+    for why in &compat.llama_cpp_differs {
+        println!("llama.cpp: computes another model: {why}");
     }
     if !frugal_only.is_empty() {
         let dense: Vec<String> = frugal_only

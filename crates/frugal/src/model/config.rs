@@ -1,14 +1,25 @@
 //! Every hyperparameter of a Llama-family model, read from GGUF metadata and validated.
 
-use super::features::Features;
+use super::features::{BlockShape, Features};
 use super::moe::MoeConfig;
 use crate::gguf::{GgufError, GgufFile};
+use crate::ops::{RopeScaling, Yarn};
 
-/// Architectures frugal runs. `llama` and `mistral` follow the Llama layout (no biases, SwiGLU,
-/// RoPE in the interleaved-pair layout); `deepseek2` is the same block with multi-head latent
-/// attention (dense FFN layers only, no query compression); `gemma3` is the Llama skeleton with
-/// the switches of [`Features`].
-pub const SUPPORTED_ARCHS: &[&str] = &["llama", "mistral", "deepseek2", "gemma3"];
+/// Architectures frugal runs. `llama` and `mistral` follow the Llama layout (SwiGLU, RoPE in the
+/// interleaved-pair layout, Llama 3's frequency factors where the file has them); `deepseek2` is
+/// the same block with multi-head latent attention (dense FFN layers only, no query
+/// compression); `qwen2`, `qwen3` and `gemma3` are the Llama skeleton with the switches of
+/// [`Features`]; `phi3` is the Llama block with fused Q/K/V and gate/up matrices (split at
+/// load), a partial rotary width and long/short RoPE factors.
+pub const SUPPORTED_ARCHS: &[&str] = &[
+    "llama",
+    "mistral",
+    "deepseek2",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma3",
+];
 
 /// Multi-head latent attention (DeepSeek-V2's MLA, llama.cpp's `deepseek2`): each token caches
 /// one RMS-normed latent of `kv_lora_rank` values and one RoPE key of `rope_dim` values shared
@@ -49,6 +60,12 @@ pub struct Config {
     /// Number of dimensions of each head that RoPE rotates: the leading ones, or under MLA the
     /// trailing ones of each query head and the whole shared RoPE key.
     pub rope_dim: usize,
+    /// How the (global) layers' RoPE angles are scaled; the default changes nothing.
+    pub rope_scaling: RopeScaling,
+    /// Phi-3's two sets of RoPE factors: llama.cpp uses the long ones when the context a
+    /// sequence is given exceeds the original context, the short ones otherwise
+    /// ([`Config::set_context`] chooses; loading chooses for the training context).
+    pub long_rope: Option<LongRope>,
     /// Latent attention; `None` for per-head keys and values (MHA, GQA, MQA). Under MLA,
     /// `head_dim` is a query head's width (`nope_dim + rope_dim`) and `n_head_kv` is 1.
     pub mla: Option<Mla>,
@@ -159,20 +176,9 @@ impl Config {
                 format!("eps {rms_eps} or rope base {rope_base} out of range"),
             ));
         }
-        // Position scaling (linear, YaRN: Gemma 3 4B-27B's global layers, long-context Llama
-        // files) is not implemented: such a file would run with positions off by the factor.
-        let scaling = f.str_opt(&key("rope.scaling.type"))?;
-        let factor = f.f32_opt(&key("rope.scaling.factor"))?;
-        if scaling.is_some_and(|t| t != "none") || factor.is_some_and(|x| x != 0.0 && x != 1.0) {
-            return Err(bad(
-                "rope.scaling.type",
-                format!(
-                    "RoPE scaling {:?} with factor {:?} is not supported (positions would be wrong)",
-                    scaling.unwrap_or("(unset)"),
-                    factor
-                ),
-            ));
-        }
+        let n_ctx_train = get("context_length")?;
+        let rope_scaling = read_rope_scaling(f, &arch, rope_dim, n_ctx_train)?;
+        let long_rope = LongRope::from_gguf(f, &arch, rope_dim, n_ctx_train)?;
         // Experts in a latent-attention file would sit behind `leading_dense_block_count`,
         // which `read_mla` refuses below the layer count.
         let moe = if mla.is_none() {
@@ -180,11 +186,18 @@ impl Config {
         } else {
             None
         };
-        let features = Features::from_gguf(f, &arch, n_embd)?;
-        Ok(Config {
+        let shape = BlockShape {
+            n_layers,
+            n_embd,
+            n_head,
+        };
+        let features = Features::from_gguf(f, &arch, shape)?;
+        let mut c = Config {
             features,
             moe,
-            n_ctx_train: get("context_length")?,
+            n_ctx_train,
+            rope_scaling,
+            long_rope,
             arch,
             n_layers,
             n_embd,
@@ -197,7 +210,18 @@ impl Config {
             rope_base,
             rope_dim,
             mla,
-        })
+        };
+        c.set_context(n_ctx_train);
+        Ok(c)
+    }
+
+    /// Chooses what depends on the context a sequence is given: Phi-3's long or short RoPE
+    /// factors.
+    pub fn set_context(&mut self, ctx: usize) {
+        if let Some(l) = &self.long_rope {
+            let f = if ctx > l.orig_ctx { &l.long } else { &l.short };
+            self.rope_scaling.freq_factors = f.clone();
+        }
     }
 
     /// Width of the concatenated query heads.
@@ -246,6 +270,178 @@ impl Config {
         let s = self.cache_shape();
         self.n_layers * (s.k_dim() + s.v_dim())
     }
+}
+
+/// The RoPE scaling llama.cpp applies to `arch`'s file: `rope.scaling.type` (`none`, `linear`
+/// or `yarn`; llama.cpp's default is linear), `rope.scaling.factor` (or the older
+/// `rope.scale_linear`; absent or 0 means 1), `rope.scaling.attn_factor`, YaRN's
+/// `rope.scaling.original_context_length` (default: the training context) with llama.cpp's
+/// fixed betas for these families (32 and 1: it reads the file's only for other families), and
+/// a `llama` file's `rope_freqs.weight`, one divisor per rotated pair.
+fn read_rope_scaling(
+    f: &GgufFile,
+    arch: &str,
+    rope_dim: usize,
+    n_ctx_train: usize,
+) -> Result<RopeScaling, GgufError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let bad = |k: &str, reason: String| GgufError::BadValue {
+        key: key(k),
+        reason,
+    };
+    let kind = f.str_opt(&key("rope.scaling.type"))?.unwrap_or("linear");
+    let factor = match f.f32_opt(&key("rope.scaling.factor"))? {
+        Some(v) => Some(v),
+        None => f.f32_opt(&key("rope.scale_linear"))?,
+    };
+    let factor = factor.filter(|&v| v != 0.0).unwrap_or(1.0);
+    if !(factor.is_finite() && factor > 0.0) {
+        return Err(bad(
+            "rope.scaling.factor",
+            format!("{factor} is not positive"),
+        ));
+    }
+    let attn_factor = f.f32_opt(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
+    if !(attn_factor.is_finite() && attn_factor > 0.0) {
+        return Err(bad(
+            "rope.scaling.attn_factor",
+            format!("{attn_factor} is not positive"),
+        ));
+    }
+    let mut s = RopeScaling {
+        mscale: attn_factor,
+        ..Default::default()
+    };
+    match kind {
+        "none" => {}
+        "linear" => s.freq_scale = 1.0 / factor,
+        "yarn" => {
+            s.freq_scale = 1.0 / factor;
+            let orig = f
+                .u32_opt(&key("rope.scaling.original_context_length"))?
+                .map_or(n_ctx_train, |v| v as usize);
+            if orig == 0 {
+                return Err(bad(
+                    "rope.scaling.original_context_length",
+                    "must be positive".into(),
+                ));
+            }
+            s.yarn = Some(Yarn {
+                orig_ctx: orig,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+            });
+            // ggml multiplies cos and sin by `1 + 0.1 ln(1/freq_scale)` under YaRN.
+            s.mscale *= 1.0 + 0.1 * (1.0 / s.freq_scale).ln();
+        }
+        other => {
+            return Err(bad(
+                "rope.scaling.type",
+                format!("{other:?} is not supported (none, linear and yarn are)"),
+            ));
+        }
+    }
+    if let Some(info) = f.tensor_info(ROPE_FREQS) {
+        if !matches!(arch, "llama" | "mistral") {
+            return Err(GgufError::BadTensor {
+                tensor: ROPE_FREQS.into(),
+                offset: info.info_offset,
+                reason: format!("frequency factors are read only for llama files, not {arch}"),
+            });
+        }
+        s.freq_factors = Some(freq_factors(f, ROPE_FREQS, rope_dim)?);
+    }
+    // llama.cpp's deepseek2 folds YaRN into the attention scale as well; not implemented.
+    if arch == "deepseek2" && !s.is_identity() {
+        return Err(bad(
+            "rope.scaling.type",
+            format!("RoPE scaling ({kind}, factor {factor}) is not supported for latent attention"),
+        ));
+    }
+    Ok(s)
+}
+
+/// Phi-3's long and short RoPE factors (`rope_factors_long.weight`,
+/// `rope_factors_short.weight`, one divisor per rotated pair, either optional as in llama.cpp),
+/// and the context past which the long ones apply (`rope.scaling.original_context_length`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LongRope {
+    pub orig_ctx: usize,
+    pub long: Option<Vec<f32>>,
+    pub short: Option<Vec<f32>>,
+}
+
+impl LongRope {
+    fn from_gguf(
+        f: &GgufFile,
+        arch: &str,
+        rope_dim: usize,
+        n_ctx_train: usize,
+    ) -> Result<Option<Self>, GgufError> {
+        let (long, short) = ("rope_factors_long.weight", "rope_factors_short.weight");
+        let read = |name: &str| {
+            f.tensor_info(name)
+                .map(|_| freq_factors(f, name, rope_dim))
+                .transpose()
+        };
+        let (l, s) = (read(long)?, read(short)?);
+        if l.is_none() && s.is_none() {
+            return Ok(None);
+        }
+        if arch != "phi3" {
+            let name = if l.is_some() { long } else { short };
+            return Err(GgufError::BadTensor {
+                tensor: name.into(),
+                offset: f.tensor_info(name).map_or(0, |t| t.info_offset),
+                reason: format!("long/short RoPE factors are read only for phi3, not {arch}"),
+            });
+        }
+        let orig_ctx = f
+            .u32_opt(&format!("{arch}.rope.scaling.original_context_length"))?
+            .map_or(n_ctx_train, |v| v as usize);
+        Ok(Some(LongRope {
+            orig_ctx,
+            long: l,
+            short: s,
+        }))
+    }
+}
+
+/// Llama 3's RoPE frequency factors (one global tensor llama.cpp shares by every layer).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// Every tensor of RoPE factors, read with the configuration.
+pub(super) const ROPE_FACTOR_TENSORS: [&str; 3] = [
+    ROPE_FREQS,
+    "rope_factors_long.weight",
+    "rope_factors_short.weight",
+];
+
+/// A tensor of one positive, finite divisor per rotated pair.
+fn freq_factors(f: &GgufFile, name: &str, rope_dim: usize) -> Result<Vec<f32>, GgufError> {
+    let (info, bytes) = f.tensor(name)?;
+    let bad = |reason: String| GgufError::BadTensor {
+        tensor: name.into(),
+        offset: info.info_offset,
+        reason,
+    };
+    if info.dims != [(rope_dim / 2) as u64] {
+        return Err(bad(format!(
+            "shape {:?}, expected [{}] (one factor per rotated pair)",
+            info.dims,
+            rope_dim / 2
+        )));
+    }
+    let v = crate::quant::dequantize_to_vec(info.ty, bytes, rope_dim / 2)
+        .map_err(|e| bad(e.to_string()))?;
+    if let Some((i, x)) = v
+        .iter()
+        .enumerate()
+        .find(|(_, x)| !(x.is_finite() && **x > 0.0))
+    {
+        return Err(bad(format!("factor {i} is {x}, not a positive number")));
+    }
+    Ok(v)
 }
 
 /// Reads `deepseek2`'s latent attention keys, in the layout llama.cpp writes since it stores

@@ -1,24 +1,18 @@
 //! How a family's block differs from Llama's, as switches the one forward pass reads.
 //!
-//! Llama (and Mistral, and DeepSeek's latent-attention block) use the defaults. Gemma 3
-//! (`gemma3`) turns on the rest: RoPE on split halves, RMSNorm of each query and key head,
+//! Llama (and Mistral, and DeepSeek's latent-attention block) use the defaults. Qwen 2 and 2.5
+//! (`qwen2`) rotate split halves (NeoX) and add biases to Q, K and V (the biases are optional
+//! tensors for every family, so they are not a switch). Qwen 3 (`qwen3`) rotates split halves
+//! and RMS-normalizes each query and key head before RoPE. Gemma 3 (`gemma3`) turns on the rest:
 //! norms after attention and after the FFN (before each residual add), GELU gating, the
-//! embedding scaled by √d, and sliding-window attention in five of every six layers (with their
-//! own RoPE base). Everything else — GQA, the quantized products, the caches, the kernels — is
-//! shared.
+//! embedding scaled by √d, sliding-window attention in five of every six layers (with their own
+//! RoPE base), and for the 27B its own query scale. A `llama` file that declares
+//! `attention.sliding_window` (Mistral 7B v0.1) gets that window in every layer. Everything
+//! else — GQA, the quantized products, the caches, the kernels — is shared.
 
 use crate::gguf::{GgufError, GgufFile};
 
-/// Which dimensions of a head RoPE rotates together.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RopeStyle {
-    /// Adjacent pairs `(2i, 2i+1)`: GGUF Llama files (their Q and K rows are permuted to it).
-    #[default]
-    Interleaved,
-    /// Split halves `(i, i + rope_dim/2)`: GPT-NeoX's layout, Gemma's.
-    Neox,
-}
+pub use crate::ops::RopeStyle;
 
 /// The gate's nonlinearity in `down(act(gate x) * up x)`.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -39,8 +33,9 @@ pub struct Sliding {
     /// Keys a query of a local layer sees, itself included.
     pub window: usize,
     pub period: usize,
-    /// RoPE base of the local layers (the global ones use `Config::rope_base`).
-    pub local_rope_base: f32,
+    /// RoPE base of the local layers, which then rotate without the global layers' scaling;
+    /// `None`: the local layers rotate as the global ones.
+    pub local_rope_base: Option<f32>,
 }
 
 /// The switches, all off for Llama.
@@ -55,6 +50,9 @@ pub struct Features {
     /// Factor on the token embeddings entering the first layer.
     pub embd_scale: Option<f32>,
     pub sliding: Option<Sliding>,
+    /// The factor on attention scores in place of `1/sqrt(head_dim)` (Gemma 3 27B's
+    /// `1/sqrt(n_embd/n_head)`, Hugging Face's `query_pre_attn_scalar`).
+    pub query_scale: Option<f32>,
 }
 
 /// Gemma 3's local RoPE base (llama.cpp's `rope_freq_base_train_swa` for the family; the files
@@ -62,9 +60,20 @@ pub struct Features {
 const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
 /// Gemma 3's layer pattern when the file does not give one.
 const GEMMA3_PERIOD: usize = 6;
+/// Gemma 3 27B's layer count, by which llama.cpp recognizes it.
+const GEMMA3_27B_LAYERS: usize = 62;
+
+/// The sizes some switches depend on.
+#[derive(Copy, Clone, Debug)]
+pub struct BlockShape {
+    pub n_layers: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+}
 
 impl Features {
-    /// The switches for `arch`, reading what the file gives (`n_embd` for the embedding scale).
+    /// The switches for `arch`, reading what the file gives (`shape` for the embedding and
+    /// query scales and a `llama` file's window).
     ///
     /// For `gemma3`, `attention.sliding_window` is required (llama.cpp requires it too) and must
     /// be positive, and `attention.sliding_window_pattern`, when present, must be positive (in
@@ -76,15 +85,51 @@ impl Features {
     /// - a period of 1: every layer global;
     /// - a period above the layer count: no layer global, every one local (a sliding window
     ///   throughout, as in Mistral 7B).
-    pub fn from_gguf(f: &GgufFile, arch: &str, n_embd: usize) -> Result<Self, GgufError> {
-        if arch != "gemma3" {
-            return Ok(Features::default());
-        }
+    pub fn from_gguf(f: &GgufFile, arch: &str, shape: BlockShape) -> Result<Self, GgufError> {
         let key = |k: &str| format!("{arch}.{k}");
         let bad = |k: &str, reason: String| GgufError::BadValue {
             key: key(k),
             reason,
         };
+        match arch {
+            "qwen2" => {
+                return Ok(Features {
+                    rope: RopeStyle::Neox,
+                    ..Default::default()
+                });
+            }
+            // Phi-3's `attention.sliding_window` is not read (llama.cpp reads none for it).
+            "phi3" => {
+                return Ok(Features {
+                    rope: RopeStyle::Neox,
+                    ..Default::default()
+                });
+            }
+            "qwen3" => {
+                return Ok(Features {
+                    rope: RopeStyle::Neox,
+                    qk_norm: true,
+                    ..Default::default()
+                });
+            }
+            "gemma3" => {}
+            _ => {
+                // llama.cpp ignores a window in a `llama` file (it reads none for the family);
+                // Hugging Face's Mistral applies it in every layer, as the model was trained.
+                let window = f.u32_opt(&key("attention.sliding_window"))?;
+                return Ok(match window {
+                    None | Some(0) => Features::default(),
+                    Some(w) => Features {
+                        sliding: Some(Sliding {
+                            window: w as usize,
+                            period: shape.n_layers + 1,
+                            local_rope_base: None,
+                        }),
+                        ..Default::default()
+                    },
+                });
+            }
+        }
         let window = f.u32(&key("attention.sliding_window"))? as usize;
         if window == 0 {
             return Err(bad("attention.sliding_window", "must be positive".into()));
@@ -98,17 +143,22 @@ impl Features {
                 "must be positive".into(),
             ));
         }
+        // llama.cpp keys the 27B's query scale on its layer count (the scale is not in the
+        // file): `1/sqrt(n_embd/n_head)` = 1/sqrt(168) there, against 1/sqrt(128) per head.
+        let query_scale = (shape.n_layers == GEMMA3_27B_LAYERS)
+            .then(|| 1.0 / ((shape.n_embd / shape.n_head) as f32).sqrt());
         Ok(Features {
             rope: RopeStyle::Neox,
             qk_norm: true,
             post_norms: true,
             ffn_act: FfnAct::GeluTanh,
-            embd_scale: Some((n_embd as f32).sqrt()),
+            embd_scale: Some((shape.n_embd as f32).sqrt()),
             sliding: Some(Sliding {
                 window,
                 period,
-                local_rope_base: GEMMA3_LOCAL_ROPE_BASE,
+                local_rope_base: Some(GEMMA3_LOCAL_ROPE_BASE),
             }),
+            query_scale,
         })
     }
 
@@ -136,7 +186,7 @@ mod tests {
             sliding: Some(Sliding {
                 window: 512,
                 period: 6,
-                local_rope_base: 10_000.0,
+                local_rope_base: Some(10_000.0),
             }),
             ..Default::default()
         };

@@ -17,7 +17,9 @@ use super::{Linear, Model};
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
 use crate::kv::{KvBatch, KvPool, KvSequence, OneSeq, PoolBatch, SeqId};
-use crate::ops::{RopeTable, add_assign, geglu_tanh, rms_norm, rms_norm_prefix, swiglu};
+use crate::ops::{
+    RopeScaling, RopeTable, add_assign, geglu_tanh, rms_norm, rms_norm_prefix, swiglu,
+};
 use crate::quant::GgmlType;
 use crate::quant::act::{Activations, Q8Acts, WideActs};
 use crate::quant::matmul;
@@ -434,13 +436,16 @@ impl Model {
         if let (Input::Tokens(_), Some(scale)) = (input, c.features.embd_scale) {
             x.iter_mut().for_each(|v| *v *= scale);
         }
-        let local_base = c.features.sliding.map(|sw| sw.local_rope_base);
-        for (table, base) in [
-            (&mut s.rope, Some(c.rope_base)),
-            (&mut s.rope_local, local_base),
+        // Local layers with a base of their own rotate without the global scaling (Gemma 3).
+        let local_base = c.features.sliding.and_then(|sw| sw.local_rope_base);
+        let unscaled = RopeScaling::default();
+        for (table, base, scaling) in [
+            (&mut s.rope, Some(c.rope_base), &c.rope_scaling),
+            (&mut s.rope_local, local_base, &unscaled),
         ] {
             let Some(base) = base else { continue };
             table.style = c.features.rope;
+            table.set_scaling(scaling);
             table.fill(0, 0, c.rope_dim, base);
             for &(pos0, _, len) in &s.segs {
                 table.extend(pos0, len, c.rope_dim, base);
@@ -463,6 +468,10 @@ impl Model {
                     let k = sized(&mut s.k, n * kv_dim);
                     let v = sized(&mut s.v, n * kv_dim);
                     self.linear_many([&lw.wq, wk, wv], xb, xq, [&mut *q, &mut *k, &mut *v]);
+                    let b = &lw.biases;
+                    for (y, bias) in [(&mut *q, &b.q), (&mut *k, &b.k), (&mut *v, &b.v)] {
+                        add_bias(y, bias.as_deref());
+                    }
                     let en = &lw.extra_norms;
                     if let (Some(qn), Some(kn)) = (&en.q, &en.k) {
                         // Each head on its own (rows of `head_dim`).
@@ -477,6 +486,11 @@ impl Model {
                     };
                     rope.apply(q, c.n_head, c.head_dim);
                     rope.apply(k, c.n_head_kv, c.head_dim);
+                    if let Some(qs) = c.features.query_scale {
+                        // Attention divides by sqrt(head_dim); the scores take `qs` instead.
+                        let f = qs * (c.head_dim as f32).sqrt();
+                        q.iter_mut().for_each(|v| *v *= f);
+                    }
                     // Only attention is per sequence: its own positions, its own cache.
                     for (i, &(_, r0, len)) in s.segs.iter().enumerate() {
                         let rows = r0 * kv_dim..(r0 + len) * kv_dim;
@@ -505,6 +519,7 @@ impl Model {
                     // The cached row: [RMSNorm(latent) | RoPE(k_pe)].
                     let lat = sized(&mut s.k, n * row);
                     self.linear_many([&lw.wq, kv_a], xb, xq, [&mut *q, &mut *lat]);
+                    add_bias(q, lw.biases.q.as_deref());
                     crate::ops::rms_norm_prefix(lat, row, kv_a_norm, c.rms_eps);
                     s.rope.apply_at(q, c.n_head, c.head_dim, m.nope_dim);
                     s.rope.apply_at(lat, 1, row, rank);
@@ -553,6 +568,7 @@ impl Model {
             let proj = sized(&mut s.proj, n * d);
             let attq = quantize_input(act, att, attn_dim, &mut s.acts);
             self.linear(&lw.wo, att, attq, proj);
+            add_bias(proj, lw.biases.o.as_deref());
             if let Some(w) = &lw.extra_norms.post_attn {
                 rms_norm_prefix(proj, d, w, c.rms_eps);
             }
@@ -594,19 +610,18 @@ impl Model {
         for (out, &r) in xb.chunks_exact_mut(d).zip(&s.logit_rows) {
             rms_norm(&s.x[r * d..(r + 1) * d], &w.output_norm, c.rms_eps, out);
         }
-        // The head: 8-bit activations only in `q8-full`; under `q8`, 15-bit ones into a Q8_0
-        // head, else f32 (see `Activations`).
+        // The head: under `q8`, 15-bit activations into a Q8_0 head; 8-bit ones into any other
+        // block-quantized head, as in `q8-full` (see `Activations`).
         let logits = sized(&mut s.logits, rows * c.n_vocab);
         match (act, &w.output.packed) {
             (Activations::Q8, Some(p)) if p.ty == GgmlType::Q8_0 => {
                 s.wide.quantize(xb, d);
                 matmul_packed(p, &s.wide, logits);
             }
-            (Activations::Q8Full, _) => {
+            _ => {
                 let xq = quantize_input(act, xb, d, &mut s.acts);
                 self.linear(&w.output, xb, xq, logits);
             }
-            _ => self.linear(&w.output, xb, None, logits),
         }
         Ok(rows)
     }
@@ -714,6 +729,15 @@ fn attend_segments(
             let q = &q[r0 * q_dim..(r0 + len) * q_dim];
             attend(kind, shape, q, kl, vl, pos0, out, ws);
         });
+}
+
+/// Adds `bias` to every row of `y` (rows of `bias.len()`), when there is one.
+fn add_bias(y: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in y.chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(v, &x)| *v += x);
+        }
+    }
 }
 
 /// Quantizes the input of the next products to 8 bits per block when that precision is

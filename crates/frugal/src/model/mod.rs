@@ -1,14 +1,16 @@
 //! Llama-family models: configuration, weights (views into the GGUF map) and the forward pass.
 
+pub mod compat;
 mod config;
 pub mod features;
 mod forward;
 mod mla;
 pub mod moe;
+pub mod relabel;
 pub mod synthetic;
 mod weights;
 
-pub use config::{Config, Mla, SUPPORTED_ARCHS};
+pub use config::{Config, LongRope, Mla, SUPPORTED_ARCHS};
 pub use features::Features;
 pub use forward::{Input, Logits, Observer, Scratch, Segment, Site};
 pub use mla::LatentPath;
@@ -68,8 +70,8 @@ impl Model {
     }
 
     /// Selects the activation precision. Switching to 8-bit activations repacks the
-    /// block-quantized matrices that will take them (the output head for `q8-full`, or when it
-    /// is Q8_0 and takes 15-bit activations) into
+    /// block-quantized matrices that will take them (the output head included; a Q8_0 head
+    /// takes 15-bit activations under `q8`) into
     /// the grouped layout of `quant::packed` (once; about the size of those weights on the
     /// heap), after which their pages of the file map are released. A model with no
     /// block-quantized matrix keeps f32 activations.
@@ -80,11 +82,9 @@ impl Model {
         }
         let file = &self.file;
         let (layers, head) = self.weights.layer_matrices_and_head_mut();
-        let head =
-            (a == Activations::Q8Full || head.ty == crate::quant::GgmlType::Q8_0).then_some(head);
         let sparse_kernels = kernels::sparse_available(kernels::detect());
         let mut dense = Vec::new();
-        for m in layers.chain(head) {
+        for m in layers.chain(std::iter::once(head)) {
             if m.packed.is_some() || m.sparse.is_some() {
                 continue;
             }

@@ -34,6 +34,30 @@ pub struct SyntheticSpec {
     pub moe: Option<SyntheticMoe>,
     /// Gemma 3's block: a `gemma3` file (not combinable with `mla`).
     pub gemma: Option<SyntheticGemma>,
+    /// A `qwen2` or `qwen3` file (not combinable with `mla` or `gemma`).
+    pub qwen: Option<SyntheticQwen>,
+    /// RoPE scaling metadata and Llama 3's frequency factors.
+    pub rope: SyntheticRope,
+}
+
+/// The Qwen files llama.cpp's converter writes: Qwen 2 and 2.5 (`qwen2`) with Q, K and V
+/// biases; Qwen 3 (`qwen3`) with `attention.key_length` / `value_length` (a head width of its
+/// own) and `attn_q_norm` / `attn_k_norm` per head, no biases.
+#[derive(Clone, Debug)]
+pub enum SyntheticQwen {
+    Qwen2,
+    Qwen3 { head_dim: usize },
+}
+
+/// RoPE scaling written into a synthetic file.
+#[derive(Clone, Debug, Default)]
+pub struct SyntheticRope {
+    /// Writes `rope_freqs.weight`: one factor per rotated pair, from 1 (high frequencies) up
+    /// to 8 (low ones), Llama 3's shape of correction.
+    pub freq_factors: bool,
+    /// `rope.scaling.type`, `rope.scaling.factor` and, when given,
+    /// `rope.scaling.original_context_length`.
+    pub scaling: Option<(String, f32, Option<usize>)>,
 }
 
 /// What a `gemma3` file carries beyond a Llama one: the metadata llama.cpp's converter writes
@@ -94,6 +118,8 @@ impl Default for SyntheticSpec {
             mla: None,
             moe: None,
             gemma: None,
+            qwen: None,
+            rope: SyntheticRope::default(),
         }
     }
 }
@@ -119,17 +145,24 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
         spec.gemma.is_none() || spec.mla.is_none(),
         "a synthetic model is gemma3 or deepseek2, not both"
     );
-    let hd = spec
-        .gemma
-        .as_ref()
-        .map_or(spec.n_embd / spec.n_head, |g| g.head_dim);
+    assert!(
+        spec.qwen.is_none() || (spec.gemma.is_none() && spec.mla.is_none()),
+        "a synthetic qwen model is not also gemma3 or deepseek2"
+    );
+    let hd = match (&spec.gemma, &spec.qwen) {
+        (Some(g), _) => g.head_dim,
+        (_, Some(SyntheticQwen::Qwen3 { head_dim })) => *head_dim,
+        _ => spec.n_embd / spec.n_head,
+    };
     let mut w = GgufWriter::new();
     let s = |v: &str| Value::String(v.into());
     let u = |v: usize| Value::U32(v as u32);
-    let arch = match (&spec.mla, &spec.gemma) {
-        (Some(_), _) => "deepseek2",
-        (None, Some(_)) => "gemma3",
-        (None, None) => "llama",
+    let arch = match (&spec.mla, &spec.gemma, &spec.qwen) {
+        (Some(_), _, _) => "deepseek2",
+        (None, Some(_), _) => "gemma3",
+        (None, None, Some(SyntheticQwen::Qwen2)) => "qwen2",
+        (None, None, Some(SyntheticQwen::Qwen3 { .. })) => "qwen3",
+        (None, None, None) => "llama",
     };
     let key = |k: &str| format!("{arch}.{k}");
     w.set("general.architecture", s(arch));
@@ -155,7 +188,15 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
         }
         (None, None) => {
             w.set(&key("attention.head_count_kv"), u(spec.n_head_kv));
-            w.set(&key("rope.dimension_count"), u(hd));
+            match &spec.qwen {
+                // What llama.cpp's converter writes: no RoPE width (it is the head's).
+                Some(SyntheticQwen::Qwen2) => {}
+                Some(SyntheticQwen::Qwen3 { .. }) => {
+                    w.set(&key("attention.key_length"), u(hd));
+                    w.set(&key("attention.value_length"), u(hd));
+                }
+                None => w.set(&key("rope.dimension_count"), u(hd)),
+            }
         }
         (Some(m), _) => {
             // What llama.cpp's converter writes for a dense model without query compression.
@@ -182,6 +223,13 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
             w.set(&key("expert_shared_feed_forward_length"), u(m.n_ff_shared));
         }
     }
+    if let Some((kind, factor, orig)) = &spec.rope.scaling {
+        w.set(&key("rope.scaling.type"), s(kind));
+        w.set(&key("rope.scaling.factor"), Value::F32(*factor));
+        if let Some(o) = orig {
+            w.set(&key("rope.scaling.original_context_length"), u(*o));
+        }
+    }
     let byte_chars = crate::tokenizer::byte_level_chars();
     let mut tokens: Vec<String> = byte_chars.iter().map(|c| c.to_string()).collect();
     tokens.push("<|endoftext|>".into());
@@ -197,6 +245,18 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
     w.set("tokenizer.ggml.bos_token_id", u(256));
     w.set("tokenizer.ggml.add_bos_token", Value::Bool(false));
 
+    if spec.rope.freq_factors {
+        let pairs = hd / 2;
+        let f: Vec<f32> = (0..pairs)
+            .map(|i| 1.0 + 7.0 * (i as f32 / (pairs - 1).max(1) as f32).powi(2))
+            .collect();
+        w.tensors.push(TensorData {
+            name: "rope_freqs.weight".into(),
+            dims: vec![pairs as u64],
+            ty: GgmlType::F32,
+            data: Cow::Owned(encode(GgmlType::F32, &f)),
+        });
+    }
     let mut push = |name: String, dims: Vec<u64>, ty: GgmlType, scale: f32, offset: f32| {
         let n: u64 = dims.iter().product();
         let vals: Vec<f32> = (0..n).map(|_| rnd() * scale + offset).collect();
@@ -229,7 +289,13 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
                 push(name("attn_q"), vec![d, q], spec.ty, std_in(d), 0.0);
                 push(name("attn_k"), vec![d, kv], spec.ty, std_in(d), 0.0);
                 push(name("attn_v"), vec![d, kv], spec.ty, std_in(d), 0.0);
-                if spec.gemma.is_some() {
+                if matches!(spec.qwen, Some(SyntheticQwen::Qwen2)) {
+                    let bias = |t: &str| format!("blk.{l}.{t}.bias");
+                    push(bias("attn_q"), vec![q], GgmlType::F32, 0.5, 0.0);
+                    push(bias("attn_k"), vec![kv], GgmlType::F32, 0.5, 0.0);
+                    push(bias("attn_v"), vec![kv], GgmlType::F32, 0.5, 0.0);
+                }
+                if spec.gemma.is_some() || matches!(spec.qwen, Some(SyntheticQwen::Qwen3 { .. })) {
                     let h = hd as u64;
                     push(name("attn_q_norm"), vec![h], GgmlType::F32, 0.2, 1.0);
                     push(name("attn_k_norm"), vec![h], GgmlType::F32, 0.2, 1.0);

@@ -77,6 +77,18 @@ pub struct LayerWeights {
     pub ffn: Ffn,
     /// The norms some families add (`Features::qk_norm`, `Features::post_norms`).
     pub extra_norms: ExtraNorms,
+    /// Biases of the attention projections, where the file has them (Qwen 2's Q, K and V).
+    pub biases: AttnBiases,
+}
+
+/// Optional biases added to the outputs of the attention projections (llama.cpp reads each as
+/// a tensor that need not be there, for every family it runs here).
+#[derive(Clone, Debug, Default)]
+pub struct AttnBiases {
+    pub q: Option<Vec<f32>>,
+    pub k: Option<Vec<f32>>,
+    pub v: Option<Vec<f32>>,
+    pub o: Option<Vec<f32>>,
 }
 
 /// Gemma's extra RMSNorm weights: per query/key head (`head_dim`), and after attention and the
@@ -190,13 +202,42 @@ impl Weights {
         })
     }
 
+    /// Views of every tensor `c` needs in `file`; fails on a tensor the file has that the
+    /// pass would not read (an optional bias of another family, Phi-2's output bias, ...):
+    /// running without it would silently compute another model.
     pub fn load(file: &GgufFile, c: &Config) -> Result<Self, GgufError> {
+        let reader = Reader::new(file);
+        let w = Self::read(&reader, c)?;
+        // The RoPE factors were read (and checked) with the configuration.
+        if c.rope_scaling.freq_factors.is_some() || c.long_rope.is_some() {
+            for t in super::config::ROPE_FACTOR_TENSORS {
+                reader.mark(t);
+            }
+        }
+        reader.check_all_read(&c.arch)?;
+        Ok(w)
+    }
+
+    fn read(file: &Reader, c: &Config) -> Result<Self, GgufError> {
         // Not pre-sized from metadata: a corrupted layer count must fail on a missing tensor, not
         // allocate.
         let mut layers = Vec::new();
         for i in 0..c.n_layers {
             let name = |s: &str| format!("blk.{i}.{s}.weight");
+            // Q, K and V as row ranges of one fused matrix (Phi-3's `attn_qkv`), or their own.
+            let fused = file.tensor_info(&name("attn_qkv")).is_some() && c.mla.is_none();
+            let mut qkv = if fused {
+                let widths = [c.q_dim(), c.kv_dim(), c.kv_dim()];
+                split_rows(file, &name("attn_qkv"), &widths, c.n_embd)?
+            } else {
+                Vec::new()
+            }
+            .into_iter();
             let kv = match c.mla {
+                None if fused => KvProjection::Heads {
+                    wk: qkv.nth(1).expect("three parts"),
+                    wv: qkv.next().expect("three parts"),
+                },
                 None => KvProjection::Heads {
                     wk: head_linear(file, c, &name("attn_k"), true, false)?,
                     wv: head_linear(file, c, &name("attn_v"), true, false)?,
@@ -218,7 +259,12 @@ impl Weights {
             };
             layers.push(LayerWeights {
                 attn_norm: vector(file, &name("attn_norm"), c.n_embd)?,
-                wq: head_linear(file, c, &name("attn_q"), false, false)?,
+                wq: if fused {
+                    let widths = [c.q_dim()];
+                    split_rows(file, &name("attn_qkv"), &widths, c.n_embd)?.remove(0)
+                } else {
+                    head_linear(file, c, &name("attn_q"), false, false)?
+                },
                 kv,
                 wo: match c.mla {
                     None => head_linear(file, c, &name("attn_output"), false, true)?,
@@ -226,12 +272,59 @@ impl Weights {
                 },
                 ffn_norm: vector(file, &name("ffn_norm"), c.n_embd)?,
                 ffn: match c.moe {
+                    // Phi-3 stores gate and up as one matrix, gate's rows first.
+                    None if c.arch == "phi3" => {
+                        let widths = [c.n_ff, c.n_ff];
+                        let mut gu = split_rows(file, &name("ffn_up"), &widths, c.n_embd)?;
+                        let up = gu.pop().expect("two parts");
+                        Ffn::Dense(Mlp {
+                            gate: gu.pop().expect("two parts"),
+                            up,
+                            down: linear(file, &name("ffn_down"), c.n_embd, c.n_ff)?,
+                        })
+                    }
                     None => Ffn::Dense(Mlp {
                         gate: linear(file, &name("ffn_gate"), c.n_ff, c.n_embd)?,
                         up: linear(file, &name("ffn_up"), c.n_ff, c.n_embd)?,
                         down: linear(file, &name("ffn_down"), c.n_embd, c.n_ff)?,
                     }),
                     Some(m) => Ffn::Experts(experts(file, c, &m, i)?),
+                },
+                biases: {
+                    let opt = |s: &str, n: usize| {
+                        let t = format!("blk.{i}.{s}.bias");
+                        file.tensor_info(&t)
+                            .map(|_| vector(file, &t, n))
+                            .transpose()
+                    };
+                    let heads = c.mla.is_none();
+                    let fused_bias = format!("blk.{i}.attn_qkv.bias");
+                    if fused && file.tensor_info(&fused_bias).is_some() {
+                        let all = vector(file, &fused_bias, c.q_dim() + 2 * c.kv_dim())?;
+                        let (q, kv) = all.split_at(c.q_dim());
+                        let (k, v) = kv.split_at(c.kv_dim());
+                        AttnBiases {
+                            q: Some(q.to_vec()),
+                            k: Some(k.to_vec()),
+                            v: Some(v.to_vec()),
+                            o: opt("attn_output", c.n_embd)?,
+                        }
+                    } else {
+                        AttnBiases {
+                            q: opt("attn_q", c.q_dim())?,
+                            k: if heads {
+                                opt("attn_k", c.kv_dim())?
+                            } else {
+                                None
+                            },
+                            v: if heads {
+                                opt("attn_v", c.kv_dim())?
+                            } else {
+                                None
+                            },
+                            o: opt("attn_output", c.n_embd)?,
+                        }
+                    }
                 },
                 extra_norms: {
                     let f = c.features;
@@ -263,6 +356,53 @@ impl Weights {
     }
 }
 
+/// The file as the loader sees it: every tensor it reads is recorded, so the tensors it does
+/// not read can be named.
+struct Reader<'a> {
+    file: &'a GgufFile,
+    read: std::cell::RefCell<std::collections::HashSet<String>>,
+}
+
+impl<'a> Reader<'a> {
+    fn new(file: &'a GgufFile) -> Self {
+        Reader {
+            file,
+            read: Default::default(),
+        }
+    }
+
+    fn mark(&self, name: &str) {
+        self.read.borrow_mut().insert(name.to_string());
+    }
+
+    fn tensor(&self, name: &str) -> Result<(&'a TensorInfo, &'a [u8]), GgufError> {
+        self.mark(name);
+        self.file.tensor(name)
+    }
+
+    fn check_all_read(&self, arch: &str) -> Result<(), GgufError> {
+        let read = self.read.borrow();
+        match self.file.tensors().iter().find(|t| !read.contains(&t.name)) {
+            None => Ok(()),
+            Some(t) => Err(GgufError::BadTensor {
+                tensor: t.name.clone(),
+                offset: t.info_offset,
+                reason: format!(
+                    "frugal's {arch} block has no place for this tensor (running without it \
+                     would compute another model)"
+                ),
+            }),
+        }
+    }
+}
+
+impl std::ops::Deref for Reader<'_> {
+    type Target = GgufFile;
+    fn deref(&self) -> &GgufFile {
+        self.file
+    }
+}
+
 fn shape_error(name: &str, offset: u64, want: &[u64], got: &[u64]) -> GgufError {
     GgufError::BadTensor {
         tensor: name.into(),
@@ -276,7 +416,7 @@ fn shape_error(name: &str, offset: u64, want: &[u64], got: &[u64]) -> GgufError 
 /// shape came from, since a head count or `attention.key_length` that disagrees with the
 /// tensors is a likelier mistake than a damaged tensor.
 fn head_linear(
-    file: &GgufFile,
+    file: &Reader,
     c: &Config,
     name: &str,
     kv: bool,
@@ -322,7 +462,7 @@ fn head_linear(
     })
 }
 
-fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
+fn linear(file: &Reader, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
     let (info, _) = file.tensor(name)?;
     let want = [cols as u64, rows as u64];
     if info.dims != want {
@@ -333,7 +473,7 @@ fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linea
 
 /// A matrix of `rows x cols` over tensor `info`'s bytes, whose shape the caller checked.
 fn linear_of(
-    file: &GgufFile,
+    file: &Reader,
     name: &str,
     info: &TensorInfo,
     rows: usize,
@@ -366,9 +506,46 @@ fn linear_of(
     })
 }
 
+/// The matrix `name` of `widths.iter().sum()` rows of `cols`, as one matrix per width: its
+/// first `widths[0]` rows, the next `widths[1]`, ... (a fused projection's parts; rows are
+/// stored one after another, so each part is a byte range of its own). With fewer widths than
+/// parts, the first ones.
+fn split_rows(
+    file: &Reader,
+    name: &str,
+    widths: &[usize],
+    cols: usize,
+) -> Result<Vec<Linear>, GgufError> {
+    let (info, _) = file.tensor(name)?;
+    let rows = info.dims.get(1).copied().unwrap_or(0) as usize;
+    if widths.iter().sum::<usize>() > rows || info.dims.len() != 2 {
+        return Err(shape_error(
+            name,
+            info.info_offset,
+            &[cols as u64, widths.iter().sum::<usize>() as u64],
+            &info.dims,
+        ));
+    }
+    let whole = linear(file, name, rows, cols)?;
+    let row_bytes = whole.range.len() / rows;
+    let mut start = whole.range.start;
+    Ok(widths
+        .iter()
+        .map(|&w| {
+            let part = Linear {
+                rows: w,
+                range: start..start + w * row_bytes,
+                ..whole.clone()
+            };
+            start += w * row_bytes;
+            part
+        })
+        .collect())
+}
+
 /// Layer `layer`'s router, experts (views into the 3-D `ffn_*_exps` tensors) and optional
 /// shared expert and selection bias.
-fn experts(file: &GgufFile, c: &Config, m: &MoeConfig, layer: usize) -> Result<Experts, GgufError> {
+fn experts(file: &Reader, c: &Config, m: &MoeConfig, layer: usize) -> Result<Experts, GgufError> {
     let name = |s: &str| format!("blk.{layer}.{s}.weight");
     let router = linear(file, &name("ffn_gate_inp"), m.n_expert, c.n_embd)?;
     // A NaN router weight would route every token to expert 0 with NaN weights: refuse it.
@@ -417,7 +594,7 @@ fn experts(file: &GgufFile, c: &Config, m: &MoeConfig, layer: usize) -> Result<E
 /// The `n` matrices (`rows x cols` each) of a 3-D expert tensor, one after another as llama.cpp
 /// stores them, as views of their byte ranges.
 fn stacked(
-    file: &GgufFile,
+    file: &Reader,
     name: &str,
     rows: usize,
     cols: usize,
@@ -440,12 +617,12 @@ fn stacked(
         .collect())
 }
 
-fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, GgufError> {
+fn vector(file: &Reader, name: &str, n: usize) -> Result<Vec<f32>, GgufError> {
     tensor_f32(file, name, &[n])
 }
 
 /// A tensor of shape `dims` (GGUF order, fastest first) decoded to f32.
-fn tensor_f32(file: &GgufFile, name: &str, dims: &[usize]) -> Result<Vec<f32>, GgufError> {
+fn tensor_f32(file: &Reader, name: &str, dims: &[usize]) -> Result<Vec<f32>, GgufError> {
     let (info, bytes) = file.tensor(name)?;
     let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
     if info.dims != want {

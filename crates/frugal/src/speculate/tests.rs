@@ -30,9 +30,7 @@ fn model(n_layers: usize, seed: u64) -> Model {
         // last input token, and a draft would agree with the target by construction.
         untied_output: true,
         seed,
-        mla: None,
-        moe: None,
-        gemma: None,
+        ..Default::default()
     };
     let mut m = Model::from_file(GgufFile::from_bytes(build(&spec)).unwrap()).unwrap();
     m.set_activations(Activations::Q8);
