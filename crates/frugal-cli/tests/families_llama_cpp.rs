@@ -1,4 +1,4 @@
-//! Qwen 2, Qwen 3 and Llama 3's RoPE scaling against llama.cpp on real weights: the reference
+//! Qwen 2, Qwen 3, Phi-3 and Llama 3's RoPE scaling against llama.cpp on real weights: the reference
 //! model (SmolLM2, Q4_1) rewritten as each family (`frugal::model::relabel`) and scored by both
 //! engines on the same windows.
 //!

@@ -68,6 +68,45 @@ fn qwen2_with_zero_biases_is_the_llama_model() {
     );
 }
 
+/// SmolLM2 as a `phi3` file (fused Q/K/V and gate/up, split back at load; NeoX pairs) is
+/// SmolLM2, as the Qwen 2 file is; with long and short RoPE factors, the long ones apply only
+/// when the context exceeds the original one.
+#[test]
+fn phi3_is_the_llama_model_and_picks_its_factors_by_context() {
+    let Some(f) = reference() else { return };
+    let want = logits(file_bytes(&f), &TOKENS);
+    let phi = llama_as(&f, &Target::Phi3 { factors: None }, 1).unwrap();
+    let d = rel_diff(&want, &logits(phi, &TOKENS));
+    assert!(d < 1e-4, "phi3 relabel differs from llama by {d}");
+
+    let phi = llama_as(
+        &f,
+        &Target::Phi3 {
+            factors: Some((4.0, 64)),
+        },
+        1,
+    )
+    .unwrap();
+    let mut m = Model::from_file(GgufFile::from_bytes(phi).unwrap()).unwrap();
+    let lr = m.config.long_rope.clone().unwrap();
+    assert_eq!(lr.orig_ctx, 64);
+    let run = |m: &Model| {
+        let mut kv = m.new_cache(64).unwrap();
+        let mut s = Scratch::default();
+        m.forward(&TOKENS, &mut kv, &mut s, Logits::All)
+            .unwrap()
+            .to_vec()
+    };
+    m.config.set_context(64);
+    assert_eq!(m.config.rope_scaling.freq_factors, lr.short);
+    let short = run(&m);
+    m.config.set_context(65);
+    assert_eq!(m.config.rope_scaling.freq_factors, lr.long);
+    let long = run(&m);
+    assert!(rel_diff(&short, &long) > 1e-4);
+    assert!(rel_diff(&want, &short) > 1e-4);
+}
+
 /// Qwen 3's per-head norms with weights of one on SmolLM2's rows: RMS-normalizing each head
 /// changes the model (so the logits move), and the file runs.
 #[test]

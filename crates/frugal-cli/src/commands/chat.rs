@@ -32,9 +32,9 @@ pub fn run(a: Args) -> Result<()> {
         spec.is_none() || !a.run.no_kv_cache,
         "--speculate needs the KV cache (it drops rejected positions from it)"
     );
-    let (model, tok) = common::load(&a.model)?;
+    let (mut model, tok) = common::load(&a.model)?;
     let template = ChatTemplate::from_gguf(&model.file)?;
-    let ctx = common::context_len(&a.run, &model)?;
+    let ctx = common::context_len(&a.run, &mut model)?;
     // Either session keeps its cache between turns.
     let (mut plain, mut speculative) = match &spec {
         None => (

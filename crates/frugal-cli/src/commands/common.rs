@@ -326,10 +326,12 @@ pub fn load_model(path: &Path, quantize_on_load: Option<&str>) -> Result<Model> 
     Model::from_file(file).with_context(loading)
 }
 
-/// The context length to use: the flag, else the model's trained context.
-pub fn context_len(run: &RunArgs, model: &Model) -> Result<usize> {
+/// The context length to use: the flag, else the model's trained context; the model's
+/// context-dependent choices (Phi-3's RoPE factors) follow it.
+pub fn context_len(run: &RunArgs, model: &mut Model) -> Result<usize> {
     let ctx = run.ctx.unwrap_or(model.config.n_ctx_train);
     anyhow::ensure!(ctx > 0, "--ctx must be at least 1");
+    model.config.set_context(ctx);
     Ok(ctx)
 }
 

@@ -81,7 +81,8 @@ fn perplexity(a: PerplexityArgs) -> Result<()> {
         },
         attention: Attention::Naive,
     };
-    let (model, tok) = common::load(&a.model)?;
+    let (mut model, tok) = common::load(&a.model)?;
+    model.config.set_context(a.ctx);
     let tokens = tok.encode(&text, false)?;
     let bar = ProgressBar::new((tokens.len() / a.ctx.max(1)) as u64);
     bar.set_style(

@@ -46,7 +46,7 @@ pub fn run(a: Args) -> Result<()> {
         a.prompt.clone()
     };
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
-    let (model, tok) = common::load(&a.model)?;
+    let (mut model, tok) = common::load(&a.model)?;
     let ids = if a.chat {
         let text =
             ChatTemplate::from_gguf(&model.file)?.render(&[Message::new("user", &prompt)], true)?;
@@ -54,7 +54,7 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         tok.encode(&prompt, false)?
     };
-    let ctx = common::context_len(&a.run, &model)?;
+    let ctx = common::context_len(&a.run, &mut model)?;
     let opts = GenerateOptions {
         max_tokens: a.sampling.max_tokens,
         stop: a.sampling.stop.clone(),

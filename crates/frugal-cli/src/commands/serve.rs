@@ -140,9 +140,14 @@ pub fn run(a: Args) -> Result<()> {
     };
     let model_args = a.model.clone();
     let alias = a.alias.clone();
+    let ctx = a.ctx;
     let load = move || -> Result<Loaded> {
         let path = common::model_path(&model_args)?;
-        let (model, tokenizer) = common::load(&model_args)?;
+        let (mut model, tokenizer) = common::load(&model_args)?;
+        // Each sequence's context: Phi-3's RoPE factors follow it.
+        model
+            .config
+            .set_context(ctx.unwrap_or(model.config.n_ctx_train));
         let template = ChatTemplate::from_gguf(&model.file)?;
         let basename = model
             .file

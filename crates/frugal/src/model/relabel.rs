@@ -8,6 +8,10 @@
 //!   zero the file is the same model as the Llama one.
 //! - **Qwen 3** (`qwen3`): the same rows, no biases, and a per-head RMSNorm weight for Q and K
 //!   (which changes the model: its scores are normalized).
+//! - **Phi-3** (`phi3`): the same rows, Q, K and V fused into `attn_qkv` and gate and up into
+//!   `ffn_up` (gate's rows first), the tied output written out (llama.cpp's phi3 requires
+//!   `output.weight`); optionally long and short RoPE factors. Without factors the file is the
+//!   same model as the Llama one.
 //! - **Llama 3 RoPE** (`llama` still): `rope_freqs.weight` and/or `rope.scaling.*` keys added.
 
 use std::borrow::Cow;
@@ -22,6 +26,9 @@ pub enum Target {
     Qwen2 { bias: f32 },
     /// Q and K norm weights drawn uniformly from `1 ± spread`.
     Qwen3 { spread: f32 },
+    /// With `factors = Some((max, orig))`: long and short RoPE factors drawn from `1..max`,
+    /// the long ones applying past `orig` positions of context.
+    Phi3 { factors: Option<(f32, u32)> },
 }
 
 /// Rewrites the `llama` file `f` as `target` (deterministic in `seed`).
@@ -36,6 +43,7 @@ pub fn llama_as(f: &GgufFile, target: &Target, seed: u64) -> Result<Vec<u8>, Ggu
     let to = match target {
         Target::Qwen2 { .. } => "qwen2",
         Target::Qwen3 { .. } => "qwen3",
+        Target::Phi3 { .. } => "phi3",
     };
     let n_head = f.u32("llama.attention.head_count")? as usize;
     let n_head_kv = f
@@ -81,10 +89,89 @@ pub fn llama_as(f: &GgufFile, target: &Target, seed: u64) -> Result<Vec<u8>, Ggu
                 let n: Vec<f32> = (0..head_dim).map(|_| 1.0 + rnd() * spread).collect();
                 extra.push((format!("{layer}_norm.weight"), n));
             }
+            Target::Phi3 { .. } => {}
+        }
+    }
+    if let Target::Phi3 { factors } = target {
+        fuse_phi3(&mut w, f)?;
+        if let Some((max, orig)) = factors {
+            let pairs = f.u32_opt("llama.rope.dimension_count")?.map_or_else(
+                || -> Result<usize, GgufError> {
+                    let d = f.u32("llama.embedding_length")? as usize;
+                    Ok(d / n_head / 2)
+                },
+                |r| Ok(r as usize / 2),
+            )?;
+            for kind in ["long", "short"] {
+                let v: Vec<f32> = (0..pairs)
+                    .map(|_| 1.0 + (rnd() + 1.0) / 2.0 * (max - 1.0))
+                    .collect();
+                extra.push((format!("rope_factors_{kind}.weight"), v));
+            }
+            w.set(
+                "phi3.rope.scaling.original_context_length",
+                Value::U32(*orig),
+            );
         }
     }
     push_f32(&mut w, extra);
     w.to_bytes()
+}
+
+/// Phi-3's fused matrices: each layer's Q, K and V rows one after another as `attn_qkv`, gate
+/// and up as `ffn_up`; and the output matrix (the embedding's bytes when tied).
+fn fuse_phi3(w: &mut GgufWriter, f: &GgufFile) -> Result<(), GgufError> {
+    let mut layer = 0;
+    loop {
+        let name = |s: &str| format!("blk.{layer}.{s}.weight");
+        if f.tensor_info(&name("attn_q")).is_none() {
+            break;
+        }
+        for (parts, fused) in [
+            (["attn_q", "attn_k", "attn_v"].as_slice(), "attn_qkv"),
+            (["ffn_gate", "ffn_up"].as_slice(), "ffn_up"),
+        ] {
+            let mut data = Vec::new();
+            let (mut rows, mut cols, mut ty) = (0, 0, GgmlType::F32);
+            for p in parts {
+                let t = w
+                    .tensors
+                    .iter()
+                    .position(|t| t.name == name(p))
+                    .ok_or_else(|| GgufError::MissingTensor { tensor: name(p) })?;
+                let t = w.tensors.remove(t);
+                if data.is_empty() {
+                    ty = t.ty;
+                    cols = t.dims[0];
+                } else if t.ty != ty || t.dims[0] != cols {
+                    return Err(GgufError::BadTensor {
+                        tensor: t.name.clone(),
+                        offset: 0,
+                        reason: "the parts of a fused matrix differ in type or width".into(),
+                    });
+                }
+                rows += t.dims[1];
+                data.extend_from_slice(&t.data);
+            }
+            w.tensors.push(TensorData {
+                name: name(fused),
+                dims: vec![cols, rows],
+                ty,
+                data: Cow::Owned(data),
+            });
+        }
+        layer += 1;
+    }
+    if f.tensor_info("output.weight").is_none() {
+        let (info, bytes) = f.tensor("token_embd.weight")?;
+        w.tensors.push(TensorData {
+            name: "output.weight".into(),
+            dims: info.dims.clone(),
+            ty: info.ty,
+            data: Cow::Owned(bytes.to_vec()),
+        });
+    }
+    Ok(())
 }
 
 /// Adds Llama 3 RoPE material to a file: `rope_freqs.weight` (when `factors` is given) and the
