@@ -32,8 +32,11 @@ enum Command {
     /// Measure model quality on a text.
     #[command(subcommand)]
     Eval(commands::eval::EvalCommand),
-    /// Describe a GGUF file: metadata, tensors, parameter and KV-cache sizes.
+    /// Describe a GGUF file: metadata, tensors, parameter and KV-cache sizes, and what frugal
+    /// and llama.cpp cannot run in it.
     Info(commands::info::Args),
+    /// The token ids of a text, as llama-tokenize prints them (a vocab-only file will do).
+    Tokenize(commands::tokenize::Args),
     /// Measure throughput (pp N / tg N, as llama-bench) or, with a subcommand, what a lever
     /// costs and saves (kv, attention, context): tables and charts.
     Bench(commands::bench::Args),
@@ -123,6 +126,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Chat(a) => commands::chat::run(a),
         Command::Eval(c) => commands::eval::run(c),
         Command::Info(a) => commands::info::run(a),
+        Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Quantize(a) => commands::quantize::run(a),
         Command::Convert(a) => commands::convert::run(a),

@@ -22,7 +22,7 @@ pub struct ModelArgs {
     pub model: Option<PathBuf>,
     /// Activation precision in products with block-quantized weights: q8 (8 bits per block of
     /// 32 and integer kernels, as llama.cpp runs quantized files; a Q8_0 output head takes 15
-    /// bits, any other head f32), q8-full (the head at 8 bits too, exactly as llama.cpp) or f32
+    /// bits), q8-full (the head at 8 bits too, exactly as llama.cpp) or f32
     /// (exact arithmetic on the dequantized weights)
     #[arg(long = "activations", default_value = "q8")]
     pub activations: Activations,

@@ -23,6 +23,7 @@ pub mod report_distill;
 pub mod report_moe;
 pub mod report_prune;
 pub mod serve;
+pub mod tokenize;
 pub mod train;
 pub mod train_heads;
 pub mod train_router;

@@ -257,15 +257,31 @@ impl GgufFile {
         // SAFETY: the map is read-only; frugal never writes to model files while they are open.
         // Like every mmap reader, we rely on no other process truncating the file underneath us.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::parse(Bytes::Mapped(map))
+        Self::parse(Bytes::Mapped(map), false)
+    }
+
+    /// Opens only the header and metadata of `path`, with no tensors: what a tokenizer needs.
+    /// The file may hold no tensor data at all (llama.cpp's vocab-only files) or be cut off
+    /// inside it (the first part of a split download).
+    pub fn open_metadata(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let io = |source| GgufError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: as in `open`.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Self::parse(Bytes::Mapped(map), true)
     }
 
     /// Parses a GGUF image held in memory (used by tests and by tools that build files).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
-        Self::parse(Bytes::Owned(bytes))
+        Self::parse(Bytes::Owned(bytes), false)
     }
 
-    fn parse(bytes: Bytes) -> Result<Self> {
+    /// Parses the image; with `metadata_only` it stops after the metadata (no tensors).
+    fn parse(bytes: Bytes, metadata_only: bool) -> Result<Self> {
         let buf = bytes.as_slice();
         let mut c = Cursor { buf, pos: 0 };
         let magic = c
@@ -324,6 +340,19 @@ impl GgufFile {
             },
         };
 
+        if metadata_only {
+            let data_offset = c.pos as u64;
+            return Ok(GgufFile {
+                bytes,
+                version,
+                metadata,
+                index,
+                tensors: Vec::new(),
+                tensor_index: HashMap::new(),
+                alignment,
+                data_offset,
+            });
+        }
         // Each tensor info takes at least 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset).
         let n_tensors = c.check_count(n_tensors, 24, &|| "tensor infos".into())?;
         let mut tensors = Vec::with_capacity(n_tensors);

@@ -7,6 +7,7 @@ mod forward;
 mod mla;
 pub mod moe;
 pub mod relabel;
+pub mod shaped;
 pub mod synthetic;
 mod weights;
 

@@ -2,6 +2,7 @@
 //! decode roofline of the machine.
 
 use anyhow::Result;
+use frugal::model::shaped::Mix;
 
 use crate::commands::common::{self, EngineArgs, ModelArgs};
 use frugal::eval::EvalOptions;
@@ -28,14 +29,37 @@ pub struct Args {
     /// Print one JSON object
     #[arg(long)]
     pub json: bool,
+    /// Bench a random-weight file with the exact shape of this catalog model (llama-3.2-1b,
+    /// qwen2.5-1.5b, llama-3.1-8b, smollm2-135m, ...), written once to $FRUGAL_HOME/shapes:
+    /// the speed at that size before downloading it; llama.cpp can bench the same file
+    #[arg(long, conflicts_with = "model")]
+    pub shape: Option<String>,
+    /// The shaped file's llama-quantize mix: f16, q8_0, q4_0 or q4_k_m
+    #[arg(long = "type", default_value = "q4_k_m", requires = "shape")]
+    pub mix: String,
+    /// Print the shaped file's path (writing it first if needed) and exit
+    #[arg(long, requires = "shape")]
+    pub print_path: bool,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
     anyhow::ensure!(a.reps > 0, "--reps must be at least 1");
+    if let Some(shape) = &a.shape {
+        let mix = Mix::from_name(&a.mix).ok_or_else(|| {
+            let names: Vec<_> = Mix::ALL.iter().map(|m| m.name()).collect();
+            anyhow::anyhow!("--type {}: expected one of {}", a.mix, names.join(", "))
+        })?;
+        let path = frugal::model::shaped::ensure(shape, mix, &mut |m| eprintln!("{m}"))?;
+        if a.print_path {
+            println!("{}", path.display());
+            return Ok(());
+        }
+        a.model.model = Some(path);
+    }
     let path = common::model_path(&a.model)?;
     let (model, _) = common::load(&a.model)?;
     let opts = EvalOptions {
