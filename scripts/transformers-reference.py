@@ -10,7 +10,9 @@ Usage (see that test's module doc):
 
 The first command writes each model's GGUF file and `manifest.json` (token ids, the context frugal
 configures, what the script needs that a file does not say). Needs torch, transformers (5.x; written
-against 5.25), gguf and accelerate (transformers refuses GGUF files without it); CPU only.
+against 5.25), gguf and accelerate (transformers refuses GGUF files without it; where the venv lacks
+it: `pip install --no-deps --target DIR accelerate psutil`, then run with PYTHONPATH=DIR); CPU only.
+The fixtures were made with transformers 5.25.0, torch 2.15.0 and accelerate 1.16.0.
 
 How each model is built in transformers
 ---------------------------------------
