@@ -1,7 +1,8 @@
 //! Small random Llama models written as real GGUF files, so tests can exercise every head layout
 //! (MHA, GQA, MQA) and storage format end to end without downloading anything. The same block
-//! can be written as a `deepseek2` file (latent attention), with routed experts, or as a
-//! `gemma3` file (Gemma 3's extra norms, windows and head width).
+//! can be written as a `deepseek2` file (latent attention), with routed experts, as a `gemma3`
+//! file (Gemma 3's extra norms, windows and head width), as `qwen2` / `qwen3`, or as `phi3`
+//! (fused matrices, partial rotary, long/short RoPE factors).
 //!
 //! The vocabulary is the 256 byte-level tokens plus two control tokens, with no merges: every
 //! byte of text is one token, which keeps tokenization predictable in tests.
@@ -36,6 +37,8 @@ pub struct SyntheticSpec {
     pub gemma: Option<SyntheticGemma>,
     /// A `qwen2` or `qwen3` file (not combinable with `mla` or `gemma`).
     pub qwen: Option<SyntheticQwen>,
+    /// A `phi3` file (not combinable with `mla`, `gemma`, `qwen` or `moe`).
+    pub phi3: Option<SyntheticPhi3>,
     /// RoPE scaling metadata and Llama 3's frequency factors.
     pub rope: SyntheticRope,
 }
@@ -58,6 +61,36 @@ pub struct SyntheticRope {
     /// `rope.scaling.type`, `rope.scaling.factor` and, when given,
     /// `rope.scaling.original_context_length`.
     pub scaling: Option<(String, f32, Option<usize>)>,
+    /// Writes `rope_freqs.weight` as llama.cpp's converter does for Hugging Face's `llama3`
+    /// rope type ([`super::relabel::llama3_factors`] over the head width and RoPE base), in
+    /// place of `freq_factors`' made-up shape.
+    pub llama3: Option<Llama3Rope>,
+}
+
+/// Hugging Face's `llama3` RoPE parameters (`rope_scaling` of Llama 3.1 / 3.2).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Llama3Rope {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_context: usize,
+}
+
+/// What a `phi3` file carries beyond a Llama one, as llama.cpp's converter writes it: Q, K and
+/// V fused into `attn_qkv` (Q's rows, then K's, then V's), gate and up fused into `ffn_up`
+/// (gate's rows first), no `ffn_gate`, an `output.weight` always (llama.cpp's phi3 requires
+/// one), `rope.dimension_count` for a partial rotary width; optionally long and short RoPE
+/// factors.
+#[derive(Clone, Debug)]
+pub struct SyntheticPhi3 {
+    /// `rope.dimension_count`: the leading dims of each head RoPE rotates (the head width for
+    /// full rotary).
+    pub rope_dim: usize,
+    /// `Some(orig)`: `rope_factors_long.weight` and `rope_factors_short.weight` (drawn in
+    /// `[1, 4)`, one per rotated pair), `rope.scaling.original_context_length = orig` and the
+    /// `rope.scaling.attn_factor` the converter writes for `longrope`:
+    /// `sqrt(1 + ln(s) / ln(orig))` with `s = n_ctx / orig` (1 when `s <= 1`).
+    pub long_rope: Option<usize>,
 }
 
 /// What a `gemma3` file carries beyond a Llama one: the metadata llama.cpp's converter writes
@@ -119,6 +152,7 @@ impl Default for SyntheticSpec {
             moe: None,
             gemma: None,
             qwen: None,
+            phi3: None,
             rope: SyntheticRope::default(),
         }
     }
@@ -149,6 +183,16 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
         spec.qwen.is_none() || (spec.gemma.is_none() && spec.mla.is_none()),
         "a synthetic qwen model is not also gemma3 or deepseek2"
     );
+    assert!(
+        spec.phi3.is_none()
+            || (spec.gemma.is_none() && spec.mla.is_none() && spec.qwen.is_none())
+                && spec.moe.is_none(),
+        "a synthetic phi3 model is not also gemma3, qwen, deepseek2 or MoE"
+    );
+    assert!(
+        !(spec.rope.freq_factors && spec.rope.llama3.is_some()),
+        "one set of rope_freqs: made-up or Llama 3's"
+    );
     let hd = match (&spec.gemma, &spec.qwen) {
         (Some(g), _) => g.head_dim,
         (_, Some(SyntheticQwen::Qwen3 { head_dim })) => *head_dim,
@@ -162,6 +206,7 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
         (None, Some(_), _) => "gemma3",
         (None, None, Some(SyntheticQwen::Qwen2)) => "qwen2",
         (None, None, Some(SyntheticQwen::Qwen3 { .. })) => "qwen3",
+        (None, None, None) if spec.phi3.is_some() => "phi3",
         (None, None, None) => "llama",
     };
     let key = |k: &str| format!("{arch}.{k}");
@@ -195,7 +240,23 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
                     w.set(&key("attention.key_length"), u(hd));
                     w.set(&key("attention.value_length"), u(hd));
                 }
-                None => w.set(&key("rope.dimension_count"), u(hd)),
+                None => match &spec.phi3 {
+                    Some(p) => {
+                        assert!(p.rope_dim <= hd && p.rope_dim % 2 == 0);
+                        w.set(&key("rope.dimension_count"), u(p.rope_dim));
+                        if let Some(orig) = p.long_rope {
+                            w.set(&key("rope.scaling.original_context_length"), u(orig));
+                            let s = spec.n_ctx as f64 / orig as f64;
+                            let attn = if s > 1.0 {
+                                (1.0 + s.ln() / (orig as f64).ln()).sqrt()
+                            } else {
+                                1.0
+                            };
+                            w.set(&key("rope.scaling.attn_factor"), Value::F32(attn as f32));
+                        }
+                    }
+                    None => w.set(&key("rope.dimension_count"), u(hd)),
+                },
             }
         }
         (Some(m), _) => {
@@ -257,6 +318,37 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
             data: Cow::Owned(encode(GgmlType::F32, &f)),
         });
     }
+    if let Some(l3) = &spec.rope.llama3 {
+        let f = super::relabel::llama3_factors(
+            hd,
+            rope_base,
+            l3.factor,
+            l3.low_freq_factor,
+            l3.high_freq_factor,
+            l3.original_context,
+        );
+        w.tensors.push(TensorData {
+            name: "rope_freqs.weight".into(),
+            dims: vec![f.len() as u64],
+            ty: GgmlType::F32,
+            data: Cow::Owned(encode(GgmlType::F32, &f)),
+        });
+    }
+    if let Some(SyntheticPhi3 {
+        rope_dim,
+        long_rope: Some(_),
+    }) = &spec.phi3
+    {
+        for kind in ["long", "short"] {
+            let f: Vec<f32> = (0..rope_dim / 2).map(|_| 2.5 + 3.0 * rnd()).collect();
+            w.tensors.push(TensorData {
+                name: format!("rope_factors_{kind}.weight"),
+                dims: vec![(rope_dim / 2) as u64],
+                ty: GgmlType::F32,
+                data: Cow::Owned(encode(GgmlType::F32, &f)),
+            });
+        }
+    }
     let mut push = |name: String, dims: Vec<u64>, ty: GgmlType, scale: f32, offset: f32| {
         let n: u64 = dims.iter().product();
         let vals: Vec<f32> = (0..n).map(|_| rnd() * scale + offset).collect();
@@ -285,6 +377,16 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
         let name = |t: &str| format!("blk.{l}.{t}.weight");
         push(name("attn_norm"), vec![d], GgmlType::F32, 0.2, 1.0);
         match spec.mla {
+            None if spec.phi3.is_some() => {
+                push(
+                    name("attn_qkv"),
+                    vec![d, q + 2 * kv],
+                    spec.ty,
+                    std_in(d),
+                    0.0,
+                );
+                push(name("attn_output"), vec![q, d], spec.ty, std_in(q), 0.0);
+            }
             None => {
                 push(name("attn_q"), vec![d, q], spec.ty, std_in(d), 0.0);
                 push(name("attn_k"), vec![d, kv], spec.ty, std_in(d), 0.0);
@@ -332,6 +434,10 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
             push(name("post_ffw_norm"), vec![d], GgmlType::F32, 0.2, 1.0);
         }
         match &spec.moe {
+            None if spec.phi3.is_some() => {
+                push(name("ffn_up"), vec![d, 2 * ff], spec.ty, std_in(d), 0.0);
+                push(name("ffn_down"), vec![ff, d], spec.ty, std_in(ff), 0.0);
+            }
             None => {
                 push(name("ffn_gate"), vec![d, ff], spec.ty, std_in(d), 0.0);
                 push(name("ffn_up"), vec![d, ff], spec.ty, std_in(d), 0.0);
@@ -388,7 +494,7 @@ pub fn build(spec: &SyntheticSpec) -> Vec<u8> {
         0.2,
         1.0,
     );
-    if spec.untied_output {
+    if spec.untied_output || spec.phi3.is_some() {
         push(
             "output.weight".into(),
             vec![d, SYNTHETIC_VOCAB as u64],
