@@ -13,6 +13,8 @@ pub mod k_quants;
 pub mod kernels;
 mod matmul;
 pub mod mxfp4;
+#[cfg(test)]
+mod oracle_tests;
 pub mod packed;
 pub mod q2_k;
 pub mod q3_k;
