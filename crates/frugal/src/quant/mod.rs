@@ -146,7 +146,7 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, QuantError> {
 }
 
 /// Where a block's scales sit: byte offsets of its f16 scales within the block.
-fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
+pub(crate) fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
         GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],

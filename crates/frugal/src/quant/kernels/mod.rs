@@ -341,6 +341,80 @@ mod tests {
         (k as f32) * f32::EPSILON * abs_sum + 1e-6
     }
 
+    /// `n` blocks of `ty` of random bytes, every code pattern possible, with finite f16 scales
+    /// of both signs (MXFP4: exponents near 1).
+    fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let bb = ty.block_bytes();
+        let mut out: Vec<u8> = (0..n * bb).map(|_| next() as u8).collect();
+        for b in out.chunks_exact_mut(bb) {
+            if ty == GgmlType::MXFP4 {
+                b[0] = 120 + (next() % 16) as u8;
+                continue;
+            }
+            for &o in crate::quant::f16_scale_offsets(ty) {
+                let v = (next() % 2000) as f32 / 1000.0 - 1.0;
+                b[o..o + 2].copy_from_slice(&crate::quant::f32_to_f16(v * 0.05).to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Every packed kernel against the scalar reference on random blocks (every code, scale
+    /// and min a format can hold, which the encoders may never write, such as IQ4's -127
+    /// everywhere) and activations at the extremes of their range (whole blocks of ±127, where
+    /// a saturating or wrongly signed byte product would show): the integer sums are exact at
+    /// every level, and only the f32 accumulation of the scaled sums differs in order, bounded
+    /// by `tol` as above.
+    #[test]
+    fn int8_kernels_match_scalar_on_random_blocks() {
+        let k = 512;
+        for (i, ty) in crate::quant::unit::FORMATS.into_iter().enumerate() {
+            let data = random_blocks(ty, GROUP * k / ty.block_size(), 7 + i as u64);
+            let wm = crate::quant::WeightMatrix::new(ty, GROUP, k, &data).unwrap();
+            let p = crate::quant::packed::PackedMatrix::pack(&wm).unwrap();
+            // Block b: all +1, all -1, alternating, or a ramp (the ends quantize to ±127).
+            let x: Vec<f32> = (0..k)
+                .map(|e| match (e / 32) % 4 {
+                    0 => 1.0,
+                    1 => -1.0,
+                    2 => {
+                        if e % 2 == 0 {
+                            1.0
+                        } else {
+                            -1.0
+                        }
+                    }
+                    _ => (e % 32) as f32 / 15.5 - 1.0,
+                })
+                .collect();
+            let mut acts = crate::quant::act::Q8Acts::default();
+            acts.quantize(&x, k);
+            for isa in levels() {
+                let mut out = [[0f32; GROUP]; 2];
+                dot_packed(isa, ty, p.group(0), &[acts.row(0); 2], &mut out);
+                for r in 0..GROUP {
+                    let reference = scalar::dot_q8(ty, wm.row(r), acts.row(0));
+                    let deq = dequantize_to_vec(ty, wm.row(r), k).unwrap();
+                    let abs_sum: f32 = deq.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+                    for o in &out {
+                        assert!(
+                            (reference - o[r]).abs() <= tol(k, abs_sum),
+                            "{ty} {isa:?} row {r}: {reference} vs {}",
+                            o[r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     proptest! {
         #[test]
         fn simd_dot_matches_scalar(
