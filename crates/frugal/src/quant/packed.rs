@@ -30,9 +30,9 @@
 //! So one 32-byte load, masked (or shifted), is eight rows' next four weights, and one
 //! `vpdpbusd` against four activation bytes broadcast to all lanes adds them into eight per-row
 //! sums: the lanes are the rows, one conversion and one scale multiply finish a unit for eight
-//! rows at once, and no horizontal sums are needed. Apart from the widened 6-bit scales and Q3_K's
-//! codes (3 bits in bit planes of 2 and 1) these are the same bytes as the file, in one
-//! sequential stream per group. (llama.cpp's load-time repacking
+//! rows at once, and no horizontal sums are needed. Apart from the widened 6-bit scales (Q4_K,
+//! Q5_K, Q3_K, IQ4_XS) these are the same bytes as the file, rearranged into one sequential
+//! stream per group. (llama.cpp's load-time repacking
 //! follows the same idea.) The last group is padded with zero rows.
 
 use std::ops::Range;
