@@ -184,15 +184,15 @@ fn bad_model_files_fail_cleanly() {
         .iter_mut()
         .find(|t| t.name == "blk.1.ffn_up.weight")
         .unwrap();
-    t.ty = GgmlType::IQ4_NL;
-    t.data = vec![0u8; 96 * 64 / 32 * 18].into();
-    let unsupported = write_model(dir.path(), "iq4.gguf", &w.to_bytes().unwrap());
+    t.ty = GgmlType::Q8_1;
+    t.data = vec![0u8; 96 * 64 / 32 * 36].into();
+    let unsupported = write_model(dir.path(), "q8_1.gguf", &w.to_bytes().unwrap());
     let out = frugal(
         &["generate", "hi", "-m", unsupported.to_str().unwrap()],
         None,
     );
     assert_clean_error(&out, "blk.1.ffn_up.weight");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("IQ4_NL"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Q8_1"));
 
     // Declared sizes far past what the file holds: a context of 2^62 positions, a token
     // embedding of 2^40 rows, 2^40 tensors. Each is a clean error naming what is wrong, never

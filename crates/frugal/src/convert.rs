@@ -488,9 +488,9 @@ mod tests {
             "int4-b64".parse::<Target>().unwrap(),
             Target::Simulated(_)
         ));
-        let e = "q3_k".parse::<Target>().unwrap_err().to_string();
+        let e = "iq2_xs".parse::<Target>().unwrap_err().to_string();
         assert!(
-            e.contains("unknown type \"q3_k\"") && e.contains("q4_k") && e.contains("nf4"),
+            e.contains("unknown type \"iq2_xs\"") && e.contains("q4_k") && e.contains("nf4"),
             "{e}"
         );
         let r: Rule = "blk.*.ffn_down.weight=q8_0".parse().unwrap();

@@ -108,18 +108,19 @@ fn unsupported_type_in_right_shape_is_rejected_by_type() {
     let f = GgufFile::from_bytes(bytes).unwrap();
     let mut w = GgufWriter::from_file(&f);
     // token_embd is 32 x 258: re-store it as 258 rows of... a type frugal reads but cannot compute
-    // with is only possible for block-compatible shapes, so use IQ4_NL (32-element blocks).
+    // with is only possible for block-compatible shapes, so use Q8_1 (32-element blocks; ggml's
+    // activation format, never a weight format frugal computes with).
     let t = w
         .tensors
         .iter_mut()
         .find(|t| t.name == "blk.0.attn_k.weight")
         .unwrap();
-    t.ty = GgmlType::IQ4_NL;
-    t.data = vec![0u8; 16 * 18].into();
+    t.ty = GgmlType::Q8_1;
+    t.data = vec![0u8; 16 * 36].into();
     let f = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
     let e = Model::from_file(f).map(|_| ()).unwrap_err().to_string();
     assert!(
-        e.contains("IQ4_NL") && e.contains("blk.0.attn_k.weight"),
+        e.contains("Q8_1") && e.contains("blk.0.attn_k.weight"),
         "{e}"
     );
 }

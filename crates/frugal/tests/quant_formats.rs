@@ -7,6 +7,7 @@ use frugal::gguf::GgufFile;
 use frugal::model::synthetic::{SyntheticSpec, build};
 use frugal::model::{Logits, Model, Scratch};
 use frugal::quant::GgmlType;
+use frugal::quant::act::Activations;
 
 /// Wide enough (256) for K-quant super-blocks on every row except `ffn_down` (rows of 96), so
 /// both the real K-quant path and the fallback are exercised.
@@ -108,6 +109,45 @@ fn every_gguf_type_converts_loads_and_runs_close_to_f32() {
         );
     }
     eprintln!("relative logit errors: {errs:?}");
+}
+
+/// Q5_K, IQ4_NL, IQ4_XS, Q3_K and Q2_K end to end: converted, loaded, and run on f32
+/// activations (the scalar decoders) and on 8-bit ones (the packed integer kernels), each path
+/// close to the f32 model and the two close to each other. The K-quants' rows of 96 (`ffn_down`)
+/// fall back as any 256-wide format's do.
+#[test]
+fn newer_block_formats_run_close_to_f32_on_both_paths() {
+    let src = GgufFile::from_bytes(build(&spec(GgmlType::F32))).unwrap();
+    let reference = logits(
+        &Model::from_file(GgufFile::from_bytes(build(&spec(GgmlType::F32))).unwrap()).unwrap(),
+    );
+    // Bounds about 2x the relative logit errors measured when this test was written: on f32
+    // activations Q5_K 3.8e-2, IQ4_NL 8.3e-2, IQ4_XS 8.0e-2, Q3_K 1.5e-1, Q2_K 2.8e-1; the 8-bit
+    // path 5.8-7.0e-3 from those for every format (the activations' rounding alone), so a
+    // kernel that misread a layout (errors of order 1) fails even where the format is coarse.
+    let cases = [
+        (GgmlType::Q5_K, 8e-2, 1.5e-2),
+        (GgmlType::IQ4_NL, 1.7e-1, 1.5e-2),
+        (GgmlType::IQ4_XS, 1.6e-1, 1.5e-2),
+        (GgmlType::Q3_K, 3e-1, 1.5e-2),
+        (GgmlType::Q2_K, 5.5e-1, 1.5e-2),
+    ];
+    for (ty, bound, bound_q8) in cases {
+        let (mut model, report) = convert_in_memory(&src, &Policy::new(Target::Stored(ty)));
+        assert!(report.tensors.iter().any(|t| t.to == ty), "{ty}");
+        let exact = logits(&model);
+        let e = rel_err(&exact, &reference);
+        model.set_activations(Activations::Q8);
+        let wq = &model.weights.layers[0].wq;
+        assert!(wq.ty == ty && wq.packed.is_some(), "{ty}: attn_q is packed");
+        let e8 = rel_err(&logits(&model), &exact);
+        eprintln!("{ty}: {e:.2e} from f32, 8-bit activations {e8:.2e} from that");
+        assert!(
+            e <= bound,
+            "{ty}: relative logit error {e:.2e} > {bound:.0e}"
+        );
+        assert!(e8 <= bound_q8, "{ty}: 8-bit path {e8:.2e} > {bound_q8:.0e}");
+    }
 }
 
 #[test]

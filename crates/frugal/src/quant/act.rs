@@ -3,7 +3,8 @@
 //!
 //! Per block: a scale `d = absmax / 127`, 32 signed bytes `q = round(x / d)`, and `s = d * sum(q)`,
 //! which lets formats with an offset (Q4_1's minimum, Q4_0's -8) apply it once per block instead of
-//! once per element: `sum((dw*qw + m) * (dx*qx)) = dw*dx*sum(qw*qx) + m*s`.
+//! once per element: `sum((dw*qw + m) * (dx*qx)) = dw*dx*sum(qw*qx) + m*s`. Formats with a
+//! minimum per 16 elements (Q2_K) take the same sum per half block, `s16`.
 
 pub const QK: usize = 32;
 
@@ -70,6 +71,8 @@ pub struct Q8Acts {
     pub qs: Vec<i8>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
+    /// `d * sum(q)` of each half block (elements 0..16 and 16..32): two per block.
+    pub s16: Vec<f32>,
     pub k: usize,
     pub n: usize,
 }
@@ -80,6 +83,8 @@ pub struct Q8Row<'a> {
     pub qs: &'a [i8],
     pub d: &'a [f32],
     pub s: &'a [f32],
+    /// Two per block (see [`Q8Acts::s16`]).
+    pub s16: &'a [f32],
 }
 
 impl Q8Acts {
@@ -100,19 +105,25 @@ impl Q8Acts {
         self.qs.resize(x.len(), 0);
         self.d.resize(x.len() / QK, 0.0);
         self.s.resize(x.len() / QK, 0.0);
+        self.s16.resize(2 * (x.len() / QK), 0.0);
         #[cfg(target_arch = "x86_64")]
         if isa != super::kernels::Isa::Scalar {
             // SAFETY: every level above Scalar implies AVX2 (detected at run time).
-            unsafe { quantize_blocks_avx2(x, &mut self.qs, &mut self.d, &mut self.s) };
+            unsafe {
+                quantize_blocks_avx2(x, &mut self.qs, &mut self.d, &mut self.s, &mut self.s16)
+            };
             return;
         }
         let _ = isa;
         let blocks = x
             .chunks_exact(QK)
             .zip(self.qs.chunks_exact_mut(QK))
-            .zip(self.d.iter_mut().zip(self.s.iter_mut()));
-        for ((xb, qb), (d, s)) in blocks {
-            (*d, *s) = quantize_block(xb, qb);
+            .zip(self.d.iter_mut().zip(self.s.iter_mut()))
+            .zip(self.s16.chunks_exact_mut(2));
+        for (((xb, qb), (d, s)), s16) in blocks {
+            let halves;
+            (*d, *s, halves) = quantize_block(xb, qb);
+            s16.copy_from_slice(&halves);
         }
     }
 
@@ -122,6 +133,7 @@ impl Q8Acts {
             qs: &self.qs[t * self.k..(t + 1) * self.k],
             d: &self.d[t * nb..(t + 1) * nb],
             s: &self.s[t * nb..(t + 1) * nb],
+            s16: &self.s16[2 * t * nb..2 * (t + 1) * nb],
         }
     }
 }
@@ -278,8 +290,8 @@ impl WideActs {
 }
 
 /// One block: `d = absmax / 127`, `q = round(x / d)` (half away from zero), returns `(d, d *
-/// sum(q))`. The reference for [`quantize_blocks_avx2`].
-fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, f32) {
+/// sum(q), [d * sum(q[..16]), d * sum(q[16..])])`. The reference for [`quantize_blocks_avx2`].
+fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, f32, [f32; 2]) {
     // Eight running maxima, one per lane, so the scan vectorizes (max is exact in any order).
     let mut lanes = [0f32; 8];
     for c in xb.chunks_exact(8) {
@@ -290,15 +302,16 @@ fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, f32) {
     let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    let mut sum = 0i32;
-    for (q, &v) in qb.iter_mut().zip(xb) {
+    let mut half = [0i32; 2];
+    for (i, (q, &v)) in qb.iter_mut().zip(xb).enumerate() {
         // Round half away from zero with a truncating conversion, which vectorizes
         // (`f32::round` is a library call per element on baseline x86-64).
         let r = v * id;
         *q = (r + 0.5f32.copysign(r)) as i32 as i8;
-        sum += i32::from(*q);
+        half[i / 16] += i32::from(*q);
     }
-    (d, d * sum as f32)
+    let sum = half[0] + half[1];
+    (d, d * sum as f32, [d * half[0] as f32, d * half[1] as f32])
 }
 
 /// [`quantize_block`] over every block of `x` (`qs` as long, `d` and `s` one per block) in
@@ -309,17 +322,29 @@ fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, f32) {
 /// behind: decode's 1,536-wide row took 1,144 TSC ticks in L1 (Zen 4).
 ///
 /// # Safety
-/// The CPU has AVX2; `qs` is as long as `x`, a whole number of blocks, and `d` and `s` hold one
-/// value per block.
+/// The CPU has AVX2; `qs` is as long as `x`, a whole number of blocks, `d` and `s` hold one
+/// value per block and `s16` two.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn quantize_blocks_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+unsafe fn quantize_blocks_avx2(
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+    s16: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let nb = d.len();
     assert!(
-        x.len() == nb * QK && qs.len() == x.len() && s.len() == nb,
+        x.len() == nb * QK && qs.len() == x.len() && s.len() == nb && s16.len() == 2 * nb,
         "quantize_blocks_avx2: shapes"
     );
+    // The sum of a vector's eight i32 lanes.
+    let hsum = |v: __m256i| {
+        let t4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let t2 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b00_00_11_10));
+        _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 0b00_00_00_01)))
+    };
     let sign = _mm256_set1_ps(-0.0);
     let half = _mm256_set1_ps(0.5);
     let (xp, qp) = (x.as_ptr(), qs.as_mut_ptr());
@@ -364,15 +389,10 @@ unsafe fn quantize_blocks_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut 
                     let h = _mm256_or_ps(half, _mm256_and_ps(r, sign));
                     *qi = _mm256_cvttps_epi32(_mm256_add_ps(r, h));
                 }
-                let total =
-                    _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-                let t4 = _mm_add_epi32(
-                    _mm256_castsi256_si128(total),
-                    _mm256_extracti128_si256(total, 1),
-                );
-                let t2 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b00_00_11_10));
-                let sum =
-                    _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 0b00_00_00_01)));
+                // Elements 0..16 are q[0], q[1]; 16..32 are q[2], q[3].
+                let lo = hsum(_mm256_add_epi32(q[0], q[1]));
+                let hi = hsum(_mm256_add_epi32(q[2], q[3]));
+                let sum = lo + hi;
                 // i32 -> i16 -> i8 packs interleave the 128-bit halves; one permute restores the
                 // order.
                 let w16a = _mm256_packs_epi32(q[0], q[1]);
@@ -383,6 +403,8 @@ unsafe fn quantize_blocks_avx2(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut 
                 _mm256_storeu_si256(qp.add(QK * b) as *mut __m256i, ordered);
                 d[b] = ds[j];
                 s[b] = ds[j] * sum as f32;
+                s16[2 * b] = ds[j] * lo as f32;
+                s16[2 * b + 1] = ds[j] * hi as f32;
             }
         }
         b0 += n;
@@ -409,6 +431,16 @@ mod tests {
                 assert!(err <= a.d[b] * 0.5 + 1e-6, "{err}");
             }
             assert!((a.s[b] - a.d[b] * sum).abs() < 1e-5);
+            let lo: i32 = a.qs[b * 32..b * 32 + 16]
+                .iter()
+                .map(|&q| i32::from(q))
+                .sum();
+            let hi: i32 = a.qs[b * 32 + 16..b * 32 + 32]
+                .iter()
+                .map(|&q| i32::from(q))
+                .sum();
+            assert_eq!(a.s16[2 * b], a.d[b] * lo as f32);
+            assert_eq!(a.s16[2 * b + 1], a.d[b] * hi as f32);
         }
     }
 
@@ -454,6 +486,7 @@ mod tests {
         assert_eq!(reference.qs, fast.qs);
         assert_eq!(reference.d, fast.d);
         assert_eq!(reference.s, fast.s);
+        assert_eq!(reference.s16, fast.s16);
         // Rows of 1 to 20 blocks and decode's 48, at scales over many binades (the fast path
         // takes blocks eight at a time: whole eights and every remainder).
         for blocks in (1..=20).chain([48]) {
@@ -469,6 +502,7 @@ mod tests {
             assert_eq!(reference.qs, fast.qs, "{blocks} blocks");
             assert_eq!(reference.d, fast.d, "{blocks} blocks");
             assert_eq!(reference.s, fast.s, "{blocks} blocks");
+            assert_eq!(reference.s16, fast.s16, "{blocks} blocks");
         }
     }
 }

@@ -23,7 +23,7 @@ pub const QK_K: usize = 256;
 pub const Q4_K_BYTES: usize = 144;
 pub const Q6_K_BYTES: usize = 210;
 
-fn half(b: &[u8]) -> f32 {
+pub(super) fn half(b: &[u8]) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
 }
 
@@ -40,7 +40,7 @@ pub(super) fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
 }
 
 /// Inverse of [`scale_min`] for eight 6-bit scales and mins.
-fn pack_scale_min(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
+pub(super) fn pack_scale_min(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
     let mut s = [0u8; 12];
     for j in 0..4 {
         s[j] = ls[j] | ((ls[j + 4] >> 4) << 6);
@@ -123,7 +123,7 @@ pub(super) fn grid_error(
 /// stored as non-negative amounts subtracted). Starts from the min-max grid, then tries inverse
 /// scales around it, refitting a and b by (with `w`, weighted) least squares for each
 /// assignment; keeps the best. Weights of exactly 1 give the unweighted fit's bits.
-fn fit_asymmetric(x: &[f32], w: Option<&[f32]>, nmax: f32) -> (f32, f32) {
+pub(super) fn fit_asymmetric(x: &[f32], w: Option<&[f32]>, nmax: f32) -> (f32, f32) {
     let lo = x.iter().fold(0f32, |m, &v| m.min(v));
     let hi = x.iter().fold(lo, |m, &v| m.max(v));
     if hi <= lo {

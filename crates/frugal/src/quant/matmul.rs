@@ -279,8 +279,8 @@ mod tests {
         assert!(WeightMatrix::new(GgmlType::Q4_1, 2, 32, &[0; 40]).is_ok());
         assert!(WeightMatrix::new(GgmlType::Q4_1, 2, 32, &[0; 39]).is_err());
         assert_eq!(
-            WeightMatrix::new(GgmlType::Q3_K, 1, 256, &[0; 110]).unwrap_err(),
-            QuantError::Unsupported(GgmlType::Q3_K)
+            WeightMatrix::new(GgmlType::IQ3_S, 1, 256, &[0; 110]).unwrap_err(),
+            QuantError::Unsupported(GgmlType::IQ3_S)
         );
     }
 }

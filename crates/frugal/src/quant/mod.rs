@@ -6,14 +6,21 @@
 //! matrix-vector (decode) and matrix-matrix (prefill) products.
 
 pub mod act;
+mod fit;
 mod float;
+pub mod iq4;
 pub mod k_quants;
 pub mod kernels;
 mod matmul;
 pub mod mxfp4;
+#[cfg(test)]
+mod oracle_tests;
 pub mod packed;
+pub mod q2_k;
+pub mod q3_k;
 mod q4;
 pub mod q5;
+pub mod q5_k;
 mod q8;
 pub mod research;
 pub mod sparse;
@@ -25,11 +32,15 @@ pub mod weighted;
 pub use float::{
     bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, quantize_bf16, quantize_f16, quantize_f32,
 };
+pub use iq4::{quantize_iq4_nl, quantize_iq4_xs};
 pub use k_quants::{quantize_q4_k, quantize_q6_k};
 pub use matmul::{WeightMatrix, matmul, matvec};
 pub use mxfp4::quantize_mxfp4;
+pub use q2_k::quantize_q2_k;
+pub use q3_k::quantize_q3_k;
 pub use q4::{BlockQ4_0, BlockQ4_1, quantize_q4_0, quantize_q4_1};
 pub use q5::{quantize_q5_0, quantize_q5_1};
+pub use q5_k::quantize_q5_k;
 pub use q8::{BlockQ8_0, quantize_q8_0};
 pub use types::GgmlType;
 
@@ -40,12 +51,17 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::BF16,
     GgmlType::Q8_0,
     GgmlType::Q6_K,
+    GgmlType::Q5_K,
     GgmlType::Q5_1,
     GgmlType::Q5_0,
     GgmlType::Q4_K,
     GgmlType::Q4_1,
     GgmlType::Q4_0,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
     GgmlType::MXFP4,
+    GgmlType::Q3_K,
+    GgmlType::Q2_K,
     GgmlType::Q8_0_24,
     GgmlType::Q4_0_24,
 ];
@@ -54,7 +70,7 @@ pub const SUPPORTED: &[GgmlType] = &[
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum QuantError {
     #[error(
-        "tensor type {0} is not supported for computation (supported: F32, F16, BF16, Q8_0, Q6_K, Q5_1, Q5_0, Q4_K, Q4_1, Q4_0, MXFP4, Q8_0_24, Q4_0_24)"
+        "tensor type {0} is not supported for computation (supported: F32, F16, BF16, Q8_0, Q6_K, Q5_K, Q5_1, Q5_0, Q4_K, Q4_1, Q4_0, IQ4_NL, IQ4_XS, MXFP4, Q3_K, Q2_K, Q8_0_24, Q4_0_24)"
     )]
     Unsupported(GgmlType),
     #[error("{ty} row of {n} elements needs {expected} bytes, got {got}")]
@@ -119,18 +135,26 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, QuantError> {
         GgmlType::Q4_1 => quantize_q4_1(x),
         GgmlType::Q4_0 => quantize_q4_0(x),
         GgmlType::MXFP4 => quantize_mxfp4(x),
+        GgmlType::Q5_K => quantize_q5_k(x),
+        GgmlType::Q3_K => quantize_q3_k(x),
+        GgmlType::Q2_K => quantize_q2_k(x),
+        GgmlType::IQ4_NL => quantize_iq4_nl(x),
+        GgmlType::IQ4_XS => quantize_iq4_xs(x),
         GgmlType::Q8_0_24 | GgmlType::Q4_0_24 => sparse::quantize(ty, x)?,
         _ => unreachable!("checked by is_supported"),
     })
 }
 
 /// Where a block's scales sit: byte offsets of its f16 scales within the block.
-fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
+pub(crate) fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => &[0],
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
         GgmlType::Q8_0_24 | GgmlType::Q4_0_24 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q2_K => &[80, 82],
         _ => &[],
     }
 }
@@ -206,6 +230,11 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
         GgmlType::Q4_K => k_quants::decode_q4_k(bytes, out),
         GgmlType::Q6_K => k_quants::decode_q6_k(bytes, out),
         GgmlType::MXFP4 => mxfp4::decode_mxfp4(bytes, out),
+        GgmlType::Q5_K => q5_k::decode_q5_k(bytes, out),
+        GgmlType::Q3_K => q3_k::decode_q3_k(bytes, out),
+        GgmlType::Q2_K => q2_k::decode_q2_k(bytes, out),
+        GgmlType::IQ4_NL => iq4::decode_iq4_nl(bytes, out),
+        GgmlType::IQ4_XS => iq4::decode_iq4_xs(bytes, out),
         GgmlType::Q8_0_24 | GgmlType::Q4_0_24 => sparse::decode(ty, bytes, out),
         _ => unreachable!("checked by is_supported"),
     }
@@ -239,9 +268,15 @@ mod tests {
             let b = quantize(ty, x).unwrap();
             assert_eq!(b.len() as u64, ty.bytes_for(512).unwrap(), "{ty}");
             let y = dequantize_to_vec(ty, &b, 512).unwrap();
-            // The coarsest format here (4 bits) keeps the error within a quarter of the range.
+            // The 4-bit formats keep the error within a quarter of the range (0.45 each way),
+            // Q3_K's 8 levels within a third and Q2_K's 4 within half.
+            let bound = match ty {
+                GgmlType::Q2_K => 0.5,
+                GgmlType::Q3_K => 0.34,
+                _ => 0.25,
+            };
             for (a, b) in x.iter().zip(&y) {
-                assert!((a - b).abs() <= 0.25, "{ty}: {a} vs {b}");
+                assert!((a - b).abs() <= bound, "{ty}: {a} vs {b}");
             }
             check_blocks(ty, &b).unwrap();
         }
@@ -293,5 +328,21 @@ mod tests {
         b[2..4].copy_from_slice(&0xfc00u16.to_le_bytes());
         let e = check_blocks(GgmlType::Q4_1, &b).unwrap_err();
         assert!(e.to_string().contains("infinite"), "{e}");
+        // So are the second scales of the K-quants with two (Q5_K's dmin at 2, Q2_K's at 82),
+        // at the right block and byte.
+        for (ty, at) in [(GgmlType::Q5_K, 2), (GgmlType::Q2_K, 82)] {
+            let mut b = quantize(ty, &x).unwrap();
+            let o = ty.block_bytes() + at;
+            b[o..o + 2].copy_from_slice(&0x7c00u16.to_le_bytes());
+            assert_eq!(
+                check_blocks(ty, &b),
+                Err(QuantError::CorruptBlock {
+                    ty,
+                    block: 1,
+                    offset: o,
+                    reason: "its f16 scale is infinite"
+                })
+            );
+        }
     }
 }

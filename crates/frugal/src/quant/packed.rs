@@ -7,24 +7,32 @@
 //!
 //! ```text
 //! Q8_0:              8 vectors of 32 bytes: vector i = elements 4i..4i+4 of rows 0..8
-//! 4-bit (Q4_0, Q4_1, MXFP4, Q4_K): 4 chunks of 32 bytes; byte j of row r in chunk c holds
-//!                    element 8c+j in its low nibble and 8c+4+j in its high nibble
-//! Q5_0, Q5_1:        the 4 nibble chunks, then 32 bytes of fifth bits: row r's word at 4r has,
+//! 4-bit (Q4_0, Q4_1, MXFP4, Q4_K, IQ4_NL, IQ4_XS): 4 chunks of 32 bytes; byte j of row r in
+//!                    chunk c holds element 8c+j in its low nibble and 8c+4+j in its high nibble
+//! Q5_0, Q5_1, Q5_K:  the 4 nibble chunks, then 32 bytes of fifth bits: row r's word at 4r has,
 //!                    in byte j, bit i = the fifth bit of element 4i+j
 //! Q6_K:              the 4 nibble chunks, then 2 x 32 bytes of top bit pairs: in word k of row
 //!                    r, byte j bits 2i..2i+2 = the top bits of element 4(4k+i)+j
+//! Q2_K:              2 chunks of 32 bytes of bit pairs: in chunk c, byte j of row r, bits
+//!                    2i..2i+2 = the code of element 4(4c+i)+j
+//! Q3_K:              Q2_K's chunks holding the low two bits, then 32 bytes of third bits
+//!                    arranged as Q5's fifth bits
 //! ```
 //!
-//! Headers (r = row within the group): Q8_0/Q4_0/Q5_0 `d[8]` (f16); Q4_1/Q5_1 `d[8] m[8]`;
-//! MXFP4 `e[8]` (E8M0 bytes); Q4_K `d[8] dmin[8]` then the 6-bit scales and mins widened to
-//! bytes, `sc[unit][8]`, `m[unit][8]` (32 bytes per super-block column more than the file, so
-//! the kernel never unpacks 6-bit fields); Q6_K `d[8]` and `sc[16][8]` (i8).
+//! Headers (r = row within the group): Q8_0/Q4_0/Q5_0/IQ4_NL `d[8]` (f16); Q4_1/Q5_1 `d[8]
+//! m[8]`; MXFP4 `e[8]` (E8M0 bytes); Q4_K/Q5_K `d[8] dmin[8]` then the 6-bit scales and mins
+//! widened to bytes, `sc[unit][8]`, `m[unit][8]` (32 bytes per super-block column more than the
+//! file, so the kernel never unpacks 6-bit fields); Q6_K `d[8]` and `sc[16][8]` (i8); Q3_K the
+//! same with its 6-bit scales widened to `s - 32`; IQ4_XS `d[8]` and `ls[unit][8]` (i8, `ls -
+//! 32`); Q2_K `d[8] dmin[8]` and its scale bytes as stored, `S[16][8]` (scale low nibble, min
+//! high nibble: unpacked in the kernel).
 //!
 //! So one 32-byte load, masked (or shifted), is eight rows' next four weights, and one
 //! `vpdpbusd` against four activation bytes broadcast to all lanes adds them into eight per-row
 //! sums: the lanes are the rows, one conversion and one scale multiply finish a unit for eight
-//! rows at once, and no horizontal sums are needed. Apart from Q4_K's widened scales these are the
-//! same bytes as the file, in one sequential stream per group. (llama.cpp's load-time repacking
+//! rows at once, and no horizontal sums are needed. Apart from the widened 6-bit scales (Q4_K,
+//! Q5_K, Q3_K, IQ4_XS) these are the same bytes as the file, rearranged into one sequential
+//! stream per group. (llama.cpp's load-time repacking
 //! follows the same idea.) The last group is padded with zero rows.
 
 use std::ops::Range;
@@ -37,8 +45,13 @@ use crate::pages::Pages;
 use super::act::{PairActs, PairRow, Q8Acts, Q8Row, WideActs, WidePairActs, WidePairRow, WideRow};
 use super::kernels;
 use super::matmul::{RowsOut, par_row_groups, par_row_groups_many};
-use super::unit::{UNIT, Unit, has_units, int_of, unit, unit_dot};
-use super::{GgmlType, QuantError, WeightMatrix, f16_to_f32};
+use super::unit::{UNIT, has_units, int_of, unit, unit_dot};
+use super::{GgmlType, QuantError, WeightMatrix};
+
+mod layout;
+
+pub use layout::{Layout, column_bytes, layout, packed_unit};
+use layout::{put_codes, put_header};
 
 /// Rows per packed group.
 pub const GROUP: usize = 8;
@@ -70,158 +83,6 @@ impl std::ops::Deref for Bytes {
             Bytes::Shared(p, r) => &p[r.clone()],
         }
     }
-}
-
-/// The packed layout of one block column of a group.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct Layout {
-    /// Elements per column per row (the format's block size).
-    pub span: usize,
-    /// Header bytes (the group's scales).
-    pub head: usize,
-    /// Bytes of one 32-element unit for the eight rows.
-    pub unit: usize,
-}
-
-impl Layout {
-    pub fn units(&self) -> usize {
-        self.span / UNIT
-    }
-
-    pub fn column_bytes(&self) -> usize {
-        self.head + self.units() * self.unit
-    }
-}
-
-/// Bytes of the 4-bit nibble chunks of one unit for a group.
-const NIBBLES: usize = 4 * 32;
-
-/// The packed layout of `ty`, for every format with 8-bit-activation kernels.
-pub fn layout(ty: GgmlType) -> Option<Layout> {
-    let (span, head, unit) = match ty {
-        GgmlType::Q8_0 => (32, 2 * GROUP, 8 * 32),
-        GgmlType::Q4_0 => (32, 2 * GROUP, NIBBLES),
-        GgmlType::Q4_1 => (32, 4 * GROUP, NIBBLES),
-        GgmlType::Q5_0 => (32, 2 * GROUP, NIBBLES + 32),
-        GgmlType::Q5_1 => (32, 4 * GROUP, NIBBLES + 32),
-        GgmlType::MXFP4 => (32, GROUP, NIBBLES),
-        GgmlType::Q4_K => (256, 4 * GROUP + 2 * 8 * GROUP, NIBBLES),
-        GgmlType::Q6_K => (256, 2 * GROUP + 16 * GROUP, NIBBLES + 64),
-        _ => return None,
-    };
-    Some(Layout { span, head, unit })
-}
-
-/// Bytes of one block column of a group.
-pub fn column_bytes(ty: GgmlType) -> usize {
-    layout(ty).map_or(0, |l| l.column_bytes())
-}
-
-/// Writes row `r`'s unit codes into a unit's packed data.
-fn put_codes(ty: GgmlType, codes: &[u8; UNIT], r: usize, dst: &mut [u8]) {
-    if ty == GgmlType::Q8_0 {
-        for i in 0..8 {
-            dst[32 * i + 4 * r..][..4].copy_from_slice(&codes[4 * i..4 * i + 4]);
-        }
-        return;
-    }
-    for c in 0..4 {
-        for j in 0..4 {
-            dst[32 * c + 4 * r + j] =
-                (codes[8 * c + j] & 0x0f) | ((codes[8 * c + 4 + j] & 0x0f) << 4);
-        }
-    }
-    match ty {
-        GgmlType::Q5_0 | GgmlType::Q5_1 => {
-            for j in 0..4 {
-                dst[NIBBLES + 4 * r + j] =
-                    (0..8).fold(0, |b, i| b | (((codes[4 * i + j] >> 4) & 1) << i));
-            }
-        }
-        GgmlType::Q6_K => {
-            for k in 0..2 {
-                for j in 0..4 {
-                    dst[NIBBLES + 32 * k + 4 * r + j] = (0..4).fold(0, |b, i| {
-                        b | (((codes[4 * (4 * k + i) + j] >> 4) & 3) << (2 * i))
-                    });
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Reads row `r`'s unit codes back from a unit's packed data (the inverse of [`put_codes`]).
-fn get_codes(ty: GgmlType, src: &[u8], r: usize) -> [u8; UNIT] {
-    std::array::from_fn(|e| {
-        let (i, j) = (e / 4, e % 4);
-        if ty == GgmlType::Q8_0 {
-            return src[32 * i + 4 * r + j];
-        }
-        let byte = src[32 * (i / 2) + 4 * r + j];
-        let low = if i % 2 == 0 { byte & 0x0f } else { byte >> 4 };
-        let top = match ty {
-            GgmlType::Q5_0 | GgmlType::Q5_1 => (src[NIBBLES + 4 * r + j] >> i) & 1,
-            GgmlType::Q6_K => (src[NIBBLES + 32 * (i / 4) + 4 * r + j] >> (2 * (i % 4))) & 3,
-            _ => 0,
-        };
-        low | (top << 4)
-    })
-}
-
-/// Writes row `r`'s scales from its stored block into a column header.
-fn put_header(ty: GgmlType, block: &[u8], r: usize, head: &mut [u8]) {
-    match ty {
-        GgmlType::MXFP4 => head[r] = block[0],
-        GgmlType::Q4_K => {
-            head[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
-            head[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&block[2..4]);
-            for j in 0..8 {
-                let (sc, m) = super::k_quants::scale_min(j, &block[4..16]);
-                head[32 + 8 * j + r] = sc;
-                head[96 + 8 * j + r] = m;
-            }
-        }
-        GgmlType::Q6_K => {
-            head[2 * r..2 * r + 2].copy_from_slice(&block[208..210]);
-            for i in 0..16 {
-                head[16 + 8 * i + r] = block[192 + i];
-            }
-        }
-        _ => {
-            head[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
-            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
-                head[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&block[2..4]);
-            }
-        }
-    }
-}
-
-/// Unit `u` of row `r` from a packed column: the same codes and scales as `unit::unit` on the
-/// original block (the scalar kernel and the layout test read it).
-pub fn packed_unit(ty: GgmlType, column: &[u8], r: usize, u: usize) -> Unit {
-    let l = layout(ty).expect("packed type");
-    let half = |at: usize| f16_to_f32(u16::from_le_bytes([column[at], column[at + 1]]));
-    let codes = get_codes(ty, &column[l.head + u * l.unit..], r);
-    let (scale, min) = match ty {
-        GgmlType::MXFP4 => {
-            let d = super::mxfp4::e8m0_to_f32(column[r]) * 0.5;
-            ([d; 2], 0.0)
-        }
-        GgmlType::Q4_K => {
-            let (d, dmin) = (half(2 * r), half(16 + 2 * r));
-            let (sc, m) = (column[32 + 8 * u + r], column[96 + 8 * u + r]);
-            ([d * f32::from(sc); 2], -(dmin * f32::from(m)))
-        }
-        GgmlType::Q6_K => {
-            let d = half(2 * r);
-            let sc = |i: usize| d * f32::from(column[16 + 8 * i + r] as i8);
-            ([sc(2 * u), sc(2 * u + 1)], 0.0)
-        }
-        GgmlType::Q4_1 | GgmlType::Q5_1 => ([half(2 * r); 2], half(16 + 2 * r)),
-        _ => ([half(2 * r); 2], 0.0),
-    };
-    Unit { codes, scale, min }
 }
 
 impl PackedMatrix {
@@ -357,7 +218,7 @@ pub fn dot_group_scalar(ty: GgmlType, group: &[u8], x: Q8Row, out: &mut [f32; GR
             for u in 0..l.units() {
                 let b = c * l.units() + u;
                 let pu = packed_unit(ty, column, r, u);
-                *o += unit_dot(ty, &pu, &x.qs[UNIT * b..UNIT * (b + 1)], x.d[b], x.s[b]);
+                *o += unit_dot(ty, &pu, x, b);
             }
         }
     }

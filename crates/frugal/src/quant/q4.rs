@@ -211,6 +211,6 @@ mod tests {
     #[test]
     fn wrong_length_is_an_error() {
         assert!(dequantize_to_vec(GgmlType::Q4_1, &[0; 19], 32).is_err());
-        assert!(dequantize_to_vec(GgmlType::Q3_K, &[0; 110], 256).is_err());
+        assert!(dequantize_to_vec(GgmlType::IQ3_S, &[0; 110], 256).is_err());
     }
 }

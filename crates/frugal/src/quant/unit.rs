@@ -1,27 +1,38 @@
 //! Every block-quantized format seen the same way: 32-element units of small integers with scales.
 //!
-//! For element `e` of a unit, `value[e] = scale[e / 16] * int(code[e]) + min`, where `code` is the
-//! stored bit field (4, 5, 6 or 8 bits) and `int` maps it to the signed integer it stands for:
+//! For element `e` of a unit, `value[e] = scale[e / 16] * int(code[e]) + min[e / 16]`, where
+//! `code` is the stored bit field (2 to 8 bits) and `int` maps it to the signed integer it stands
+//! for:
 //!
-//! | format | code bits | int(code) | scale (both halves) | min |
+//! | format | code bits | int(code) | scale | min |
 //! |---|---|---|---|---|
 //! | Q8_0 | 8 | code as i8 | d | 0 |
 //! | Q4_0 / Q5_0 | 4 / 5 | code - 8 / code - 16 | d | 0 |
 //! | Q4_1 / Q5_1 | 4 / 5 | code | d | m |
 //! | MXFP4 | 4 | twice the E2M1 value (0, ±1, ±2, ±3, ±4, ±6, ±8, ±12) | 2^(e-127) / 2 | 0 |
-//! | Q4_K (unit = sub-block j) | 4 | code | d * sc_j | -dmin * m_j |
+//! | IQ4_NL | 4 | `iq4::KVALUES[code]` (-127..=113) | d | 0 |
+//! | Q4_K / Q5_K (unit = sub-block j) | 4 / 5 | code | d * sc_j | -dmin * m_j |
+//! | IQ4_XS (unit = sub-block j) | 4 | `iq4::KVALUES[code]` | d * (ls_j - 32) | 0 |
 //! | Q6_K | 6 | code - 32 | d * sc (one per half: sub-blocks of 16) | 0 |
+//! | Q3_K | 3 | code - 4 | d * (s - 32) (one per half) | 0 |
+//! | Q2_K | 2 | code | d * (S & 15) (one per half) | -dmin * (S >> 4) (one per half) |
 //!
-//! With activations quantized per 32 (`act::Q8Acts`: scale `dx`, integers `qx`, `s = dx * sum(qx)`),
-//! a unit's dot product is `sum_h scale[h] * dx * sum_{e in h} int[e] * qx[e] + min * s`: integer
-//! arithmetic inside, two multiplies per half. This is the reference every packed 8-bit-activation
+//! Only Q2_K has a different min per half; every other format's two are equal.
+//!
+//! With activations quantized per 32 (`act::Q8Acts`: scale `dx`, integers `qx`, `s = dx * sum(qx)`,
+//! and `s16` the same per half), a unit's dot product is `sum_h scale[h] * dx * sum_{e in h} int[e] *
+//! qx[e] + min * s` (Q2_K: `+ sum_h min[h] * s16[h]`): integer arithmetic inside, two multiplies
+//! per half. This is the reference every packed 8-bit-activation
 //! kernel is checked against, and the packer (`quant::packed`) reads codes through it, so the two
 //! cannot disagree about a format's bit layout.
 
 use super::GgmlType;
+use super::act::Q8Row;
 use super::float::f16_to_f32;
+use super::iq4::KVALUES;
 use super::k_quants::scale_min;
 use super::mxfp4::e8m0_to_f32;
+use super::{q2_k, q3_k, q5_k};
 
 /// Elements per unit (and per activation block).
 pub const UNIT: usize = 32;
@@ -33,13 +44,15 @@ pub const MXFP4_INT: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6,
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct Unit {
     pub codes: [u8; UNIT],
+    /// One per half (elements 0..16, 16..32).
     pub scale: [f32; 2],
-    pub min: f32,
+    /// One per half; the two differ only for formats where [`min_per_half`] holds.
+    pub min: [f32; 2],
 }
 
 /// Every format with a unit view: the block-quantized ones (each also has a packed layout and
 /// 8-bit-activation kernels).
-pub const FORMATS: [GgmlType; 8] = [
+pub const FORMATS: [GgmlType; 13] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -48,7 +61,18 @@ pub const FORMATS: [GgmlType; 8] = [
     GgmlType::MXFP4,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
+    GgmlType::Q5_K,
+    GgmlType::Q3_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::Q2_K,
 ];
+
+/// Whether `ty`'s units have a min per half (taken against the activations' per-half sums
+/// `s16`) rather than one per unit (against `s`).
+pub fn min_per_half(ty: GgmlType) -> bool {
+    ty == GgmlType::Q2_K
+}
 
 /// Whether `ty` has a unit view (the block-quantized formats).
 pub fn has_units(ty: GgmlType) -> bool {
@@ -63,7 +87,9 @@ pub fn int_of(ty: GgmlType, code: u8) -> i32 {
         GgmlType::Q4_0 => i32::from(code) - 8,
         GgmlType::Q5_0 => i32::from(code) - 16,
         GgmlType::Q6_K => i32::from(code) - 32,
+        GgmlType::Q3_K => i32::from(code) - 4,
         GgmlType::MXFP4 => i32::from(MXFP4_INT[usize::from(code & 0x0f)]),
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => i32::from(KVALUES[usize::from(code & 0x0f)]),
         _ => i32::from(code),
     }
 }
@@ -135,7 +161,60 @@ pub fn unit(ty: GgmlType, block: &[u8], j: usize) -> Unit {
             return Unit {
                 codes,
                 scale: [d * f32::from(sc); 2],
-                min: -(dmin * f32::from(m)),
+                min: [-(dmin * f32::from(m)); 2],
+            };
+        }
+        GgmlType::Q5_K => {
+            for (l, c) in codes.iter_mut().enumerate() {
+                *c = q5_k::code(block, j, l);
+            }
+            let (sc, m) = scale_min(j, &block[4..16]);
+            let (d, dmin) = (half(block), half(&block[2..]));
+            return Unit {
+                codes,
+                scale: [d * f32::from(sc); 2],
+                min: [-(dmin * f32::from(m)); 2],
+            };
+        }
+        GgmlType::Q3_K => {
+            for (l, c) in codes.iter_mut().enumerate() {
+                *c = q3_k::code(block, 32 * j + l);
+            }
+            let d = half(&block[108..]);
+            let sc = q3_k::scales(&block[96..108]);
+            return Unit {
+                codes,
+                scale: [d * f32::from(sc[2 * j]), d * f32::from(sc[2 * j + 1])],
+                min: [0.0; 2],
+            };
+        }
+        GgmlType::Q2_K => {
+            for (l, c) in codes.iter_mut().enumerate() {
+                *c = q2_k::code(block, 32 * j + l);
+            }
+            let (d, dmin) = (half(&block[80..]), half(&block[82..]));
+            let s = [block[2 * j], block[2 * j + 1]];
+            return Unit {
+                codes,
+                scale: s.map(|s| d * f32::from(s & 0x0f)),
+                min: s.map(|s| -(dmin * f32::from(s >> 4))),
+            };
+        }
+        GgmlType::IQ4_NL => {
+            for (e, c) in codes.iter_mut().enumerate() {
+                *c = split_nibble(&block[2..18], e);
+            }
+            (half(block), 0.0)
+        }
+        GgmlType::IQ4_XS => {
+            for (e, c) in codes.iter_mut().enumerate() {
+                *c = split_nibble(&block[8 + 16 * j..], e);
+            }
+            let dl = half(block) * f32::from(super::iq4::xs_scale(block, j));
+            return Unit {
+                codes,
+                scale: [dl; 2],
+                min: [0.0; 2],
             };
         }
         GgmlType::Q6_K => {
@@ -154,7 +233,7 @@ pub fn unit(ty: GgmlType, block: &[u8], j: usize) -> Unit {
                     d * f32::from(sc[2 * j] as i8),
                     d * f32::from(sc[2 * j + 1] as i8),
                 ],
-                min: 0.0,
+                min: [0.0; 2],
             };
         }
         _ => unreachable!("{ty} has no unit view"),
@@ -162,18 +241,24 @@ pub fn unit(ty: GgmlType, block: &[u8], j: usize) -> Unit {
     Unit {
         codes,
         scale: [scale; 2],
-        min,
+        min: [min; 2],
     }
 }
 
-/// Dot product of one unit with one block of 8-bit activations (integers `qx`, scale `dx`,
-/// `s = dx * sum(qx)`): exact integer sums per half, then the scales.
-pub fn unit_dot(ty: GgmlType, u: &Unit, qx: &[i8], dx: f32, s: f32) -> f32 {
+/// Dot product of one unit with activation block `b` of `x` (integers `qx`, scale `dx`,
+/// `s = dx * sum(qx)`, `s16` per half): exact integer sums per half, then the scales.
+pub fn unit_dot(ty: GgmlType, u: &Unit, x: Q8Row, b: usize) -> f32 {
+    let (qx, dx) = (&x.qs[UNIT * b..UNIT * (b + 1)], x.d[b]);
     let mut isum = [0i32; 2];
-    for (e, (&c, &x)) in u.codes.iter().zip(qx).enumerate() {
-        isum[e / 16] += int_of(ty, c) * i32::from(x);
+    for (e, (&c, &q)) in u.codes.iter().zip(qx).enumerate() {
+        isum[e / 16] += int_of(ty, c) * i32::from(q);
     }
-    (isum[0] as f32 * u.scale[0] + isum[1] as f32 * u.scale[1]) * dx + u.min * s
+    let offset = if min_per_half(ty) {
+        u.min[0] * x.s16[2 * b] + u.min[1] * x.s16[2 * b + 1]
+    } else {
+        u.min[0] * x.s[b]
+    };
+    (isum[0] as f32 * u.scale[0] + isum[1] as f32 * u.scale[1]) * dx + offset
 }
 
 #[cfg(test)]
@@ -194,7 +279,7 @@ mod tests {
                 for j in 0..bs / UNIT {
                     let u = unit(ty, block, j);
                     for e in 0..UNIT {
-                        let v = u.scale[e / 16] * int_of(ty, u.codes[e]) as f32 + u.min;
+                        let v = u.scale[e / 16] * int_of(ty, u.codes[e]) as f32 + u.min[e / 16];
                         let w = want[b * bs + j * UNIT + e];
                         // The decoders compute d * (q - 8) or d * sc * q - dmin * m in the same
                         // f32 operations up to one rounding of the product.

@@ -15,6 +15,8 @@ pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86_int8;
 #[cfg(target_arch = "x86_64")]
+mod x86_pairs;
+#[cfg(target_arch = "x86_64")]
 mod x86_sparse;
 
 use super::GgmlType;
@@ -102,9 +104,10 @@ pub fn dot_packed<const T: usize>(
     assert!(
         span > 0
             && cols.is_multiple_of(span)
-            && xs
-                .iter()
-                .all(|x| x.qs.len() == cols && x.d.len() == cols / 32 && x.s.len() == cols / 32)
+            && xs.iter().all(|x| x.qs.len() == cols
+                && x.d.len() == cols / 32
+                && x.s.len() == cols / 32
+                && x.s16.len() == cols / 16)
             && group.len() >= cols / span * packed::column_bytes(ty),
         "dot_packed: group does not match the activations"
     );
@@ -187,7 +190,7 @@ pub fn dot_sparse<const T: usize>(
 pub fn pairs_available(isa: Isa, ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        isa == Isa::Avx512Vnni && x86_int8::pairs_supported(ty)
+        isa == Isa::Avx512Vnni && x86_pairs::pairs_supported(ty)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -226,7 +229,7 @@ pub fn dot_pairs<const P: usize>(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `pairs_available` implies the VNNI level was detected; sizes checked above.
     unsafe {
-        x86_int8::dot_pairs_vnni::<P>(ty, group, xs, out, tail)
+        x86_pairs::dot_pairs_vnni::<P>(ty, group, xs, out, tail)
     }
 }
 
@@ -262,7 +265,7 @@ pub fn dot_wide_pairs<const P: usize>(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the VNNI level was detected (checked above); sizes checked above.
     unsafe {
-        x86_int8::dot_wide_pairs_vnni::<P>(group, xs, out, tail)
+        x86_pairs::dot_wide_pairs_vnni::<P>(group, xs, out, tail)
     }
 }
 
@@ -338,15 +341,91 @@ mod tests {
         (k as f32) * f32::EPSILON * abs_sum + 1e-6
     }
 
+    /// `n` blocks of `ty` of random bytes, every code pattern possible, with finite f16 scales
+    /// of both signs (MXFP4: exponents near 1).
+    fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let bb = ty.block_bytes();
+        let mut out: Vec<u8> = (0..n * bb).map(|_| next() as u8).collect();
+        for b in out.chunks_exact_mut(bb) {
+            if ty == GgmlType::MXFP4 {
+                b[0] = 120 + (next() % 16) as u8;
+                continue;
+            }
+            for &o in crate::quant::f16_scale_offsets(ty) {
+                let v = (next() % 2000) as f32 / 1000.0 - 1.0;
+                b[o..o + 2].copy_from_slice(&crate::quant::f32_to_f16(v * 0.05).to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Every packed kernel against the scalar reference on random blocks (every code, scale
+    /// and min a format can hold, which the encoders may never write, such as IQ4's -127
+    /// everywhere) and activations at the extremes of their range (whole blocks of ±127, where
+    /// a saturating or wrongly signed byte product would show): the integer sums are exact at
+    /// every level, and only the f32 accumulation of the scaled sums differs in order, bounded
+    /// by `tol` as above.
+    #[test]
+    fn int8_kernels_match_scalar_on_random_blocks() {
+        let k = 512;
+        for (i, ty) in crate::quant::unit::FORMATS.into_iter().enumerate() {
+            let data = random_blocks(ty, GROUP * k / ty.block_size(), 7 + i as u64);
+            let wm = crate::quant::WeightMatrix::new(ty, GROUP, k, &data).unwrap();
+            let p = crate::quant::packed::PackedMatrix::pack(&wm).unwrap();
+            // Block b: all +1, all -1, alternating, or a ramp (the ends quantize to ±127).
+            let x: Vec<f32> = (0..k)
+                .map(|e| match (e / 32) % 4 {
+                    0 => 1.0,
+                    1 => -1.0,
+                    2 => {
+                        if e % 2 == 0 {
+                            1.0
+                        } else {
+                            -1.0
+                        }
+                    }
+                    _ => (e % 32) as f32 / 15.5 - 1.0,
+                })
+                .collect();
+            let mut acts = crate::quant::act::Q8Acts::default();
+            acts.quantize(&x, k);
+            for isa in levels() {
+                let mut out = [[0f32; GROUP]; 2];
+                dot_packed(isa, ty, p.group(0), &[acts.row(0); 2], &mut out);
+                for r in 0..GROUP {
+                    let reference = scalar::dot_q8(ty, wm.row(r), acts.row(0));
+                    let deq = dequantize_to_vec(ty, wm.row(r), k).unwrap();
+                    let abs_sum: f32 = deq.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+                    for o in &out {
+                        assert!(
+                            (reference - o[r]).abs() <= tol(k, abs_sum),
+                            "{ty} {isa:?} row {r}: {reference} vs {}",
+                            o[r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     proptest! {
         #[test]
         fn simd_dot_matches_scalar(
-            ty_i in 0usize..11,
+            ty_i in 0usize..crate::quant::SUPPORTED.len() - 2,
             blocks in 1usize..12,
             extra in 0usize..32,
             seed in any::<u64>(),
         ) {
             let ty = crate::quant::SUPPORTED[ty_i];
+            // (The last two, the compressed 2:4 types, take sparse input: tested on their own.)
+            prop_assume!(!crate::quant::sparse::is_sparse(ty));
             // Float rows may have any length; block formats need whole blocks.
             let k = if ty.block_size() == 1 { blocks * 32 + extra } else { blocks.div_ceil(ty.block_size() / 32) * ty.block_size() };
             let mut s = seed | 1;
@@ -362,7 +441,7 @@ mod tests {
         }
 
         #[test]
-        fn int8_dot_matches_scalar_at_every_level(ty_i in 0usize..8, blocks in 1usize..40, seed in any::<u64>()) {
+        fn int8_dot_matches_scalar_at_every_level(ty_i in 0usize..crate::quant::unit::FORMATS.len(), blocks in 1usize..40, seed in any::<u64>()) {
             let ty = crate::quant::unit::FORMATS[ty_i];
             // Whole blocks of the format: 32 elements, or 256 for the K-quants.
             let k = if ty.block_size() == 256 { blocks.div_ceil(4) * 256 } else { blocks * 32 };

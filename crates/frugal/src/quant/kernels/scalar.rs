@@ -40,14 +40,14 @@ pub fn gemm_f32(w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
 
 /// Reference for products with 8-bit activations: each 32-element unit of the row (see
 /// `quant::unit`) as exact integer sums, then its scales, against the activation block's `dx`
-/// and `s`.
+/// and `s` (or `s16`).
 pub fn dot_q8(ty: GgmlType, row: &[u8], x: Q8Row) -> f32 {
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     let units = bs / UNIT;
     let mut sum = 0f32;
-    for (b, (qx, (&dx, &s))) in x.qs.chunks_exact(UNIT).zip(x.d.iter().zip(x.s)).enumerate() {
+    for b in 0..x.d.len() {
         let u = unit(ty, &row[b / units * bb..][..bb], b % units);
-        sum += unit_dot(ty, &u, qx, dx, s);
+        sum += unit_dot(ty, &u, x, b);
     }
     sum
 }
