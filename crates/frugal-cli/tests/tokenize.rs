@@ -67,7 +67,12 @@ fn qwen2_tokenizer_gives_llama_cpp_ids() {
     assert!(cases.len() >= 20);
     for c in &cases {
         assert_eq!(frugal_ids(&part, &c.text), c.ids, "text {:?}", c.text);
-        assert_eq!(frugal_ids(&vocab, &c.text), c.ids, "vocab-only, text {:?}", c.text);
+        assert_eq!(
+            frugal_ids(&vocab, &c.text),
+            c.ids,
+            "vocab-only, text {:?}",
+            c.text
+        );
     }
     if let Some(bin) = llama_bin() {
         for c in &cases {
@@ -80,7 +85,12 @@ fn qwen2_tokenizer_gives_llama_cpp_ids() {
                 "--no-escape",
                 "--log-disable",
             ]));
-            assert_eq!(parse_ids(&out), c.ids, "llama.cpp now says, for {:?}", c.text);
+            assert_eq!(
+                parse_ids(&out),
+                c.ids,
+                "llama.cpp now says, for {:?}",
+                c.text
+            );
         }
     }
 }

@@ -44,8 +44,37 @@ impl Mix {
     }
 
     /// The type llama-quantize gives tensor `role` of layer `layer` (of `n_layers`), with
-    /// `tied` when the embedding doubles as the output.
-    pub fn tensor_type(self, role: Role, layer: usize, n_layers: usize, tied: bool) -> GgmlType {
+    /// `tied` when the embedding doubles as the output, for rows of `cols` weights: a K-quant
+    /// whose 256-weight blocks do not divide the rows falls back as llama-quantize's
+    /// `tensor_type_fallback` does (Q6_K to Q8_0, Q4_K to Q5_0, ...; F16 if even that fails).
+    pub fn tensor_type(
+        self,
+        role: Role,
+        layer: usize,
+        n_layers: usize,
+        tied: bool,
+        cols: usize,
+    ) -> GgmlType {
+        let ty = self.preferred_type(role, layer, n_layers, tied);
+        if cols.is_multiple_of(ty.block_size()) {
+            return ty;
+        }
+        let fallback = match ty {
+            GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
+            GgmlType::Q4_K => GgmlType::Q5_0,
+            GgmlType::Q5_K => GgmlType::Q5_1,
+            GgmlType::Q6_K => GgmlType::Q8_0,
+            GgmlType::IQ4_XS => GgmlType::IQ4_NL,
+            other => other,
+        };
+        if cols.is_multiple_of(fallback.block_size()) {
+            fallback
+        } else {
+            GgmlType::F16
+        }
+    }
+
+    fn preferred_type(self, role: Role, layer: usize, n_layers: usize, tied: bool) -> GgmlType {
         let base = match self {
             Mix::F16 => return GgmlType::F16,
             Mix::Q8_0 => return GgmlType::Q8_0,
@@ -229,26 +258,36 @@ pub fn write(e: &CatalogEntry, mix: Mix, path: &Path) -> Result<(), GgufError> {
         });
     };
     let (d64, ff64, q64, kv64) = (d as u64, ff as u64, (nh * hd) as u64, (nkv * hd) as u64);
-    let ty = |role, layer| mix.tensor_type(role, layer, l, tied);
-    for (name, dims, t) in [(
-        "token_embd.weight",
+    // By input width (the rows' length decides the fallback).
+    let ty = |role, layer, cols: u64| mix.tensor_type(role, layer, l, tied, cols as usize);
+    let t = ty(Role::Embedding, 0, d64);
+    push(
+        "token_embd.weight".into(),
         vec![d64, nv as u64],
-        ty(Role::Embedding, 0),
-    )] {
-        if !dims[0].is_multiple_of(t.block_size() as u64) {
-            return Err(bad_shape(format!(
-                "{name}: width {} is not whole {t} blocks",
-                dims[0]
-            )));
-        }
-        push(name.into(), dims, t, &mut state);
-    }
+        t,
+        &mut state,
+    );
     for i in 0..l {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
         push(n("attn_norm"), vec![d64], GgmlType::F32, &mut state);
-        push(n("attn_q"), vec![d64, q64], ty(Role::Other, i), &mut state);
-        push(n("attn_k"), vec![d64, kv64], ty(Role::Other, i), &mut state);
-        push(n("attn_v"), vec![d64, kv64], ty(Role::AttnV, i), &mut state);
+        push(
+            n("attn_q"),
+            vec![d64, q64],
+            ty(Role::Other, i, d64),
+            &mut state,
+        );
+        push(
+            n("attn_k"),
+            vec![d64, kv64],
+            ty(Role::Other, i, d64),
+            &mut state,
+        );
+        push(
+            n("attn_v"),
+            vec![d64, kv64],
+            ty(Role::AttnV, i, d64),
+            &mut state,
+        );
         if e.qkv_bias == Some(true) {
             for (t, w) in [("attn_q", q64), ("attn_k", kv64), ("attn_v", kv64)] {
                 push(
@@ -262,21 +301,26 @@ pub fn write(e: &CatalogEntry, mix: Mix, path: &Path) -> Result<(), GgufError> {
         push(
             n("attn_output"),
             vec![q64, d64],
-            ty(Role::Other, i),
+            ty(Role::Other, i, q64),
             &mut state,
         );
         push(n("ffn_norm"), vec![d64], GgmlType::F32, &mut state);
         push(
             n("ffn_gate"),
             vec![d64, ff64],
-            ty(Role::Other, i),
+            ty(Role::Other, i, d64),
             &mut state,
         );
-        push(n("ffn_up"), vec![d64, ff64], ty(Role::Other, i), &mut state);
+        push(
+            n("ffn_up"),
+            vec![d64, ff64],
+            ty(Role::Other, i, d64),
+            &mut state,
+        );
         push(
             n("ffn_down"),
             vec![ff64, d64],
-            ty(Role::FfnDown, i),
+            ty(Role::FfnDown, i, ff64),
             &mut state,
         );
     }
@@ -287,7 +331,7 @@ pub fn write(e: &CatalogEntry, mix: Mix, path: &Path) -> Result<(), GgufError> {
         &mut state,
     );
     if !tied {
-        let t = ty(Role::Output, 0);
+        let t = ty(Role::Output, 0, d64);
         push("output.weight".into(), vec![d64, nv as u64], t, &mut state);
     }
     w.write_file(path)
@@ -332,29 +376,42 @@ mod tests {
     fn q4_k_m_gives_more_bits_where_llama_quantize_does() {
         // 16 layers: 0, 1 (first eighth), 14, 15 (last eighth), and 4, 7, 10, 13 between.
         let more: Vec<usize> = (0..16)
-            .filter(|&i| Mix::Q4KM.tensor_type(Role::FfnDown, i, 16, false) == GgmlType::Q6_K)
+            .filter(|&i| Mix::Q4KM.tensor_type(Role::FfnDown, i, 16, false, 2048) == GgmlType::Q6_K)
             .collect();
         assert_eq!(more, [0, 1, 4, 7, 10, 13, 14, 15]);
         assert_eq!(
-            Mix::Q4KM.tensor_type(Role::Other, 4, 16, false),
+            Mix::Q4KM.tensor_type(Role::Other, 4, 16, false, 2048),
             GgmlType::Q4_K
         );
         assert_eq!(
-            Mix::Q4KM.tensor_type(Role::Embedding, 0, 16, true),
+            Mix::Q4KM.tensor_type(Role::Embedding, 0, 16, true, 2048),
             GgmlType::Q6_K
         );
         assert_eq!(
-            Mix::Q4KM.tensor_type(Role::Embedding, 0, 16, false),
+            Mix::Q4KM.tensor_type(Role::Embedding, 0, 16, false, 2048),
             GgmlType::Q4_K
         );
         assert_eq!(
-            Mix::Q8_0.tensor_type(Role::Output, 0, 16, false),
+            Mix::Q8_0.tensor_type(Role::Output, 0, 16, false, 2048),
             GgmlType::Q8_0
         );
         assert_eq!(
-            Mix::Q4_0.tensor_type(Role::Output, 0, 16, false),
+            Mix::Q4_0.tensor_type(Role::Output, 0, 16, false, 2048),
             GgmlType::Q6_K
         );
         assert_eq!(Mix::from_name("Q4_K_M"), Some(Mix::Q4KM));
+        // SmolLM2's 576-wide rows: Q4_K falls back to Q5_0 and a tied Q6_K embedding to Q8_0.
+        assert_eq!(
+            Mix::Q4KM.tensor_type(Role::Other, 3, 30, true, 576),
+            GgmlType::Q5_0
+        );
+        assert_eq!(
+            Mix::Q4KM.tensor_type(Role::Embedding, 0, 30, true, 576),
+            GgmlType::Q8_0
+        );
+        assert_eq!(
+            Mix::Q4KM.tensor_type(Role::FfnDown, 0, 30, true, 1536),
+            GgmlType::Q6_K
+        );
     }
 }
