@@ -445,8 +445,8 @@ fn bad_quantize_requests_fail_cleanly() {
     let m = m.to_str().unwrap();
     let out = dir.path().join("out.gguf");
     let o = out.to_str().unwrap();
-    let unknown = frugal(&["quantize", m, o, "--type", "q3_k"], None);
-    assert_clean_error(&unknown, "unknown type \"q3_k\"");
+    let unknown = frugal(&["quantize", m, o, "--type", "iq2_xs"], None);
+    assert_clean_error(&unknown, "unknown type \"iq2_xs\"");
     // The message lists the valid types.
     let err = String::from_utf8_lossy(&unknown.stderr);
     assert!(

@@ -28,7 +28,10 @@ fn llama_cpp_runs_frugal_files_and_frugal_runs_llama_cpp_files() {
     let dir = tempfile::tempdir().unwrap();
     let text = text(dir.path());
     // frugal writes, llama.cpp reads.
-    for ty in ["q8_0", "q6_k", "q5_1", "q5_0", "q4_k", "q4_0", "mxfp4"] {
+    for ty in [
+        "q8_0", "q6_k", "q5_k", "q5_1", "q5_0", "q4_k", "q4_0", "iq4_xs", "iq4_nl", "mxfp4",
+        "q3_k", "q2_k",
+    ] {
         let out = dir.path().join(format!("frugal-{ty}.gguf"));
         run(Command::new(env!("CARGO_BIN_EXE_frugal")).args([
             "quantize",
@@ -62,17 +65,33 @@ fn llama_cpp_runs_frugal_files_and_frugal_runs_llama_cpp_files() {
             );
         }
     }
-    // llama.cpp writes, frugal reads.
-    for ty in ["Q5_1", "Q4_K", "Q6_K"] {
-        let out = dir.path().join(format!("llama-{ty}.gguf"));
-        run(Command::new(bin.join("llama-quantize")).args([
-            "--allow-requantize",
-            model.to_str().unwrap(),
-            out.to_str().unwrap(),
-            ty,
-        ]));
+    // llama.cpp writes, frugal reads: single types, and llama-quantize's mixes (SmolLM2's
+    // 576-wide rows fall back to Q4_0/Q5_0/Q5_1/IQ4_NL/Q8_0, so the K-quant and IQ4_XS types
+    // sit in the 1,536-wide ffn_down; `--pure` keeps Q2_K there, which the Q2_K mix does not).
+    for (ty, pure) in [
+        ("Q5_1", false),
+        ("Q4_K", false),
+        ("Q6_K", false),
+        ("Q2_K", false),
+        ("Q2_K", true),
+        ("Q3_K_M", false),
+        ("Q4_K_M", false),
+        ("Q5_K_M", false),
+        ("IQ4_XS", false),
+        ("IQ4_NL", false),
+    ] {
+        let out = dir.path().join(format!("llama-{ty}-{pure}.gguf"));
+        let mut cmd = Command::new(bin.join("llama-quantize"));
+        cmd.arg("--allow-requantize");
+        if pure {
+            cmd.arg("--pure");
+        }
+        run(cmd.args([model.to_str().unwrap(), out.to_str().unwrap(), ty]));
         assert_close(
-            &format!("llama.cpp-written {ty}"),
+            &format!(
+                "llama.cpp-written {ty}{}",
+                if pure { " --pure" } else { "" }
+            ),
             frugal_ppl(&out, &text),
             llama_ppl(&bin, &out, &text),
         );

@@ -294,6 +294,8 @@ fn losses_backward_match_finite_differences() {
 /// untied head.
 pub(crate) fn tiny_config() -> frugal::model::Config {
     frugal::model::Config {
+        rope_scaling: Default::default(),
+        long_rope: None,
         moe: None,
         arch: "llama".into(),
         n_layers: 2,

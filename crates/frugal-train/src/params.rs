@@ -379,6 +379,23 @@ impl Params {
                 c.arch
             )));
         }
+        // What the forward applies beyond Llama's block without a switch: refused by name
+        // rather than trained without it.
+        if !c.rope_scaling.is_identity() || c.long_rope.is_some() {
+            return Err(TrainError::Invalid(format!(
+                "{} scales its RoPE angles (frequency factors or linear/YaRN scaling); the \
+                 training engine's RoPE has no scaling yet",
+                c.arch
+            )));
+        }
+        if let Some(l) = model.weights.layers.iter().position(|l| {
+            let b = &l.biases;
+            b.q.is_some() || b.k.is_some() || b.v.is_some() || b.o.is_some()
+        }) {
+            return Err(TrainError::Invalid(format!(
+                "layer {l} has attention biases; the training engine has no bias gradients yet"
+            )));
+        }
         if let Some(m) = c.mla
             && m.v_dim > m.nope_dim + m.rope_dim
         {
@@ -569,6 +586,8 @@ mod tests {
     #[test]
     fn renumbering_keeps_suffixes() {
         let c = frugal::model::Config {
+            rope_scaling: Default::default(),
+            long_rope: None,
             moe: None,
             arch: "llama".into(),
             n_layers: 1,

@@ -251,19 +251,28 @@ pub fn llama_file_type(t: GgmlType) -> Option<u32> {
         GgmlType::Q8_0 => 7,
         GgmlType::Q5_0 => 8,
         GgmlType::Q5_1 => 9,
+        GgmlType::Q2_K => 10,
+        GgmlType::Q3_K => 12,
         GgmlType::Q4_K => 15,
+        GgmlType::Q5_K => 17,
         GgmlType::Q6_K => 18,
+        GgmlType::IQ4_NL => 25,
+        GgmlType::IQ4_XS => 30,
         GgmlType::BF16 => 32,
         GgmlType::MXFP4 => 38,
         _ => return None,
     })
 }
 
-/// The next type to try when rows of `cols` elements do not fit `t`'s blocks.
+/// The next type to try when rows of `cols` elements do not fit `t`'s blocks (llama-quantize's
+/// `tensor_type_fallback`).
 fn fallback(t: GgmlType) -> GgmlType {
     match t {
+        GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
         GgmlType::Q4_K => GgmlType::Q5_0,
+        GgmlType::Q5_K => GgmlType::Q5_1,
         GgmlType::Q6_K => GgmlType::Q8_0,
+        GgmlType::IQ4_XS => GgmlType::IQ4_NL,
         _ => GgmlType::F16,
     }
 }

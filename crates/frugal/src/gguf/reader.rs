@@ -245,34 +245,30 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// The file at `path`, memory-mapped read-only.
+fn map(path: &Path) -> Result<Bytes> {
+    let io = |source| GgufError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: the map is read-only; frugal never writes to model files while they are open.
+    // Like every mmap reader, we rely on no other process truncating the file underneath us.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(Bytes::Mapped(map))
+}
+
 impl GgufFile {
     /// Memory-maps and validates `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let io = |source| GgufError::Io {
-            path: path.display().to_string(),
-            source,
-        };
-        let file = std::fs::File::open(path).map_err(io)?;
-        // SAFETY: the map is read-only; frugal never writes to model files while they are open.
-        // Like every mmap reader, we rely on no other process truncating the file underneath us.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::parse(Bytes::Mapped(map), false)
+        Self::parse(map(path.as_ref())?, false)
     }
 
     /// Opens only the header and metadata of `path`, with no tensors: what a tokenizer needs.
     /// The file may hold no tensor data at all (llama.cpp's vocab-only files) or be cut off
     /// inside it (the first part of a split download).
     pub fn open_metadata(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let io = |source| GgufError::Io {
-            path: path.display().to_string(),
-            source,
-        };
-        let file = std::fs::File::open(path).map_err(io)?;
-        // SAFETY: as in `open`.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        Self::parse(Bytes::Mapped(map), true)
+        Self::parse(map(path.as_ref())?, true)
     }
 
     /// Parses a GGUF image held in memory (used by tests and by tools that build files).

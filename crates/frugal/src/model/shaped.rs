@@ -20,20 +20,60 @@ pub enum Mix {
     F16,
     Q8_0,
     Q4_0,
+    Q2K,
+    Q3KM,
     /// Q4_K, with Q6_K for the output and for attn_v / ffn_down in the layers
     /// `use_more_bits` picks.
     Q4KM,
+    Q5KM,
+    IQ4XS,
+}
+
+/// Where a matrix sits, as llama-quantize's rules (`llama_tensor_get_type`) tell them apart.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    Embedding,
+    Output,
+    AttnV,
+    AttnOutput,
+    FfnDown,
+    Other,
+}
+
+/// One matrix of a file: its role, its layer `layer` of `n_layers`, whether the embedding
+/// doubles as the output, the length of its rows, and the query heads per KV head.
+#[derive(Copy, Clone, Debug)]
+pub struct Spot {
+    pub role: Role,
+    pub layer: usize,
+    pub n_layers: usize,
+    pub tied: bool,
+    pub cols: usize,
+    pub n_gqa: usize,
 }
 
 impl Mix {
-    pub const ALL: [Mix; 4] = [Mix::F16, Mix::Q8_0, Mix::Q4_0, Mix::Q4KM];
+    pub const ALL: [Mix; 8] = [
+        Mix::F16,
+        Mix::Q8_0,
+        Mix::Q4_0,
+        Mix::Q2K,
+        Mix::Q3KM,
+        Mix::Q4KM,
+        Mix::Q5KM,
+        Mix::IQ4XS,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Mix::F16 => "f16",
             Mix::Q8_0 => "q8_0",
             Mix::Q4_0 => "q4_0",
+            Mix::Q2K => "q2_k",
+            Mix::Q3KM => "q3_k_m",
             Mix::Q4KM => "q4_k_m",
+            Mix::Q5KM => "q5_k_m",
+            Mix::IQ4XS => "iq4_xs",
         }
     }
 
@@ -43,20 +83,12 @@ impl Mix {
             .find(|m| m.name().eq_ignore_ascii_case(s))
     }
 
-    /// The type llama-quantize gives tensor `role` of layer `layer` (of `n_layers`), with
-    /// `tied` when the embedding doubles as the output, for rows of `cols` weights: a K-quant
-    /// whose 256-weight blocks do not divide the rows falls back as llama-quantize's
+    /// The type llama-quantize (without an importance matrix) gives the matrix at `at`: a
+    /// K-quant whose 256-weight blocks do not divide the rows falls back as its
     /// `tensor_type_fallback` does (Q6_K to Q8_0, Q4_K to Q5_0, ...; F16 if even that fails).
-    pub fn tensor_type(
-        self,
-        role: Role,
-        layer: usize,
-        n_layers: usize,
-        tied: bool,
-        cols: usize,
-    ) -> GgmlType {
-        let ty = self.preferred_type(role, layer, n_layers, tied);
-        if cols.is_multiple_of(ty.block_size()) {
+    pub fn tensor_type(self, at: Spot) -> GgmlType {
+        let ty = self.preferred_type(at);
+        if at.cols.is_multiple_of(ty.block_size()) {
             return ty;
         }
         let fallback = match ty {
@@ -67,45 +99,104 @@ impl Mix {
             GgmlType::IQ4_XS => GgmlType::IQ4_NL,
             other => other,
         };
-        if cols.is_multiple_of(fallback.block_size()) {
+        if at.cols.is_multiple_of(fallback.block_size()) {
             fallback
         } else {
             GgmlType::F16
         }
     }
 
-    fn preferred_type(self, role: Role, layer: usize, n_layers: usize, tied: bool) -> GgmlType {
+    fn preferred_type(self, at: Spot) -> GgmlType {
+        use GgmlType::*;
         let base = match self {
-            Mix::F16 => return GgmlType::F16,
-            Mix::Q8_0 => return GgmlType::Q8_0,
-            Mix::Q4_0 => GgmlType::Q4_0,
-            Mix::Q4KM => GgmlType::Q4_K,
+            Mix::F16 => return F16,
+            Mix::Q8_0 => return Q8_0,
+            Mix::Q4_0 => Q4_0,
+            Mix::Q2K => Q2_K,
+            Mix::Q3KM => Q3_K,
+            Mix::Q4KM => Q4_K,
+            Mix::Q5KM => Q5_K,
+            Mix::IQ4XS => IQ4_XS,
         };
-        match role {
-            Role::Output => GgmlType::Q6_K,
-            Role::Embedding if tied => GgmlType::Q6_K,
-            Role::AttnV | Role::FfnDown if self == Mix::Q4KM && use_more_bits(layer, n_layers) => {
-                GgmlType::Q6_K
+        let more = use_more_bits(at.layer, at.n_layers);
+        match (at.role, self) {
+            (Role::Output, _) => Q6_K,
+            (Role::Embedding, _) if at.tied => Q6_K,
+            (Role::AttnV, Mix::Q2K) => {
+                if at.n_gqa >= 4 {
+                    Q4_K
+                } else {
+                    Q3_K
+                }
             }
+            (Role::AttnV, Mix::Q3KM) => {
+                if at.layer < 2 {
+                    Q5_K
+                } else {
+                    Q4_K
+                }
+            }
+            (Role::AttnV, Mix::Q4KM) => {
+                if more {
+                    Q6_K
+                } else {
+                    Q4_K
+                }
+            }
+            (Role::AttnV, Mix::Q5KM) => {
+                if more {
+                    Q6_K
+                } else {
+                    Q5_K
+                }
+            }
+            (Role::AttnV, Mix::IQ4XS) => {
+                if at.n_gqa >= 4 {
+                    Q5_K
+                } else {
+                    IQ4_XS
+                }
+            }
+            (Role::FfnDown, Mix::Q2K) => Q3_K,
+            (Role::FfnDown, Mix::Q3KM) => {
+                if at.layer < at.n_layers / 16 {
+                    Q5_K
+                } else {
+                    Q4_K
+                }
+            }
+            (Role::FfnDown, Mix::Q4KM) => {
+                if more {
+                    Q6_K
+                } else {
+                    Q4_K
+                }
+            }
+            (Role::FfnDown, Mix::Q5KM) => {
+                if more {
+                    Q6_K
+                } else {
+                    Q5_K
+                }
+            }
+            (Role::FfnDown, Mix::IQ4XS) => {
+                if at.layer < at.n_layers / 8 {
+                    Q5_K
+                } else {
+                    IQ4_XS
+                }
+            }
+            (Role::AttnOutput, Mix::Q2K) => Q3_K,
+            (Role::AttnOutput, Mix::Q3KM) => Q4_K,
             _ => base,
         }
     }
 }
 
-/// Where a matrix sits, as llama-quantize's rules tell them apart.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Role {
-    Embedding,
-    Output,
-    AttnV,
-    FfnDown,
-    Other,
-}
-
 /// llama-quantize's `use_more_bits`: the first and last eighth of the layers and every third
 /// between.
 fn use_more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// The GGUF architecture frugal writes for a catalog family, or why not.
@@ -259,7 +350,16 @@ pub fn write(e: &CatalogEntry, mix: Mix, path: &Path) -> Result<(), GgufError> {
     };
     let (d64, ff64, q64, kv64) = (d as u64, ff as u64, (nh * hd) as u64, (nkv * hd) as u64);
     // By input width (the rows' length decides the fallback).
-    let ty = |role, layer, cols: u64| mix.tensor_type(role, layer, l, tied, cols as usize);
+    let ty = |role, layer, cols: u64| {
+        mix.tensor_type(Spot {
+            role,
+            layer,
+            n_layers: l,
+            tied,
+            cols: cols as usize,
+            n_gqa: nh / nkv.max(1),
+        })
+    };
     let t = ty(Role::Embedding, 0, d64);
     push(
         "token_embd.weight".into(),
@@ -301,7 +401,7 @@ pub fn write(e: &CatalogEntry, mix: Mix, path: &Path) -> Result<(), GgufError> {
         push(
             n("attn_output"),
             vec![q64, d64],
-            ty(Role::Other, i, q64),
+            ty(Role::AttnOutput, i, q64),
             &mut state,
         );
         push(n("ffn_norm"), vec![d64], GgmlType::F32, &mut state);
@@ -372,46 +472,53 @@ pub fn ensure(
 mod tests {
     use super::*;
 
+    fn at(role: Role, layer: usize, n_layers: usize, tied: bool, cols: usize) -> Spot {
+        Spot {
+            role,
+            layer,
+            n_layers,
+            tied,
+            cols,
+            n_gqa: 4,
+        }
+    }
+
     #[test]
-    fn q4_k_m_gives_more_bits_where_llama_quantize_does() {
+    fn mixes_give_the_types_llama_quantize_does() {
         // 16 layers: 0, 1 (first eighth), 14, 15 (last eighth), and 4, 7, 10, 13 between.
         let more: Vec<usize> = (0..16)
-            .filter(|&i| Mix::Q4KM.tensor_type(Role::FfnDown, i, 16, false, 2048) == GgmlType::Q6_K)
+            .filter(|&i| {
+                Mix::Q4KM.tensor_type(at(Role::FfnDown, i, 16, false, 2048)) == GgmlType::Q6_K
+            })
             .collect();
         assert_eq!(more, [0, 1, 4, 7, 10, 13, 14, 15]);
+        let t = |m: Mix, role, layer, tied, cols| m.tensor_type(at(role, layer, 16, tied, cols));
+        assert_eq!(t(Mix::Q4KM, Role::Other, 4, false, 2048), GgmlType::Q4_K);
+        assert_eq!(t(Mix::Q4KM, Role::Embedding, 0, true, 2048), GgmlType::Q6_K);
         assert_eq!(
-            Mix::Q4KM.tensor_type(Role::Other, 4, 16, false, 2048),
+            t(Mix::Q4KM, Role::Embedding, 0, false, 2048),
             GgmlType::Q4_K
         );
+        assert_eq!(t(Mix::Q8_0, Role::Output, 0, false, 2048), GgmlType::Q8_0);
+        assert_eq!(t(Mix::Q4_0, Role::Output, 0, false, 2048), GgmlType::Q6_K);
+        assert_eq!(t(Mix::Q2K, Role::AttnV, 3, false, 2048), GgmlType::Q4_K);
         assert_eq!(
-            Mix::Q4KM.tensor_type(Role::Embedding, 0, 16, true, 2048),
-            GgmlType::Q6_K
+            t(Mix::Q2K, Role::AttnOutput, 3, false, 2048),
+            GgmlType::Q3_K
         );
-        assert_eq!(
-            Mix::Q4KM.tensor_type(Role::Embedding, 0, 16, false, 2048),
-            GgmlType::Q4_K
-        );
-        assert_eq!(
-            Mix::Q8_0.tensor_type(Role::Output, 0, 16, false, 2048),
-            GgmlType::Q8_0
-        );
-        assert_eq!(
-            Mix::Q4_0.tensor_type(Role::Output, 0, 16, false, 2048),
-            GgmlType::Q6_K
-        );
+        assert_eq!(t(Mix::Q3KM, Role::AttnV, 1, false, 2048), GgmlType::Q5_K);
+        assert_eq!(t(Mix::Q3KM, Role::FfnDown, 0, false, 8192), GgmlType::Q5_K);
+        assert_eq!(t(Mix::Q3KM, Role::FfnDown, 1, false, 8192), GgmlType::Q4_K);
+        assert_eq!(t(Mix::Q5KM, Role::AttnV, 2, false, 2048), GgmlType::Q5_K);
+        assert_eq!(t(Mix::IQ4XS, Role::FfnDown, 1, false, 8192), GgmlType::Q5_K);
+        assert_eq!(t(Mix::IQ4XS, Role::Other, 5, false, 2048), GgmlType::IQ4_XS);
         assert_eq!(Mix::from_name("Q4_K_M"), Some(Mix::Q4KM));
-        // SmolLM2's 576-wide rows: Q4_K falls back to Q5_0 and a tied Q6_K embedding to Q8_0.
-        assert_eq!(
-            Mix::Q4KM.tensor_type(Role::Other, 3, 30, true, 576),
-            GgmlType::Q5_0
-        );
-        assert_eq!(
-            Mix::Q4KM.tensor_type(Role::Embedding, 0, 30, true, 576),
-            GgmlType::Q8_0
-        );
-        assert_eq!(
-            Mix::Q4KM.tensor_type(Role::FfnDown, 0, 30, true, 1536),
-            GgmlType::Q6_K
-        );
+        // SmolLM2's 576-wide rows: Q4_K falls back to Q5_0, a tied Q6_K embedding to Q8_0,
+        // IQ4_XS to IQ4_NL.
+        let s = |m: Mix, role, cols| m.tensor_type(at(role, 3, 30, true, cols));
+        assert_eq!(s(Mix::Q4KM, Role::Other, 576), GgmlType::Q5_0);
+        assert_eq!(s(Mix::Q4KM, Role::Embedding, 576), GgmlType::Q8_0);
+        assert_eq!(s(Mix::IQ4XS, Role::Other, 576), GgmlType::IQ4_NL);
+        assert_eq!(s(Mix::Q5KM, Role::FfnDown, 1536), GgmlType::Q5_K);
     }
 }

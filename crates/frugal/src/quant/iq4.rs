@@ -143,14 +143,7 @@ mod tests {
     use super::*;
     use crate::quant::{GgmlType, dequantize_to_vec, quantize_q4_0, research::snr_db};
 
-    fn sample(n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                let base = (i as f32 * 0.731).sin() * (1.0 + (i / 32) as f32 * 0.3);
-                if i % 97 == 5 { base * 4.0 } else { base }
-            })
-            .collect()
-    }
+    use crate::quant::test_signal::sample;
 
     #[test]
     fn hand_built_blocks_decode() {

@@ -381,14 +381,7 @@ mod tests {
     }
 
     /// Smooth data with a few spikes, different magnitudes per sub-block.
-    fn sample(n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                let base = (i as f32 * 0.731).sin() * (1.0 + (i / 32) as f32 * 0.3);
-                if i % 97 == 5 { base * 4.0 } else { base }
-            })
-            .collect()
-    }
+    use crate::quant::test_signal::sample;
 
     #[test]
     fn encoders_round_trip_within_bounds() {

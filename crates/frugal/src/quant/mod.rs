@@ -248,6 +248,20 @@ pub fn dequantize_to_vec(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32
     Ok(out)
 }
 
+/// The signal the encoders' round-trip tests fit: a wave whose scale grows block by block,
+/// with a 4x outlier every 97 values (each encoder must place its scales around both).
+#[cfg(test)]
+pub(crate) mod test_signal {
+    pub fn sample(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let base = (i as f32 * 0.731).sin() * (1.0 + (i / 32) as f32 * 0.3);
+                if i % 97 == 5 { base * 4.0 } else { base }
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

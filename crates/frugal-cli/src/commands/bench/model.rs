@@ -34,7 +34,8 @@ pub struct Args {
     /// the speed at that size before downloading it; llama.cpp can bench the same file
     #[arg(long, conflicts_with = "model")]
     pub shape: Option<String>,
-    /// The shaped file's llama-quantize mix: f16, q8_0, q4_0 or q4_k_m
+    /// The shaped file's llama-quantize mix: f16, q8_0, q4_0, q2_k, q3_k_m, q4_k_m, q5_k_m or
+    /// iq4_xs
     #[arg(long = "type", default_value = "q4_k_m", requires = "shape")]
     pub mix: String,
     /// Print the shaped file's path (writing it first if needed) and exit
