@@ -12,8 +12,8 @@
 //! minimum, Q4_K's and Q5_K's -dmin*m; Q2_K's per half against `s16`); signed weights (Q8_0,
 //! MXFP4, Q6_K, Q3_K, IQ4_NL, IQ4_XS) go through `|w| * (x * sign(w))`. The u8 x i8 step is
 //! `maddubs + madd` on AVX2 and a single `vpdpbusd` with AVX-512 VNNI; one macro writes both so
-//! they cannot drift apart. Only the AVX2 kernels hint the weights' lines ahead
-//! ([`prefetch_lines`]).
+//! they cannot drift apart. The AVX2 kernels hint the weights' lines ahead ([`prefetch_lines`]),
+//! the VNNI kernels where the CPU gains from it ([`super::hint_weights`]).
 
 use std::arch::x86_64::*;
 
@@ -217,8 +217,11 @@ pub(super) unsafe fn halves(p: *const u8) -> __m256 {
 /// unit and skipping the column headers) left one line in five of a Q4_1 group to a demand
 /// miss, and a decode step stalled on those loads.
 ///
-/// Only the AVX2 kernels ask (measured on Zen 2, where they gained 4-11%). On Zen 4 the VNNI
-/// kernels run faster with no hints at all, the hardware prefetchers alone streaming the
+/// The AVX2 kernels always ask (measured on Zen 2, where they gained 4-11%); the VNNI kernels
+/// ask where [`super::hint_weights`] says so. On Intel's AVX-512 Xeons they gain a third of
+/// decode speed (same-run A/B, 2 threads: Llama-3.2-1B-shaped Q4_K_M 23.5-24.0 -> 32.3-33.3
+/// tok/s, Q8_0 20.5-20.6 -> 21.3, SmolLM2 Q4_1 208-209 -> 263-268; prefill of 256 tokens 1%
+/// faster). On Zen 4 the VNNI kernels run faster with no hints at all, the hardware prefetchers alone streaming the
 /// weights (same-process A/B, SmolLM2 Q4_1, 2 threads, median ms a token; the cache at
 /// depth 4,096 f16): decode at depth 0 2.69-3.42 against 3.10-3.49 with these hints (1 thread:
 /// 3.39 against 4.17), at depth 4,096 6.47-6.53 against 6.99 (1 thread: 10.8 against 11.7),
@@ -286,11 +289,12 @@ macro_rules! dot_packed_kernel {
             // `words`, and `d` and `qsum` hold ncols entries.
             unsafe {
                 let base = group.as_ptr();
+                let hints = $prefetch || super::hint_weights();
                 for c in 0..ncols {
                     let blk = base.add(c * col);
                     let d8 = halves(blk);
                     let data = blk.add(l.head);
-                    if $prefetch {
+                    if hints {
                         prefetch_lines(blk, col);
                     }
                     let w: [__m256i; 8] = std::array::from_fn(|i| {
@@ -455,6 +459,7 @@ macro_rules! dot_packed_kernel {
             // `xs[t].qs`, whose `d` and `s` hold ncols * units entries and `s16` twice that.
             unsafe {
                 let base = group.as_ptr();
+                let hints = $prefetch || super::hint_weights();
                 for c in 0..ncols {
                     let blk = base.add(c * col);
                     // Per-column scales of the eight rows (per-unit ones are read below).
@@ -475,7 +480,7 @@ macro_rules! dot_packed_kernel {
                     };
                     for u in 0..units {
                         let data = blk.add(l.head + u * l.unit);
-                        if $prefetch {
+                        if hints {
                             let (share, len) = unit_share(blk, col, units, u);
                             prefetch_lines(share, len);
                         }
