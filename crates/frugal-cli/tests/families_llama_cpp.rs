@@ -37,6 +37,18 @@ fn llama_cpp_and_frugal_agree_on_every_family() {
             "qwen3",
             llama_as(&f, &Target::Qwen3 { spread: 0.1 }, 7).unwrap(),
         ),
+        // The long factors apply: the windows of 128 exceed the original context of 64.
+        (
+            "phi3 long factors",
+            llama_as(
+                &f,
+                &Target::Phi3 {
+                    factors: Some((4.0, 64)),
+                },
+                7,
+            )
+            .unwrap(),
+        ),
         (
             "llama3 rope_freqs",
             with_rope(&f, Some(factors), None).unwrap(),
