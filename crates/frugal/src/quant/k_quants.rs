@@ -426,6 +426,19 @@ mod tests {
     }
 
     #[test]
+    fn low_bit_k_quants_keep_zero_and_constant_blocks_exact() {
+        for x in [vec![0f32; 256], vec![-0.75f32; 256], vec![0.5f32; 256]] {
+            for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q5_K] {
+                let bytes = crate::quant::quantize(ty, &x).unwrap();
+                let y = dequantize_to_vec(ty, &bytes, 256).unwrap();
+                for (a, b) in x.iter().zip(&y) {
+                    assert!((a - b).abs() <= 1e-3, "{ty}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn zero_and_constant_blocks_are_exact() {
         for x in [vec![0f32; 256], vec![-0.75f32; 256]] {
             for (ty, bytes) in [
