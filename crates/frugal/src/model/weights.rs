@@ -233,9 +233,10 @@ impl Weights {
                 Vec::new()
             }
             .into_iter();
+            let fused_q = qkv.next();
             let kv = match c.mla {
                 None if fused => KvProjection::Heads {
-                    wk: qkv.nth(1).expect("three parts"),
+                    wk: qkv.next().expect("three parts"),
                     wv: qkv.next().expect("three parts"),
                 },
                 None => KvProjection::Heads {
@@ -259,11 +260,9 @@ impl Weights {
             };
             layers.push(LayerWeights {
                 attn_norm: vector(file, &name("attn_norm"), c.n_embd)?,
-                wq: if fused {
-                    let widths = [c.q_dim()];
-                    split_rows(file, &name("attn_qkv"), &widths, c.n_embd)?.remove(0)
-                } else {
-                    head_linear(file, c, &name("attn_q"), false, false)?
+                wq: match fused_q {
+                    Some(q) => q,
+                    None => head_linear(file, c, &name("attn_q"), false, false)?,
                 },
                 kv,
                 wo: match c.mla {
@@ -508,8 +507,8 @@ fn linear_of(
 
 /// The matrix `name` of `widths.iter().sum()` rows of `cols`, as one matrix per width: its
 /// first `widths[0]` rows, the next `widths[1]`, ... (a fused projection's parts; rows are
-/// stored one after another, so each part is a byte range of its own). With fewer widths than
-/// parts, the first ones.
+/// stored one after another, so each part is a byte range of its own). The widths must add up
+/// to the matrix's rows.
 fn split_rows(
     file: &Reader,
     name: &str,
@@ -518,7 +517,7 @@ fn split_rows(
 ) -> Result<Vec<Linear>, GgufError> {
     let (info, _) = file.tensor(name)?;
     let rows = info.dims.get(1).copied().unwrap_or(0) as usize;
-    if widths.iter().sum::<usize>() > rows || info.dims.len() != 2 {
+    if widths.iter().sum::<usize>() != rows || info.dims.len() != 2 {
         return Err(shape_error(
             name,
             info.info_offset,
