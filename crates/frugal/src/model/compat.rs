@@ -76,3 +76,54 @@ pub fn check(f: &GgufFile) -> Compatibility {
         llama_cpp_differs: differs,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{GgufWriter, Value};
+    use crate::model::moe::Gating;
+    use crate::model::synthetic::{SyntheticMoe, SyntheticSpec, build};
+
+    fn check_bytes(bytes: Vec<u8>) -> Compatibility {
+        check(&GgufFile::from_bytes(bytes).unwrap())
+    }
+
+    #[test]
+    fn what_llama_cpp_cannot_run_is_named() {
+        let plain = check_bytes(build(&SyntheticSpec::default()));
+        assert_eq!(plain.frugal, Ok(()));
+        assert!(plain.llama_cpp_refuses.is_empty() && plain.llama_cpp_differs.is_empty());
+
+        // Shared experts in a `llama` file (what `moefy --shared` writes): frugal runs it,
+        // llama.cpp refuses it, naming the tensor.
+        let moe = SyntheticMoe {
+            n_expert: 4,
+            n_used: 2,
+            gating: Gating::Softmax,
+            n_ff_shared: 32,
+            selection_bias: false,
+        };
+        let spec = SyntheticSpec {
+            moe: Some(moe),
+            ..Default::default()
+        };
+        let shared = check_bytes(build(&spec));
+        assert_eq!(shared.frugal, Ok(()));
+        assert_eq!(shared.llama_cpp_refuses.len(), 1);
+        assert!(shared.llama_cpp_refuses[0].contains("blk.0.ffn_gate_shexp.weight"));
+
+        // A window in a `llama` file: llama.cpp loads it and attends past the window.
+        let f = GgufFile::from_bytes(build(&SyntheticSpec::default())).unwrap();
+        let mut w = GgufWriter::from_file(&f);
+        w.set("llama.attention.sliding_window", Value::U32(8));
+        let windowed = check_bytes(w.to_bytes().unwrap());
+        assert!(windowed.llama_cpp_refuses.is_empty());
+        assert!(windowed.llama_cpp_differs[0].contains("sliding_window = 8"));
+
+        // A file frugal refuses says why, naming the key.
+        let mut w = GgufWriter::from_file(&f);
+        w.set("general.architecture", Value::String("falcon".into()));
+        let bad = check_bytes(w.to_bytes().unwrap());
+        assert!(bad.frugal.unwrap_err().contains("falcon"));
+    }
+}
