@@ -315,6 +315,9 @@ fn read_rope_scaling(
     match kind {
         "none" => {}
         "linear" => s.freq_scale = 1.0 / factor,
+        // Phi-3's long/short factors (tensors, read with `LongRope`); the angle scale is
+        // linear's, as llama.cpp computes it for this type.
+        "longrope" if arch == "phi3" => s.freq_scale = 1.0 / factor,
         "yarn" => {
             s.freq_scale = 1.0 / factor;
             let orig = f
@@ -337,7 +340,9 @@ fn read_rope_scaling(
         other => {
             return Err(bad(
                 "rope.scaling.type",
-                format!("{other:?} is not supported (none, linear and yarn are)"),
+                format!(
+                    "{other:?} is not supported (none, linear and yarn are; longrope for phi3)"
+                ),
             ));
         }
     }
