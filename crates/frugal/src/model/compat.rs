@@ -19,9 +19,11 @@ pub struct Compatibility {
 
 /// Checks `f` against frugal's loader and llama.cpp's known limits.
 pub fn check(f: &GgufFile) -> Compatibility {
-    let frugal = Config::from_gguf(f)
-        .and_then(|c| Weights::load(f, &c).map(|_| ()))
-        .map_err(|e| e.to_string());
+    let config = Config::from_gguf(f);
+    let frugal = match &config {
+        Ok(c) => Weights::load(f, c).map(|_| ()).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
     let mut refuses = Vec::new();
     let mut differs = Vec::new();
     let arch = f.str("general.architecture").unwrap_or("");
@@ -59,7 +61,7 @@ pub fn check(f: &GgufFile) -> Compatibility {
             ));
         }
     }
-    if let Ok(c) = Config::from_gguf(f)
+    if let Ok(c) = &config
         && let Some(m) = c.moe
         && !m.llama_cpp_compatible()
         && arch == "llama"

@@ -8,6 +8,13 @@
 //! refits each by least squares for the codes it chose, and keeps the one with the smallest
 //! squared error (as llama.cpp's IQ4 and K-quant encoders search).
 
+/// The value of largest magnitude, sign kept (the first of equal magnitudes; 0 for none): the
+/// end of a symmetric grid the scale maps to.
+pub(super) fn signed_absmax(x: &[f32]) -> f32 {
+    x.iter()
+        .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
+}
+
 /// Index of the entry of the ascending `table` nearest to `v` (the lower one on a tie): the
 /// number of midpoints between neighbours that `v` lies above. Counting all of them (no
 /// branches) costs less than a binary search's mispredicted branches on tables this short.
@@ -50,9 +57,7 @@ fn refit(x: &[f32], table: &[f32], s: f32) -> f32 {
 /// Only the refitted scales are scored: for the codes a candidate chose the least-squares scale
 /// errs no more than the candidate, and re-choosing the nearest codes for it errs no more again.
 pub(super) fn fit_table_scale(x: &[f32], table: &[f32]) -> f32 {
-    let max = x
-        .iter()
-        .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let max = signed_absmax(x);
     if max == 0.0 {
         return 0.0;
     }

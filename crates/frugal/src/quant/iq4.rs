@@ -113,9 +113,7 @@ pub fn quantize_iq4_xs(x: &[f32]) -> Vec<u8> {
     for blk in x.chunks_exact(QK_K) {
         let fitted: [f32; 8] =
             std::array::from_fn(|ib| fit_table_scale(&blk[32 * ib..][..32], &TABLE));
-        let max = fitted
-            .iter()
-            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let max = super::fit::signed_absmax(&fitted);
         let d_bits = f32_to_f16(max / -32.0);
         let d = f16_to_f32(d_bits);
         let inv_d = if d != 0.0 { 1.0 / d } else { 0.0 };

@@ -168,9 +168,7 @@ pub(super) fn fit_asymmetric(x: &[f32], w: Option<&[f32]>, nmax: f32) -> (f32, f
 /// Fits `x ~ s * q` with q in -32..=31: the signed absmax maps to -32 (the end of the grid that
 /// exists), then nearby scales are tried with a least-squares refit; keeps the best.
 fn fit_symmetric6(x: &[f32]) -> f32 {
-    let max = x
-        .iter()
-        .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let max = super::fit::signed_absmax(x);
     if max == 0.0 {
         return 0.0;
     }
@@ -280,9 +278,7 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
         for (j, sub) in blk.chunks(16).enumerate() {
             scales[j] = fit_symmetric6(sub);
         }
-        let max = scales
-            .iter()
-            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let max = super::fit::signed_absmax(&scales);
         let d_bits = f32_to_f16(max / -128.0);
         let d = f16_to_f32(d_bits);
         let inv_d = if d != 0.0 { 1.0 / d } else { 0.0 };

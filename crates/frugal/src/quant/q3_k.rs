@@ -82,9 +82,7 @@ pub fn quantize_q3_k(x: &[f32]) -> Vec<u8> {
     for blk in x.chunks_exact(QK_K) {
         let fitted: [f32; 16] =
             std::array::from_fn(|n| fit_table_scale(&blk[16 * n..][..16], &GRID));
-        let max = fitted
-            .iter()
-            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let max = super::fit::signed_absmax(&fitted);
         let d_bits = f32_to_f16(max / -32.0);
         let d = f16_to_f32(d_bits);
         let inv_d = if d != 0.0 { 1.0 / d } else { 0.0 };

@@ -106,9 +106,7 @@ pub(super) fn decode_q4_1(bytes: &[u8], out: &mut [f32]) {
 pub fn quantize_q4_0(x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK4 * BlockQ4_0::BYTES);
     for chunk in x.chunks(QK4) {
-        let max = chunk
-            .iter()
-            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let max = super::fit::signed_absmax(chunk);
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut q = [0u8; 32];

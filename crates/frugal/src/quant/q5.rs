@@ -76,9 +76,7 @@ pub(super) fn decode_q5_1(bytes: &[u8], out: &mut [f32]) {
 pub fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK5 * Q5_0_BYTES);
     for chunk in x.chunks(QK5) {
-        let max = chunk
-            .iter()
-            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let max = super::fit::signed_absmax(chunk);
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut q = [0u8; 32];

@@ -96,9 +96,7 @@ fn encode_symmetric(
 
 /// The stored f16 scale and codes (`-n..n`) minimizing `Σ w (x - d q)²` over candidate grids.
 fn fit_symmetric(x: &[f32], w: &[f32], n: i32) -> (u16, [i32; 32]) {
-    let max = x
-        .iter()
-        .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let max = super::fit::signed_absmax(x);
     if max == 0.0 {
         return (f32_to_f16(0.0), [0; 32]);
     }
