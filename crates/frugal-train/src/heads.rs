@@ -412,7 +412,7 @@ pub fn train(
         ids.iter().enumerate().map(|(i, &t)| (t, i)).collect();
     let v = ids.len();
     // The frozen output rows the heads score, in f32.
-    let out_m = model.weights.output.view(&model.file);
+    let out_m = model.weights.output.view();
     let mut out = vec![0.0; v * d];
     for (row, &t) in out.chunks_exact_mut(d).zip(&ids) {
         out_m.dequantize_row(t as usize, row);

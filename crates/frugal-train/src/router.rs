@@ -42,7 +42,8 @@
 
 use frugal::gguf::{GgufFile, GgufWriter, TensorData, Value};
 use frugal::model::moe::{Gating, Mlp, Route, route};
-use frugal::model::{Ffn, Linear, Logits, Model, MoeConfig, Observer, RoutingStats, Scratch, Site};
+use frugal::model::{Ffn, Logits, Model, MoeConfig, Observer, RoutingStats, Scratch, Site};
+use frugal::quant::Matrix;
 use frugal::quant::{GgmlType, dequantize_to_vec, quantize_f32};
 use rayon::prelude::*;
 
@@ -125,7 +126,7 @@ struct F32Mlp {
     n_ff: usize,
 }
 
-fn decode(l: &Linear, file: &GgufFile) -> Result<Vec<f32>> {
+fn decode(l: &Matrix, file: &GgufFile) -> Result<Vec<f32>> {
     let bytes = &file.raw_bytes()[l.file_range()];
     dequantize_to_vec(l.ty, bytes, l.rows * l.cols)
         .map_err(|e| TrainError::Invalid(format!("{}: {e}", l.name)))

@@ -423,21 +423,14 @@ pub fn kv_bytes_per_token(model: &Model, opts: &EvalOptions, depth: usize, n: us
 /// one embedding row and the norms.
 pub fn weight_bytes_per_token(model: &Model) -> u64 {
     let w = &model.weights;
-    let matrices: u64 = w
-        .matrices()
-        .map(|m| match (&m.sparse, &m.packed) {
-            (Some(s), _) => s.bytes() as u64,
-            (None, Some(p)) => p.bytes() as u64,
-            (None, None) => m.view(&model.file).data.len() as u64,
-        })
-        .sum();
+    let matrices: u64 = w.matrices().map(|m| m.bytes_read() as u64).sum();
     let norms: usize = w
         .layers
         .iter()
         .map(|l| l.attn_norm.len() + l.ffn_norm.len())
         .sum::<usize>()
         + w.output_norm.len();
-    let embd_row = w.token_embd.view(&model.file).row_bytes() as u64;
+    let embd_row = w.token_embd.view().row_bytes() as u64;
     matrices + embd_row + 4 * norms as u64
 }
 

@@ -139,7 +139,10 @@ fn newer_block_formats_run_close_to_f32_on_both_paths() {
         let e = rel_err(&exact, &reference);
         model.set_activations(Activations::Q8);
         let wq = &model.weights.layers[0].wq;
-        assert!(wq.ty == ty && wq.packed.is_some(), "{ty}: attn_q is packed");
+        assert!(
+            wq.ty == ty && wq.packed().is_some(),
+            "{ty}: attn_q is packed"
+        );
         let e8 = rel_err(&logits(&model), &exact);
         eprintln!("{ty}: {e:.2e} from f32, 8-bit activations {e8:.2e} from that");
         assert!(

@@ -10,7 +10,7 @@ mod reader;
 mod value;
 mod writer;
 
-pub use reader::{GgufFile, TensorInfo};
+pub use reader::{GgufFile, SharedBytes, TensorInfo};
 pub use value::{Array, Value, ValueType};
 pub use writer::{GgufWriter, TensorData};
 

@@ -56,9 +56,44 @@ impl Bytes {
     }
 }
 
+/// A file's image, shared: what a matrix keeps to read its stored bytes after the borrow of the
+/// [`GgufFile`] that loaded it ends.
+#[derive(Clone)]
+pub struct SharedBytes(std::sync::Arc<Bytes>);
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({} bytes)", self.0.as_slice().len())
+    }
+}
+
+impl SharedBytes {
+    pub fn as_slice(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+
+    /// Tells the kernel the mapped pages of `range` are not needed now (they were copied
+    /// elsewhere), so they stop counting toward resident memory; reading them again simply
+    /// faults them back in from the file. No-op for in-memory images.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        if let Bytes::Mapped(m) = &*self.0 {
+            let page = 4096;
+            let start = range.start.div_ceil(page) * page;
+            let end = range.end / page * page;
+            if end > start {
+                // SAFETY: the map is read-only and file-backed, so dropped pages are re-read from
+                // the file on the next access; no data is lost.
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+                };
+            }
+        }
+    }
+}
+
 /// An opened, fully validated GGUF file. Tensor data stays in the memory map and is borrowed.
 pub struct GgufFile {
-    bytes: Bytes,
+    bytes: SharedBytes,
     pub version: u32,
     metadata: Vec<(String, Value)>,
     index: HashMap<String, usize>,
@@ -339,7 +374,7 @@ impl GgufFile {
         if metadata_only {
             let data_offset = c.pos as u64;
             return Ok(GgufFile {
-                bytes,
+                bytes: SharedBytes(std::sync::Arc::new(bytes)),
                 version,
                 metadata,
                 index,
@@ -445,7 +480,7 @@ impl GgufFile {
         }
 
         Ok(GgufFile {
-            bytes,
+            bytes: SharedBytes(std::sync::Arc::new(bytes)),
             version,
             metadata,
             index,
@@ -461,22 +496,14 @@ impl GgufFile {
         self.bytes.as_slice()
     }
 
-    /// Tells the kernel the mapped pages of `range` are not needed now (they were copied
-    /// elsewhere), so they stop counting toward resident memory; reading them again simply
-    /// faults them back in from the file. No-op for in-memory images.
+    /// See [`SharedBytes::release`].
     pub fn release(&self, range: std::ops::Range<usize>) {
-        if let Bytes::Mapped(m) = &self.bytes {
-            let page = 4096;
-            let start = range.start.div_ceil(page) * page;
-            let end = range.end / page * page;
-            if end > start {
-                // SAFETY: the map is read-only and file-backed, so dropped pages are re-read from
-                // the file on the next access; no data is lost.
-                let _ = unsafe {
-                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
-                };
-            }
-        }
+        self.bytes.release(range);
+    }
+
+    /// The file image, shared (see [`SharedBytes`]).
+    pub fn shared_bytes(&self) -> SharedBytes {
+        self.bytes.clone()
     }
 
     /// Size of the whole file in bytes.

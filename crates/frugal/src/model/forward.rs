@@ -9,22 +9,18 @@
 
 use std::ops::Range;
 
+use super::Model;
 use super::features::FfnAct;
 use super::mla::{self, LatentPath};
 use super::moe::MoeScratch;
-use super::weights::{Ffn, KvProjection, Mlp};
-use super::{Linear, Model};
+use super::weights::{Ffn, KvProjection, LayerWeights, Mlp};
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
 use crate::kv::{KvBatch, KvPool, KvSequence, OneSeq, PoolBatch, SeqId};
 use crate::ops::{
     RopeScaling, RopeTable, add_assign, geglu_tanh, rms_norm, rms_norm_prefix, swiglu,
 };
-use crate::quant::GgmlType;
-use crate::quant::act::{Activations, Q8Acts, WideActs};
-use crate::quant::matmul;
-use crate::quant::packed::{matmul_packed, matvec_packed_many};
-use crate::quant::sparse_matrix::matmul_sparse;
+use crate::quant::{ActBuffers, Matrix, ProductInput};
 use rayon::prelude::*;
 
 /// Which positions of the batch need logits (the output projection is the costliest matrix).
@@ -56,9 +52,7 @@ pub struct Scratch {
     pub attention: Attention,
     /// How latent attention (MLA) is computed (both are exact).
     pub latent: LatentPath,
-    attn_ws: AttnWorkspace,
-    /// One workspace per sequence of a batch (their attention runs in parallel).
-    seg_ws: Vec<AttnWorkspace>,
+    spaces: AttnSpaces,
     x: Vec<f32>,
     xb: Vec<f32>,
     q: Vec<f32>,
@@ -79,17 +73,28 @@ pub struct Scratch {
     rope: RopeTable,
     /// RoPE of the sliding-window layers, when they have their own base.
     rope_local: RopeTable,
-    acts: Q8Acts,
-    /// The FFN's hidden rows, quantized for the down projection (`acts` holds its input).
-    hidden_acts: Q8Acts,
+    /// The integer forms of the current products' input.
+    acts: ActBuffers,
+    /// The FFN's hidden rows' forms, for the down projection (`acts` holds its input's).
+    hidden_acts: ActBuffers,
     /// The experts' buffers and, when asked for, routing statistics.
     pub moe: MoeScratch,
-    wide: WideActs,
-    /// Latent attention: absorbed queries and attended rows (`n x n_head x row`), and the
-    /// decompressed path's buffers.
-    lat_q: Vec<f32>,
-    lat_out: Vec<f32>,
-    lat_dec: mla::DecompressBufs,
+    lat: mla::LatentBufs,
+}
+
+/// Attention's workspaces: one for a lone sequence, one per sequence of a batch (their
+/// attention runs in parallel).
+#[derive(Default, Debug)]
+pub(super) struct AttnSpaces {
+    one: AttnWorkspace,
+    per_seq: Vec<AttnWorkspace>,
+}
+
+impl AttnSpaces {
+    /// The lone sequence's workspace.
+    pub(super) fn one(&mut self) -> &mut AttnWorkspace {
+        &mut self.one
+    }
 }
 
 impl Scratch {
@@ -360,8 +365,45 @@ impl Model {
         s: &mut Scratch,
         mut obs: Option<&mut dyn Observer>,
     ) -> Result<usize, Error> {
+        let n = self.check_pass(input, &layers, lens, kv)?;
+        for (i, &len) in lens.iter().enumerate() {
+            if let Err(e) = kv.reserve(i, len) {
+                (0..i).for_each(|j| kv.unreserve(j));
+                return Err(e.into());
+            }
+        }
+        // Each segment's first position and first row in the batch.
+        s.segs.clear();
+        let mut row = 0;
+        for (i, &len) in lens.iter().enumerate() {
+            s.segs.push((kv.len(i), row, len));
+            row += len;
+        }
+        self.embed(input, n, s);
+        self.fill_rope_tables(s);
+        let d = self.config.n_embd;
+        for (l, lw) in self.weights.layers[layers.clone()].iter().enumerate() {
+            let l_model = l + layers.start;
+            self.attention_block(l_model, l, lw, n, kv, s, &mut obs);
+            self.ffn_block(l_model, lw, n, s, &mut obs);
+            observe(&mut obs, l_model, Site::LayerOutput, &s.x, d);
+        }
+        for (i, &(_, _, len)) in s.segs.iter().enumerate() {
+            kv.commit(i, len);
+        }
+        Ok(self.head(s))
+    }
+
+    /// Checks a pass's input against the model and the cache before anything changes;
+    /// returns its rows.
+    fn check_pass(
+        &self,
+        input: Input,
+        layers: &Range<usize>,
+        lens: &[usize],
+        kv: &dyn KvBatch,
+    ) -> Result<usize, Error> {
         let c = &self.config;
-        let w = &self.weights;
         let d = c.n_embd;
         let n = match input {
             Input::Tokens(t) => t.len(),
@@ -379,64 +421,48 @@ impl Model {
             )));
         }
         match input {
-            Input::Tokens(tokens) => {
-                if layers.start != 0 {
-                    return Err(Error::Invalid(format!(
-                        "a pass from token ids starts at layer 0, not {}",
-                        layers.start
-                    )));
-                }
-                if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-                    return Err(Error::BadToken {
-                        id: bad,
-                        n_vocab: c.n_vocab,
-                    });
-                }
-            }
-            Input::Hidden(h) if h.len() != n * d => {
-                return Err(Error::Invalid(format!(
-                    "hidden states of {} values are not rows of {d}",
-                    h.len()
-                )));
-            }
-            Input::Hidden(_) => {}
+            Input::Tokens(_) if layers.start != 0 => Err(Error::Invalid(format!(
+                "a pass from token ids starts at layer 0, not {}",
+                layers.start
+            ))),
+            Input::Tokens(tokens) => match tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+                Some(&bad) => Err(Error::BadToken {
+                    id: bad,
+                    n_vocab: c.n_vocab,
+                }),
+                None => Ok(n),
+            },
+            Input::Hidden(h) if h.len() != n * d => Err(Error::Invalid(format!(
+                "hidden states of {} values are not rows of {d}",
+                h.len()
+            ))),
+            Input::Hidden(_) => Ok(n),
         }
-        for (i, &len) in lens.iter().enumerate() {
-            if let Err(e) = kv.reserve(i, len) {
-                (0..i).for_each(|j| kv.unreserve(j));
-                return Err(e.into());
-            }
-        }
-        // Each segment's first position and first row in the batch.
-        s.segs.clear();
-        let mut row = 0;
-        for (i, &len) in lens.iter().enumerate() {
-            s.segs.push((kv.len(i), row, len));
-            row += len;
-        }
-        let shape = AttnShape {
-            n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
-            head_dim: c.head_dim,
-            window: None,
-        };
-        let (q_dim, kv_dim, attn_dim) = (c.q_dim(), c.kv_dim(), c.attn_dim());
+    }
 
-        // Token embeddings: decode the rows of the (usually quantized) embedding table.
+    /// The residual stream entering the pass: the token embeddings (rows of the usually
+    /// quantized table, decoded; scaled where the family scales them), or the given rows.
+    fn embed(&self, input: Input, n: usize, s: &mut Scratch) {
+        let d = self.config.n_embd;
         let x = sized(&mut s.x, n * d);
         match input {
             Input::Tokens(tokens) => {
-                let embd = w.token_embd.view(&self.file);
+                let embd = self.weights.token_embd.view();
                 for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
                     embd.dequantize_row(t as usize, row);
+                }
+                if let Some(scale) = self.config.features.embd_scale {
+                    x.iter_mut().for_each(|v| *v *= scale);
                 }
             }
             Input::Hidden(h) => x.copy_from_slice(h),
         }
-        if let (Input::Tokens(_), Some(scale)) = (input, c.features.embd_scale) {
-            x.iter_mut().for_each(|v| *v *= scale);
-        }
-        // Local layers with a base of their own rotate without the global scaling (Gemma 3).
+    }
+
+    /// The RoPE angles of every position of the pass; local layers with a base of their own
+    /// rotate without the global scaling (Gemma 3).
+    fn fill_rope_tables(&self, s: &mut Scratch) {
+        let c = &self.config;
         let local_base = c.features.sliding.and_then(|sw| sw.local_rope_base);
         let unscaled = RopeScaling::default();
         for (table, base, scaling) in [
@@ -451,248 +477,184 @@ impl Model {
                 table.extend(pos0, len, c.rope_dim, base);
             }
         }
+    }
 
-        let act = self.activations;
-        let first_layer = layers.start;
-        for (l, lw) in w.layers[layers].iter().enumerate() {
-            let l_model = l + first_layer;
-            // Attention block: norm -> Q, K, V -> RoPE -> cache -> attention -> output -> residual.
-            let xb = sized(&mut s.xb, n * d);
-            rms_norm(&s.x, &lw.attn_norm, c.rms_eps, xb);
-            observe(&mut obs, l_model, Site::AttnInput, xb, d);
-            let xq = quantize_input(act, xb, d, &mut s.acts);
-            let q = sized(&mut s.q, n * q_dim);
-            let att = sized(&mut s.att, n * attn_dim);
-            match &lw.kv {
-                KvProjection::Heads { wk, wv } => {
-                    let k = sized(&mut s.k, n * kv_dim);
-                    let v = sized(&mut s.v, n * kv_dim);
-                    self.linear_many([&lw.wq, wk, wv], xb, xq, [&mut *q, &mut *k, &mut *v]);
-                    let b = &lw.biases;
-                    for (y, bias) in [(&mut *q, &b.q), (&mut *k, &b.k), (&mut *v, &b.v)] {
-                        add_bias(y, bias.as_deref());
-                    }
-                    let en = &lw.extra_norms;
-                    if let (Some(qn), Some(kn)) = (&en.q, &en.k) {
-                        // Each head on its own (rows of `head_dim`).
-                        rms_norm_prefix(q, c.head_dim, qn, c.rms_eps);
-                        rms_norm_prefix(k, c.head_dim, kn, c.rms_eps);
-                    }
-                    let window = c.features.window(l_model);
-                    let rope = if window.is_some() && local_base.is_some() {
-                        &s.rope_local
-                    } else {
-                        &s.rope
-                    };
-                    rope.apply(q, c.n_head, c.head_dim);
-                    rope.apply(k, c.n_head_kv, c.head_dim);
-                    if let Some(qs) = c.features.query_scale {
-                        // Attention divides by sqrt(head_dim); the scores take `qs` instead.
-                        let f = qs * (c.head_dim as f32).sqrt();
-                        q.iter_mut().for_each(|v| *v *= f);
-                    }
-                    // Only attention is per sequence: its own positions, its own cache.
-                    for (i, &(_, r0, len)) in s.segs.iter().enumerate() {
-                        let rows = r0 * kv_dim..(r0 + len) * kv_dim;
-                        kv.append(i, l, &k[rows.clone()], &v[rows]);
-                    }
-                    attend_segments(
-                        s.attention,
-                        AttnShape { window, ..shape },
-                        q,
-                        &*kv,
-                        l,
-                        &s.segs,
-                        att,
-                        &mut s.attn_ws,
-                        &mut s.seg_ws,
-                    );
+    /// The attention block of layer `l_model` (layer `l` of the cache): norm -> Q, K, V ->
+    /// RoPE -> cache -> attention -> output -> residual.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block(
+        &self,
+        l_model: usize,
+        l: usize,
+        lw: &LayerWeights,
+        n: usize,
+        kv: &mut dyn KvBatch,
+        s: &mut Scratch,
+        obs: &mut Option<&mut dyn Observer>,
+    ) {
+        let c = &self.config;
+        let (d, attn_dim) = (c.n_embd, c.attn_dim());
+        let xb = sized(&mut s.xb, n * d);
+        rms_norm(&s.x, &lw.attn_norm, c.rms_eps, xb);
+        observe(obs, l_model, Site::AttnInput, xb, d);
+        let mut x = ProductInput::new(xb, d, self.activations, &mut s.acts);
+        let q = sized(&mut s.q, n * c.q_dim());
+        let att = sized(&mut s.att, n * attn_dim);
+        match &lw.kv {
+            KvProjection::Heads { wk, wv } => {
+                let k = sized(&mut s.k, n * c.kv_dim());
+                let v = sized(&mut s.v, n * c.kv_dim());
+                Matrix::apply_many([&lw.wq, wk, wv], &mut x, [&mut *q, &mut *k, &mut *v]);
+                let b = &lw.biases;
+                for (y, bias) in [(&mut *q, &b.q), (&mut *k, &b.k), (&mut *v, &b.v)] {
+                    add_bias(y, bias.as_deref());
                 }
-                KvProjection::Latent {
-                    kv_a,
-                    kv_a_norm,
-                    k_b,
-                    v_b,
-                } => {
-                    let m = c.mla.expect("latent weights come with an MLA config");
-                    let (rank, row) = (m.kv_lora_rank, m.row_dim());
-                    // The cached row: [RMSNorm(latent) | RoPE(k_pe)].
-                    let lat = sized(&mut s.k, n * row);
-                    self.linear_many([&lw.wq, kv_a], xb, xq, [&mut *q, &mut *lat]);
-                    add_bias(q, lw.biases.q.as_deref());
-                    crate::ops::rms_norm_prefix(lat, row, kv_a_norm, c.rms_eps);
-                    s.rope.apply_at(q, c.n_head, c.head_dim, m.nope_dim);
-                    s.rope.apply_at(lat, 1, row, rank);
-                    for (i, &(_, r0, len)) in s.segs.iter().enumerate() {
-                        kv.append(i, l, &lat[r0 * row..(r0 + len) * row], &[]);
-                    }
-                    match s.latent {
-                        LatentPath::Absorbed => {
-                            let qa = sized(&mut s.lat_q, n * c.n_head * row);
-                            mla::absorb_queries(&m, c.n_head, k_b, q, qa);
-                            let lo = sized(&mut s.lat_out, n * c.n_head * row);
-                            let mqa = AttnShape {
-                                n_head: c.n_head,
-                                n_head_kv: 1,
-                                head_dim: row,
-                                window: None,
-                            };
-                            attend_segments(
-                                s.attention,
-                                mqa,
-                                qa,
-                                &*kv,
-                                l,
-                                &s.segs,
-                                lo,
-                                &mut s.attn_ws,
-                                &mut s.seg_ws,
-                            );
-                            mla::expand_values(&m, c.n_head, v_b, lo, att);
-                        }
-                        LatentPath::Decompressed => mla::attend_decompressed(
-                            &m,
-                            c.n_head,
-                            s.attention,
-                            (k_b, v_b),
-                            q,
-                            (&*kv, l, &s.segs),
-                            &mut s.lat_dec,
-                            &mut s.attn_ws,
-                            att,
-                        ),
-                    }
+                let window = c.features.window(l_model);
+                let rope = match c.features.sliding.and_then(|sw| sw.local_rope_base) {
+                    Some(_) if window.is_some() => &s.rope_local,
+                    _ => &s.rope,
+                };
+                self.position_heads(lw, rope, q, k);
+                // Only attention is per sequence: its own positions, its own cache.
+                let kv_dim = c.kv_dim();
+                for (i, &(_, r0, len)) in s.segs.iter().enumerate() {
+                    let rows = r0 * kv_dim..(r0 + len) * kv_dim;
+                    kv.append(i, l, &k[rows.clone()], &v[rows]);
                 }
+                let shape = AttnShape {
+                    n_head: c.n_head,
+                    n_head_kv: c.n_head_kv,
+                    head_dim: c.head_dim,
+                    window,
+                };
+                let spaces = &mut s.spaces;
+                attend_segments(s.attention, shape, q, &*kv, l, &s.segs, att, spaces);
             }
-            observe(&mut obs, l_model, Site::AttnOutput, att, attn_dim);
-            let proj = sized(&mut s.proj, n * d);
-            let attq = quantize_input(act, att, attn_dim, &mut s.acts);
-            self.linear(&lw.wo, att, attq, proj);
-            add_bias(proj, lw.biases.o.as_deref());
-            if let Some(w) = &lw.extra_norms.post_attn {
-                rms_norm_prefix(proj, d, w, c.rms_eps);
+            KvProjection::Latent { .. } => {
+                let at = mla::At {
+                    layer: l,
+                    rope: &s.rope,
+                    segs: &s.segs,
+                    kind: s.attention,
+                    path: s.latent,
+                };
+                self.latent_attention(lw, at, &mut x, q, kv, &mut s.lat, &mut s.spaces, att);
             }
-            add_assign(&mut s.x, proj);
-
-            // Feed-forward block: norm -> SwiGLU(gate, up) -> down (one block, or the experts
-            // the router picks) -> residual.
-            rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, xb);
-            observe(&mut obs, l_model, Site::FfnInput, xb, d);
-            let xq = quantize_input(act, xb, d, &mut s.acts);
-            match &lw.ffn {
-                Ffn::Dense(mlp) => {
-                    let (gate, up, ha) = (&mut s.gate, &mut s.up, &mut s.hidden_acts);
-                    self.mlp(mlp, xb, xq, act, c.n_ff, gate, up, ha, proj);
-                    // `gate` holds the SwiGLU product, the down projection's input.
-                    let h = &s.gate[..n * c.n_ff];
-                    observe(&mut obs, l_model, Site::FfnDownInput, h, c.n_ff);
-                }
-                Ffn::Experts(ex) => {
-                    self.experts_ffn(l_model, ex, act, xb, xq, &mut s.moe, proj);
-                }
-            }
-            if let Some(w) = &lw.extra_norms.post_ffn {
-                rms_norm_prefix(proj, d, w, c.rms_eps);
-            }
-            add_assign(&mut s.x, proj);
-            observe(&mut obs, l_model, Site::LayerOutput, &s.x, d);
         }
-        for (i, &(_, _, len)) in s.segs.iter().enumerate() {
-            kv.commit(i, len);
+        observe(obs, l_model, Site::AttnOutput, att, attn_dim);
+        let proj = sized(&mut s.proj, n * d);
+        let mut a = ProductInput::new(att, attn_dim, self.activations, &mut s.acts);
+        lw.wo.apply(&mut a, proj);
+        add_bias(proj, lw.biases.o.as_deref());
+        if let Some(w) = &lw.extra_norms.post_attn {
+            rms_norm_prefix(proj, d, w, c.rms_eps);
         }
+        add_assign(&mut s.x, proj);
+    }
 
-        // Final norm and the output projection, only for the rows that need logits.
-        let rows = s.logit_rows.len();
+    /// Queries and keys of every head as attention compares them: each head normalized where
+    /// the family does (q/k norms), rotated to its position, the queries scaled where the
+    /// family gives attention its own scale.
+    fn position_heads(&self, lw: &LayerWeights, rope: &RopeTable, q: &mut [f32], k: &mut [f32]) {
+        let c = &self.config;
+        let en = &lw.extra_norms;
+        if let (Some(qn), Some(kn)) = (&en.q, &en.k) {
+            // Each head on its own (rows of `head_dim`).
+            rms_norm_prefix(q, c.head_dim, qn, c.rms_eps);
+            rms_norm_prefix(k, c.head_dim, kn, c.rms_eps);
+        }
+        rope.apply(q, c.n_head, c.head_dim);
+        rope.apply(k, c.n_head_kv, c.head_dim);
+        if let Some(qs) = c.features.query_scale {
+            // Attention divides by sqrt(head_dim); the scores take `qs` instead.
+            let f = qs * (c.head_dim as f32).sqrt();
+            q.iter_mut().for_each(|v| *v *= f);
+        }
+    }
+
+    /// The feed-forward block: norm -> SwiGLU(gate, up) -> down (one block, or the experts the
+    /// router picks) -> residual.
+    fn ffn_block(
+        &self,
+        l_model: usize,
+        lw: &LayerWeights,
+        n: usize,
+        s: &mut Scratch,
+        obs: &mut Option<&mut dyn Observer>,
+    ) {
+        let c = &self.config;
+        let d = c.n_embd;
+        let xb = sized(&mut s.xb, n * d);
+        rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, xb);
+        observe(obs, l_model, Site::FfnInput, xb, d);
+        let proj = sized(&mut s.proj, n * d);
+        match &lw.ffn {
+            Ffn::Dense(mlp) => {
+                let mut x = ProductInput::new(xb, d, self.activations, &mut s.acts);
+                let (gate, up, ha) = (&mut s.gate, &mut s.up, &mut s.hidden_acts);
+                self.mlp(mlp, &mut x, c.n_ff, gate, up, ha, proj);
+                // `gate` holds the SwiGLU product, the down projection's input.
+                let h = &s.gate[..n * c.n_ff];
+                observe(obs, l_model, Site::FfnDownInput, h, c.n_ff);
+            }
+            Ffn::Experts(ex) => {
+                self.experts_ffn(l_model, ex, xb, &mut s.acts, &mut s.moe, proj);
+            }
+        }
+        if let Some(w) = &lw.extra_norms.post_ffn {
+            rms_norm_prefix(proj, d, w, c.rms_eps);
+        }
+        add_assign(&mut s.x, proj);
+    }
+
+    /// The final norm and the output projection, only for the rows that need logits; returns
+    /// how many rows that is.
+    fn head(&self, s: &mut Scratch) -> usize {
+        let (c, w) = (&self.config, &self.weights);
+        let (rows, d) = (s.logit_rows.len(), c.n_embd);
         if rows == 0 {
-            return Ok(0);
+            return 0;
         }
         let xb = sized(&mut s.xb, rows * d);
         for (out, &r) in xb.chunks_exact_mut(d).zip(&s.logit_rows) {
             rms_norm(&s.x[r * d..(r + 1) * d], &w.output_norm, c.rms_eps, out);
         }
-        // The head: under `q8`, 15-bit activations into a Q8_0 head; 8-bit ones into any other
-        // block-quantized head, as in `q8-full` (see `Activations`).
         let logits = sized(&mut s.logits, rows * c.n_vocab);
-        match (act, &w.output.packed) {
-            (Activations::Q8, Some(p)) if p.ty == GgmlType::Q8_0 => {
-                s.wide.quantize(xb, d);
-                matmul_packed(p, &s.wide, logits);
-            }
-            _ => {
-                let xq = quantize_input(act, xb, d, &mut s.acts);
-                self.linear(&w.output, xb, xq, logits);
-            }
-        }
-        Ok(rows)
+        let mut x = ProductInput::new(xb, d, self.activations, &mut s.acts);
+        w.output.apply(&mut x, logits);
+        rows
     }
 
-    /// One SwiGLU block over the `n` rows of `x` (`xq` their 8-bit form when the pass uses
-    /// it): `y = down(silu(gate x) * up x)`, `ff` neurons wide; `gate` is left holding the
-    /// SwiGLU product.
+    /// One SwiGLU block over the rows of `x`: `y = down(silu(gate x) * up x)`, `ff` neurons
+    /// wide; `gate` is left holding the SwiGLU product.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mlp(
         &self,
         w: &Mlp,
-        x: &[f32],
-        xq: Option<&Q8Acts>,
-        act: Activations,
+        x: &mut ProductInput,
         ff: usize,
         gate: &mut Vec<f32>,
         up: &mut Vec<f32>,
-        acts: &mut Q8Acts,
+        acts: &mut ActBuffers,
         y: &mut [f32],
     ) {
-        let n = x.len() / self.config.n_embd;
+        let n = x.rows();
         let gate = sized(gate, n * ff);
         let up = sized(up, n * ff);
-        self.linear_many([&w.gate, &w.up], x, xq, [&mut *gate, &mut *up]);
+        Matrix::apply_many([&w.gate, &w.up], x, [&mut *gate, &mut *up]);
         match self.config.features.ffn_act {
             FfnAct::Silu => swiglu(gate, up),
             FfnAct::GeluTanh => geglu_tanh(gate, up),
         }
-        let hq = quantize_input(act, gate, ff, acts);
-        self.linear(&w.down, gate, hq, y);
-    }
-
-    /// `ys[m] = W_m x` for products of the same input, as [`Model::linear`] computes each: a
-    /// single row (decode) on 8-bit activations into repacked matrices in one parallel section
-    /// ([`matvec_packed_many`]); anything else one product after another. A layer's keys and
-    /// values are a third of its queries' size each, and as sections of their own they took
-    /// as long as the queries (TSC-stamped decode phases at depth 4,096, Zen 4).
-    fn linear_many<const M: usize>(
-        &self,
-        ws: [&Linear; M],
-        x: &[f32],
-        xq: Option<&Q8Acts>,
-        ys: [&mut [f32]; M],
-    ) {
-        if let Some(q) = xq
-            && x.len() == ws[0].cols
-            && ws.iter().all(|w| w.sparse.is_none() && w.packed.is_some())
-        {
-            let packed = ws.map(|w| &**w.packed.as_ref().expect("checked above"));
-            return matvec_packed_many(packed, q, ys);
-        }
-        for (w, y) in ws.into_iter().zip(ys) {
-            self.linear(w, x, xq, y);
-        }
-    }
-
-    /// `y = W x` for every row of `x`: on the 8-bit activations when they were prepared and the
-    /// matrix was repacked for them, else on the f32 activations.
-    fn linear(&self, w: &Linear, x: &[f32], xq: Option<&Q8Acts>, y: &mut [f32]) {
-        match (xq, &w.sparse, &w.packed) {
-            (Some(q), Some(sp), _) => matmul_sparse(sp, q, y),
-            (Some(q), None, Some(p)) => matmul_packed(p, q, y),
-            _ => matmul(&w.view(&self.file), x, x.len() / w.cols, y),
-        }
+        let mut h = ProductInput::new(gate, ff, self.activations, acts);
+        w.down.apply(&mut h, y);
     }
 }
 
 /// Attention of every sequence of the pass over its own cache (layer `layer` of segment `i` of
 /// `kv` for `segs[i]`: first position, first row, rows), writing each row's output into `out`.
 #[allow(clippy::too_many_arguments)]
-fn attend_segments(
+pub(super) fn attend_segments(
     kind: Attention,
     shape: AttnShape,
     q: &[f32],
@@ -700,9 +662,9 @@ fn attend_segments(
     layer: usize,
     segs: &[(usize, usize, usize)],
     out: &mut [f32],
-    ws: &mut AttnWorkspace,
-    seg_ws: &mut Vec<AttnWorkspace>,
+    spaces: &mut AttnSpaces,
 ) {
+    let (ws, seg_ws) = (&mut spaces.one, &mut spaces.per_seq);
     let q_dim = shape.n_head * shape.head_dim;
     if segs.len() == 1 {
         let (kl, vl) = kv.layer(0, layer);
@@ -732,29 +694,10 @@ fn attend_segments(
 }
 
 /// Adds `bias` to every row of `y` (rows of `bias.len()`), when there is one.
-fn add_bias(y: &mut [f32], bias: Option<&[f32]>) {
+pub(super) fn add_bias(y: &mut [f32], bias: Option<&[f32]>) {
     if let Some(b) = bias {
         for row in y.chunks_exact_mut(b.len()) {
             row.iter_mut().zip(b).for_each(|(v, &x)| *v += x);
-        }
-    }
-}
-
-/// Quantizes the input of the next products to 8 bits per block when that precision is
-/// selected (once per input, shared by the products that read it).
-pub(super) fn quantize_input<'a>(
-    act: Activations,
-    x: &[f32],
-    k: usize,
-    buf: &'a mut Q8Acts,
-) -> Option<&'a Q8Acts> {
-    match act {
-        // Rows that are not whole blocks cannot meet a packed matrix (its columns are).
-        _ if !k.is_multiple_of(crate::quant::act::QK) => None,
-        Activations::F32 => None,
-        Activations::Q8 | Activations::Q8Full => {
-            buf.quantize(x, k);
-            Some(buf)
         }
     }
 }

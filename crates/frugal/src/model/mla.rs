@@ -17,9 +17,14 @@
 //! `1/sqrt(nope_dim + rope_dim)` (llama.cpp's `key_length_mla`), so absorbed queries are
 //! pre-multiplied by the ratio of the two.
 
+use super::Model;
 use super::config::Mla;
+use super::forward::{AttnSpaces, add_bias, attend_segments, sized};
+use super::weights::{KvProjection, LayerWeights};
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::kv::{KvBatch, KvView};
+use crate::ops::{RopeTable, rms_norm_prefix};
+use crate::quant::{Matrix, ProductInput};
 
 /// Which of the two equivalent computations a pass uses for latent attention.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -174,11 +179,6 @@ pub(super) struct DecompressBufs {
     out: Vec<f32>,
 }
 
-fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
-    &mut v[..n]
-}
-
 /// The decompressed path for every segment of a pass (`(kv, layer, segs)`: the batch's caches,
 /// the layer, and each segment's first position, first row and rows): its cached rows' per-head
 /// keys and values rebuilt, plain MHA over them (`q` is `n x n_head x head_dim`), each head's
@@ -267,6 +267,92 @@ mod tests {
                 assert!((att[h * 3 + j] - v[h * 6 + j]).abs() < 1e-5);
             }
             assert_eq!(&v[h * 6 + 3..h * 6 + 6], &[0.0; 3]);
+        }
+    }
+}
+
+/// Latent attention's buffers within a pass: the cached rows of the new tokens, the absorbed
+/// queries and attended rows (`n x n_head x row`), and the decompressed path's.
+#[derive(Default, Debug)]
+pub(super) struct LatentBufs {
+    rows: Vec<f32>,
+    q: Vec<f32>,
+    out: Vec<f32>,
+    dec: DecompressBufs,
+}
+
+/// Where latent attention runs: the cache's layer, the pass's RoPE angles and segments, and
+/// which attention kernel and which of the two computations it uses.
+pub(super) struct At<'a> {
+    pub layer: usize,
+    pub rope: &'a RopeTable,
+    pub segs: &'a [(usize, usize, usize)],
+    pub kind: Attention,
+    pub path: LatentPath,
+}
+
+impl Model {
+    /// One layer's latent attention over the rows of `x`: the queries (into `q`) and the
+    /// cached row `[RMSNorm(latent) | RoPE(k_pe)]` of each new token, appended to the cache,
+    /// then attention by `at.path`, each head's values into `att`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn latent_attention(
+        &self,
+        lw: &LayerWeights,
+        at: At,
+        x: &mut ProductInput,
+        q: &mut [f32],
+        kv: &mut dyn KvBatch,
+        bufs: &mut LatentBufs,
+        spaces: &mut AttnSpaces,
+        att: &mut [f32],
+    ) {
+        let c = &self.config;
+        let KvProjection::Latent {
+            kv_a,
+            kv_a_norm,
+            k_b,
+            v_b,
+        } = &lw.kv
+        else {
+            unreachable!("latent attention runs on a latent layer");
+        };
+        let m = c.mla.expect("latent weights come with an MLA config");
+        let (n, rank, row) = (x.rows(), m.kv_lora_rank, m.row_dim());
+        let lat = sized(&mut bufs.rows, n * row);
+        Matrix::apply_many([&lw.wq, kv_a], x, [&mut *q, &mut *lat]);
+        add_bias(q, lw.biases.q.as_deref());
+        rms_norm_prefix(lat, row, kv_a_norm, c.rms_eps);
+        at.rope.apply_at(q, c.n_head, c.head_dim, m.nope_dim);
+        at.rope.apply_at(lat, 1, row, rank);
+        for (i, &(_, r0, len)) in at.segs.iter().enumerate() {
+            kv.append(i, at.layer, &lat[r0 * row..(r0 + len) * row], &[]);
+        }
+        match at.path {
+            LatentPath::Absorbed => {
+                let qa = sized(&mut bufs.q, n * c.n_head * row);
+                absorb_queries(&m, c.n_head, k_b, q, qa);
+                let lo = sized(&mut bufs.out, n * c.n_head * row);
+                let mqa = AttnShape {
+                    n_head: c.n_head,
+                    n_head_kv: 1,
+                    head_dim: row,
+                    window: None,
+                };
+                attend_segments(at.kind, mqa, qa, &*kv, at.layer, at.segs, lo, spaces);
+                expand_values(&m, c.n_head, v_b, lo, att);
+            }
+            LatentPath::Decompressed => attend_decompressed(
+                &m,
+                c.n_head,
+                at.kind,
+                (k_b, v_b),
+                q,
+                (&*kv, at.layer, at.segs),
+                &mut bufs.dec,
+                spaces.one(),
+                att,
+            ),
         }
     }
 }

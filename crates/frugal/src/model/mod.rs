@@ -16,9 +16,10 @@ pub use features::Features;
 pub use forward::{Input, Logits, Observer, Scratch, Segment, Site};
 pub use mla::LatentPath;
 pub use moe::{Gating, MoeConfig, RoutingStats};
-pub use weights::{ExtraNorms, Ffn, KvProjection, LayerWeights, Linear, Weights};
+pub use weights::{ExtraNorms, Ffn, KvProjection, LayerWeights, Weights};
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::gguf::{GgufError, GgufFile};
 use crate::kv::{KvCache, KvError, KvFormat, KvOptions, KvPool, Rings, SeqCache};
@@ -81,43 +82,43 @@ impl Model {
         if !a.quantized() {
             return;
         }
-        let file = &self.file;
         let (layers, head) = self.weights.layer_matrices_and_head_mut();
         let sparse_kernels = kernels::sparse_available(kernels::detect());
         let mut dense = Vec::new();
-        for m in layers.chain(std::iter::once(head)) {
-            if m.packed.is_some() || m.sparse.is_some() {
-                continue;
-            }
-            let view = m.view(file);
-            if sparse::is_sparse(m.ty) {
-                // Compressed 2:4: the sparse layout where its kernel runs, else the dense twin
-                // (the same values at the dense speed).
-                if sparse_kernels {
-                    m.sparse = SparseMatrix::pack(&view).ok().map(std::sync::Arc::new);
-                } else {
-                    m.packed = pack_dense_twin(&view).ok().map(std::sync::Arc::new);
+        for (m, is_head) in layers.map(|m| (m, false)).chain([(head, true)]) {
+            if m.is_mapped() {
+                let view = m.view();
+                if sparse::is_sparse(m.ty) {
+                    // Compressed 2:4: the sparse layout where its kernel runs, else the dense
+                    // twin (the same values at the dense speed).
+                    if sparse_kernels {
+                        if let Ok(s) = SparseMatrix::pack(&view) {
+                            m.store_sparse(Arc::new(s));
+                        }
+                    } else if let Ok(p) = pack_dense_twin(&view) {
+                        m.store_packed(Arc::new(p));
+                    }
+                } else if PackedMatrix::packed_len(&view).is_some() {
+                    dense.push((m, is_head));
+                    continue;
                 }
-                file.release(m.file_range());
-            } else if PackedMatrix::packed_len(&view).is_some() {
-                dense.push(m);
             }
+            m.choose_act_form(a, is_head);
         }
         // The rest in one buffer on huge pages; each matrix's pages of the file map are
         // released as soon as its copy exists, so the peak stays near one copy of the weights
         // rather than two.
-        let views: Vec<_> = dense.iter().map(|m| m.view(file)).collect();
-        let packed = PackedMatrix::pack_shared(&views, |i| file.release(dense[i].file_range()));
-        for (m, p) in dense.iter_mut().zip(packed) {
-            m.packed = Some(std::sync::Arc::new(p));
+        let views: Vec<_> = dense.iter().map(|(m, _)| m.view()).collect();
+        let file = &self.file;
+        let packed = PackedMatrix::pack_shared(&views, |i| file.release(dense[i].0.file_range()));
+        drop(views);
+        for ((m, is_head), p) in dense.into_iter().zip(packed) {
+            m.store_packed(Arc::new(p));
+            m.choose_act_form(a, is_head);
         }
         // Float weights (F32, F16, BF16) have nothing to run on integers: say so rather than
         // quantize activations no product reads.
-        if self
-            .weights
-            .matrices()
-            .all(|m| m.packed.is_none() && m.sparse.is_none())
-        {
+        if self.weights.matrices().all(|m| m.is_mapped()) {
             self.activations = Activations::F32;
         }
     }
@@ -131,17 +132,14 @@ impl Model {
         if !self.activations.quantized() || !kernels::sparse_available(kernels::detect()) {
             return 0;
         }
-        let file = &self.file;
         let (layers, _) = self.weights.layer_matrices_and_head_mut();
         let mut converted = 0;
         for m in layers {
-            let view = m.view(file);
+            let view = m.view();
             if sparse_matrix::zero_fraction(&view).is_some_and(|z| z >= min_sparsity)
                 && let Ok(s) = SparseMatrix::pack(&view)
             {
-                m.sparse = Some(std::sync::Arc::new(s));
-                m.packed = None;
-                file.release(m.file_range());
+                m.store_sparse(Arc::new(s));
                 converted += 1;
             }
         }
@@ -150,13 +148,7 @@ impl Model {
 
     /// Bytes of repacked weights held on the heap.
     pub fn packed_bytes(&self) -> usize {
-        self.weights
-            .matrices()
-            .map(|m| {
-                m.sparse.as_ref().map_or(0, |s| s.bytes())
-                    + m.packed.as_ref().map_or(0, |p| p.bytes())
-            })
-            .sum()
+        self.weights.matrices().map(|m| m.heap_bytes()).sum()
     }
 
     /// An empty KV cache for `ctx` positions with the given formats and layout (its

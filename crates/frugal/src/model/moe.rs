@@ -14,10 +14,11 @@
 //! are read once per pass; a row's result depends only on the row (every product is row by
 //! row), so a token gives the same bits alone or in any batch.
 
-use super::forward::{quantize_input, sized};
-use super::{Linear, Model};
+use super::Model;
+use super::forward::sized;
 use crate::gguf::{GgufError, GgufFile};
-use crate::quant::act::{Activations, Q8Acts};
+use crate::quant::{ActBuffers, Matrix, ProductInput};
+
 use crate::quant::matmul;
 
 /// How router logits become expert probabilities.
@@ -126,16 +127,16 @@ impl MoeConfig {
 /// The three matrices of one SwiGLU block: `down(silu(gate x) * up x)`.
 #[derive(Clone, Debug)]
 pub struct Mlp {
-    pub gate: Linear,
-    pub up: Linear,
-    pub down: Linear,
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
 }
 
 /// A routed layer's weights.
 #[derive(Clone, Debug)]
 pub struct Experts {
     /// `ffn_gate_inp`: one row of router weights per expert.
-    pub router: Linear,
+    pub router: Matrix,
     pub experts: Vec<Mlp>,
     /// The always-on shared expert.
     pub shared: Option<Mlp>,
@@ -341,26 +342,25 @@ pub struct MoeScratch {
     /// Each row's expert outputs by selection slot (`n x n_used x n_embd`).
     slots: Vec<f32>,
     /// The gathered rows, quantized; and the experts' hidden rows, quantized.
-    xq: Q8Acts,
-    acts: Q8Acts,
+    xq: ActBuffers,
+    acts: ActBuffers,
     /// Routing statistics, gathered when set.
     pub stats: Option<RoutingStats>,
 }
 
 impl Model {
     /// The routed FFN of layer `layer` for the `n` rows of `x` (normalized, `n x n_embd`;
-    /// `xq` their 8-bit form when the pass uses it), written into `out`.
-    #[allow(clippy::too_many_arguments)]
+    /// `x_forms` the buffers of its integer forms), written into `out`.
     pub(super) fn experts_ffn(
         &self,
         layer: usize,
         w: &Experts,
-        act: Activations,
         x: &[f32],
-        xq: Option<&Q8Acts>,
+        x_forms: &mut ActBuffers,
         s: &mut MoeScratch,
         out: &mut [f32],
     ) {
+        let act = self.activations;
         let m = self.config.moe.expect("a routed layer has a MoE config");
         let d = self.config.n_embd;
         let ff = self.config.n_ff;
@@ -370,7 +370,7 @@ impl Model {
         // rounding), row by row: the f32 matrix-matrix kernel sums in another order than the
         // matrix-vector one, and a row's routing must not depend on its batch.
         let logits = sized(&mut s.logits, n * m.n_expert);
-        let router = w.router.view(&self.file);
+        let router = w.router.view();
         for (xr, lr) in x.chunks_exact(d).zip(logits.chunks_exact_mut(m.n_expert)) {
             matmul(&router, xr, 1, lr);
         }
@@ -388,6 +388,7 @@ impl Model {
             }
         }
         // Each chosen expert once, over the rows routed to it.
+        let mut xin = ProductInput::new(x, d, act, x_forms);
         let slots = sized(&mut s.slots, n * k * d);
         for (e, rows) in s.assigned.iter().enumerate() {
             if rows.is_empty() {
@@ -397,35 +398,17 @@ impl Model {
             let y = sized(&mut s.y, r * d);
             if r == n {
                 // Every row (decode, or all experts active): no gathering.
-                self.mlp(
-                    &w.experts[e],
-                    x,
-                    xq,
-                    act,
-                    ff,
-                    &mut s.gate,
-                    &mut s.up,
-                    &mut s.acts,
-                    y,
-                );
+                let (gate, up, acts) = (&mut s.gate, &mut s.up, &mut s.acts);
+                self.mlp(&w.experts[e], &mut xin, ff, gate, up, acts, y);
             } else {
                 let xg = sized(&mut s.x, r * d);
                 for (dst, &(t, _)) in xg.chunks_exact_mut(d).zip(rows) {
                     dst.copy_from_slice(&x[t * d..(t + 1) * d]);
                 }
-                // Quantized per row, so a gathered row has the bytes it has in `xq`.
-                let xgq = quantize_input(act, xg, d, &mut s.xq);
-                self.mlp(
-                    &w.experts[e],
-                    xg,
-                    xgq,
-                    act,
-                    ff,
-                    &mut s.gate,
-                    &mut s.up,
-                    &mut s.acts,
-                    y,
-                );
+                // Quantized per row, so a gathered row has the bytes it has in `xin`.
+                let mut xg = ProductInput::new(xg, d, act, &mut s.xq);
+                let (gate, up, acts) = (&mut s.gate, &mut s.up, &mut s.acts);
+                self.mlp(&w.experts[e], &mut xg, ff, gate, up, acts, y);
             }
             for (src, &(t, slot)) in s.y.chunks_exact(d).zip(rows) {
                 slots[(t * k + slot) * d..][..d].copy_from_slice(src);
@@ -442,17 +425,8 @@ impl Model {
         }
         if let Some(sh) = &w.shared {
             let y = sized(&mut s.y, n * d);
-            self.mlp(
-                sh,
-                x,
-                xq,
-                act,
-                m.n_ff_shared,
-                &mut s.gate,
-                &mut s.up,
-                &mut s.acts,
-                y,
-            );
+            let (gate, up, acts) = (&mut s.gate, &mut s.up, &mut s.acts);
+            self.mlp(sh, &mut xin, m.n_ff_shared, gate, up, acts, y);
             out.iter_mut()
                 .zip(&s.y[..n * d])
                 .for_each(|(o, &y)| *o += y);

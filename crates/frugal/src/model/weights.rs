@@ -3,55 +3,17 @@
 //! Matrices are kept as byte ranges of the map (in their stored, usually quantized, format) so
 //! resident memory is the file itself; only the small norm vectors are decoded to f32.
 
-use std::ops::Range;
-use std::sync::Arc;
-
 use super::Config;
 use super::moe::MoeConfig;
 pub use super::moe::{Experts, Mlp};
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
-use crate::quant::packed::PackedMatrix;
-use crate::quant::sparse_matrix::SparseMatrix;
-use crate::quant::{self, GgmlType, WeightMatrix};
-
-/// A weight matrix: its stored type, shape, and where its bytes are in the file.
-#[derive(Clone, Debug)]
-pub struct Linear {
-    pub name: String,
-    pub ty: GgmlType,
-    pub rows: usize,
-    pub cols: usize,
-    range: Range<usize>,
-    /// The grouped layout for 8-bit-activation kernels, built on demand (shared by the tied
-    /// embedding and output).
-    pub packed: Option<Arc<PackedMatrix>>,
-    /// The sparse grouped layout (compressed 2:4 types, or a bitmap of a pruned Q8_0 matrix),
-    /// used instead of `packed` when present.
-    pub sparse: Option<Arc<SparseMatrix>>,
-}
-
-impl Linear {
-    /// The byte range of the matrix in the file.
-    pub fn file_range(&self) -> Range<usize> {
-        self.range.clone()
-    }
-
-    /// Borrows the matrix from the file it was loaded from.
-    pub fn view<'a>(&self, file: &'a GgufFile) -> WeightMatrix<'a> {
-        WeightMatrix {
-            ty: self.ty,
-            rows: self.rows,
-            cols: self.cols,
-            data: &file.raw_bytes()[self.range.clone()],
-        }
-    }
-}
+use crate::quant::{self, Matrix};
 
 /// How a block turns its input into what the cache stores.
 #[derive(Clone, Debug)]
 pub enum KvProjection {
     /// Keys and values per KV head (MHA, GQA, MQA).
-    Heads { wk: Linear, wv: Linear },
+    Heads { wk: Matrix, wv: Matrix },
     /// Multi-head latent attention (`Config::mla`): `kv_a` projects to the latent and the
     /// shared RoPE key, `kv_a_norm` normalizes the latent, and the per-head up-projections are
     /// kept in f32 (they are small) in the form the absorbed computation uses: `k_b[h]`
@@ -59,7 +21,7 @@ pub enum KvProjection {
     /// latent space, `v_b[h]` (`v_dim x kv_lora_rank`) takes the attended latent to the head's
     /// value. The layout of llama.cpp's `attn_k_b` / `attn_v_b`.
     Latent {
-        kv_a: Linear,
+        kv_a: Matrix,
         kv_a_norm: Vec<f32>,
         k_b: Vec<f32>,
         v_b: Vec<f32>,
@@ -70,9 +32,9 @@ pub enum KvProjection {
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
-    pub wq: Linear,
+    pub wq: Matrix,
     pub kv: KvProjection,
-    pub wo: Linear,
+    pub wo: Matrix,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
     /// The norms some families add (`Features::qk_norm`, `Features::post_norms`).
@@ -110,7 +72,7 @@ pub enum Ffn {
 
 impl Ffn {
     /// Every matrix of the block (the router first).
-    fn matrices(&self) -> Vec<&Linear> {
+    fn matrices(&self) -> Vec<&Matrix> {
         match self {
             Ffn::Dense(m) => vec![&m.gate, &m.up, &m.down],
             Ffn::Experts(x) => std::iter::once(&x.router)
@@ -126,7 +88,7 @@ impl Ffn {
 
     /// The matrices the products run through, mutably (the router is not among them: it stays
     /// in its stored form, computed on f32 activations).
-    fn products_mut(&mut self) -> Vec<&mut Linear> {
+    fn products_mut(&mut self) -> Vec<&mut Matrix> {
         match self {
             Ffn::Dense(m) => vec![&mut m.gate, &mut m.up, &mut m.down],
             Ffn::Experts(x) => x
@@ -149,18 +111,18 @@ impl Ffn {
 
 #[derive(Clone, Debug)]
 pub struct Weights {
-    pub token_embd: Linear,
+    pub token_embd: Matrix,
     pub layers: Vec<LayerWeights>,
     pub output_norm: Vec<f32>,
     /// The output projection; the token embedding when the file has no `output.weight` (tied).
-    pub output: Linear,
+    pub output: Matrix,
     pub tied_output: bool,
 }
 
 impl Weights {
     /// Every matrix the forward pass multiplies by (not the embedding table, which is only
     /// indexed, unless it is also the output).
-    pub fn matrices(&self) -> impl Iterator<Item = &Linear> {
+    pub fn matrices(&self) -> impl Iterator<Item = &Matrix> {
         self.layers
             .iter()
             .flat_map(|l| {
@@ -180,7 +142,7 @@ impl Weights {
     /// take another precision).
     pub fn layer_matrices_and_head_mut(
         &mut self,
-    ) -> (impl Iterator<Item = &mut Linear>, &mut Linear) {
+    ) -> (impl Iterator<Item = &mut Matrix>, &mut Matrix) {
         (Self::layer_matrices(&mut self.layers), &mut self.output)
     }
 
@@ -188,7 +150,7 @@ impl Weights {
     /// output, then the feed-forward's), so that, packed one after another
     /// ([`crate::quant::packed::PackedMatrix::pack_shared`]), a thread's reads run on from one
     /// product into the next instead of jumping.
-    fn layer_matrices(layers: &mut [LayerWeights]) -> impl Iterator<Item = &mut Linear> {
+    fn layer_matrices(layers: &mut [LayerWeights]) -> impl Iterator<Item = &mut Matrix> {
         layers.iter_mut().flat_map(|l| {
             let (a, b) = match &mut l.kv {
                 KvProjection::Heads { wk, wv } => (wk, Some(wv)),
@@ -420,7 +382,7 @@ fn head_linear(
     name: &str,
     kv: bool,
     transposed: bool,
-) -> Result<Linear, GgufError> {
+) -> Result<Matrix, GgufError> {
     let (heads, count) = if kv {
         (c.n_head_kv, "attention.head_count_kv")
     } else {
@@ -461,7 +423,7 @@ fn head_linear(
     })
 }
 
-fn linear(file: &Reader, name: &str, rows: usize, cols: usize) -> Result<Linear, GgufError> {
+fn linear(file: &Reader, name: &str, rows: usize, cols: usize) -> Result<Matrix, GgufError> {
     let (info, _) = file.tensor(name)?;
     let want = [cols as u64, rows as u64];
     if info.dims != want {
@@ -477,7 +439,7 @@ fn linear_of(
     info: &TensorInfo,
     rows: usize,
     cols: usize,
-) -> Result<Linear, GgufError> {
+) -> Result<Matrix, GgufError> {
     let bytes = file.tensor(name)?.1;
     if !quant::is_supported(info.ty) {
         return Err(GgufError::UnsupportedType {
@@ -494,15 +456,14 @@ fn linear_of(
         reason: format!("corrupted data: {e}"),
     })?;
     let start = (file.data_offset + info.offset) as usize;
-    Ok(Linear {
-        name: name.into(),
-        ty: info.ty,
+    Ok(Matrix::mapped(
+        name.into(),
+        info.ty,
         rows,
         cols,
-        range: start..start + info.n_bytes() as usize,
-        packed: None,
-        sparse: None,
-    })
+        file.shared_bytes(),
+        start..start + info.n_bytes() as usize,
+    ))
 }
 
 /// The matrix `name` of `widths.iter().sum()` rows of `cols`, as one matrix per width: its
@@ -514,7 +475,7 @@ fn split_rows(
     name: &str,
     widths: &[usize],
     cols: usize,
-) -> Result<Vec<Linear>, GgufError> {
+) -> Result<Vec<Matrix>, GgufError> {
     let (info, _) = file.tensor(name)?;
     let rows = info.dims.get(1).copied().unwrap_or(0) as usize;
     if widths.iter().sum::<usize>() != rows || info.dims.len() != 2 {
@@ -526,18 +487,12 @@ fn split_rows(
         ));
     }
     let whole = linear(file, name, rows, cols)?;
-    let row_bytes = whole.range.len() / rows;
-    let mut start = whole.range.start;
+    let mut first = 0;
     Ok(widths
         .iter()
         .map(|&w| {
-            let part = Linear {
-                rows: w,
-                range: start..start + w * row_bytes,
-                ..whole.clone()
-            };
-            start += w * row_bytes;
-            part
+            first += w;
+            whole.row_range(name.into(), first - w, w)
         })
         .collect())
 }
@@ -598,21 +553,15 @@ fn stacked(
     rows: usize,
     cols: usize,
     n: usize,
-) -> Result<Vec<Linear>, GgufError> {
+) -> Result<Vec<Matrix>, GgufError> {
     let (info, _) = file.tensor(name)?;
     let want = [cols as u64, rows as u64, n as u64];
     if info.dims != want {
         return Err(shape_error(name, info.info_offset, &want, &info.dims));
     }
     let whole = linear_of(file, name, info, rows * n, cols)?;
-    let per = whole.range.len() / n;
     Ok((0..n)
-        .map(|e| Linear {
-            name: format!("{name}#{e}"),
-            range: whole.range.start + e * per..whole.range.start + (e + 1) * per,
-            rows,
-            ..whole.clone()
-        })
+        .map(|e| whole.row_range(format!("{name}#{e}"), e * rows, rows))
         .collect())
 }
 

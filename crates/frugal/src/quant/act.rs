@@ -4,9 +4,13 @@
 //! Per block: a scale `d = absmax / 127`, 32 signed bytes `q = round(x / d)`, and `s = d * sum(q)`,
 //! which lets formats with an offset (Q4_1's minimum, Q4_0's -8) apply it once per block instead of
 //! once per element: `sum((dw*qw + m) * (dx*qx)) = dw*dx*sum(qw*qx) + m*s`. Formats with a
-//! minimum per 16 elements (Q2_K) take the same sum per half block, `s16`.
+//! minimum per 16 elements (Q2_K) take the same sum per half block, `s16`. llama.cpp's Q8_K
+//! (one scale per 256, for its K-quant products) fills the same fields, each block of 32
+//! holding its super-block's scale, so the same kernels read both.
 
 pub const QK: usize = 32;
+
+pub use super::k_quants::QK_K;
 
 /// The precision of the activations fed to matrix products: a lever of its own.
 ///
@@ -27,8 +31,9 @@ pub enum Activations {
     /// llama.cpp). Float weights (F32, F16, BF16) always take f32 activations.
     #[serde(rename = "q8")]
     Q8,
-    /// 8 bits into every block-quantized matrix, the output head included: what llama.cpp
-    /// computes on a quantized file.
+    /// 8 bits into every block-quantized matrix, the output head included, in llama.cpp's
+    /// blocks: one scale per 256 values (its Q8_K) into K-quant and IQ4_XS products, per 32
+    /// into the rest. What llama.cpp computes on a quantized file.
     #[serde(rename = "q8-full")]
     Q8Full,
 }
@@ -124,6 +129,60 @@ impl Q8Acts {
             let halves;
             (*d, *s, halves) = quantize_block(xb, qb);
             s16.copy_from_slice(&halves);
+        }
+    }
+
+    /// Quantizes `x` (`n x k`, `k` a multiple of [`QK_K`]) as llama.cpp's Q8_K does for the
+    /// products of its K-quant formats, so that `q8-full` computes what llama.cpp computes on
+    /// those files: one scale per 256 values, `d = max / -127` where `max` is the value of the
+    /// largest magnitude, `q = round_half_even(x / d)`. Each block of 32 gets a copy of its
+    /// super-block's scale, and `s`/`s16` are `d` times the block's and half blocks' integer
+    /// sums (llama.cpp's `bsums`), so the same kernels read either form.
+    pub fn quantize_super_blocks(&mut self, x: &[f32], k: usize) {
+        assert!(
+            k > 0 && k.is_multiple_of(QK_K) && x.len().is_multiple_of(k),
+            "Q8Acts::quantize_super_blocks: {} values are not rows of {k} (a multiple of {QK_K})",
+            x.len()
+        );
+        self.k = k;
+        self.n = x.len() / k;
+        self.qs.resize(x.len(), 0);
+        self.d.resize(x.len() / QK, 0.0);
+        self.s.resize(x.len() / QK, 0.0);
+        self.s16.resize(2 * (x.len() / QK), 0.0);
+        const PER: usize = QK_K / QK;
+        let supers = x
+            .chunks_exact(QK_K)
+            .zip(self.qs.chunks_exact_mut(QK_K))
+            .zip(self.d.chunks_exact_mut(PER))
+            .zip(
+                self.s
+                    .chunks_exact_mut(PER)
+                    .zip(self.s16.chunks_exact_mut(2 * PER)),
+            );
+        for (((xs, qs), d), (s, s16)) in supers {
+            let max = xs
+                .iter()
+                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            if max == 0.0 {
+                qs.fill(0);
+                d.fill(0.0);
+                s.fill(0.0);
+                s16.fill(0.0);
+                continue;
+            }
+            let iscale = -127.0 / max;
+            for (q, &v) in qs.iter_mut().zip(xs) {
+                *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            }
+            let scale = 1.0 / iscale;
+            d.fill(scale);
+            for (h, q16) in s16.iter_mut().zip(qs.chunks_exact(QK / 2)) {
+                *h = scale * q16.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+            }
+            for (b, q32) in s.iter_mut().zip(qs.chunks_exact(QK)) {
+                *b = scale * q32.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+            }
         }
     }
 
@@ -414,6 +473,44 @@ unsafe fn quantize_blocks_avx2(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// llama.cpp's own Q8_K bytes (its `quantize_row_q8_K_ref`, through
+    /// `scripts/llama-cpp-q8k.c`) for four super-blocks: a positive largest value, a negative
+    /// outlier, exact halves, zeros. Every byte and scale equal, and the sums its `bsums` hold.
+    #[test]
+    fn super_blocks_are_llama_cpp_q8_k() {
+        let f: serde_json::Value =
+            serde_json::from_str(include_str!("testdata/llama_cpp_q8_k.json")).unwrap();
+        let nums = |k: &str| -> Vec<f64> {
+            f[k].as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect()
+        };
+        let x: Vec<f32> = nums("x").iter().map(|&v| v as f32).collect();
+        let (d, qs, bsums) = (nums("d"), nums("qs"), nums("bsums"));
+        let mut a = Q8Acts::default();
+        a.quantize_super_blocks(&x, x.len());
+        for (i, (&got, &want)) in a.qs.iter().zip(&qs).enumerate() {
+            assert_eq!(f64::from(got), want, "byte {i}");
+        }
+        for (b, &want) in d.iter().enumerate() {
+            for blk in 0..QK_K / QK {
+                assert_eq!(
+                    a.d[b * QK_K / QK + blk],
+                    want as f32,
+                    "super-block {b} scale"
+                );
+            }
+        }
+        for (j, &want) in bsums.iter().enumerate() {
+            let s16 = a.s16[j];
+            let dd = a.d[j / 2];
+            let sum = if dd == 0.0 { 0.0 } else { f64::from(s16 / dd) };
+            assert!((sum - want).abs() < 1e-3, "bsum {j}: {sum} vs {want}");
+        }
+    }
 
     #[test]
     fn quantized_activations_round_trip_within_half_a_step() {

@@ -12,6 +12,7 @@ pub mod iq4;
 pub mod k_quants;
 pub mod kernels;
 mod matmul;
+pub mod matrix;
 pub mod mxfp4;
 #[cfg(test)]
 mod oracle_tests;
@@ -35,6 +36,7 @@ pub use float::{
 pub use iq4::{quantize_iq4_nl, quantize_iq4_xs};
 pub use k_quants::{quantize_q4_k, quantize_q6_k};
 pub use matmul::{WeightMatrix, matmul, matvec};
+pub use matrix::{ActBuffers, ActForm, Matrix, ProductInput};
 pub use mxfp4::quantize_mxfp4;
 pub use q2_k::quantize_q2_k;
 pub use q3_k::quantize_q3_k;

@@ -181,7 +181,7 @@ impl HeadWeights {
 /// enters at the scale of the normalized hidden state whatever the model's embedding scale.
 /// Training and drafting both call this, so they see the same values.
 pub fn token_features(model: &Model, token: u32, out: &mut [f32]) {
-    let m = model.weights.token_embd.view(&model.file);
+    let m = model.weights.token_embd.view();
     m.dequantize_row(token as usize, out);
     let ss: f64 = out.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
     let scale = (1.0 / (ss / out.len() as f64 + 1e-6).sqrt()) as f32;
@@ -217,7 +217,7 @@ impl SubsetHead {
                 c.n_vocab
             )));
         }
-        let out = model.weights.output.view(&model.file);
+        let out = model.weights.output.view();
         let mut rows = Vec::with_capacity(ids.len() * out.row_bytes());
         for &t in &ids {
             rows.extend_from_slice(out.row(t as usize));

@@ -551,7 +551,7 @@ fn subset_head_scores_its_tokens_within_the_activation_rounding() {
         })
         .collect();
     let logits = head.logits(&u).unwrap().to_vec();
-    let out = m.weights.output.view(&m.file);
+    let out = m.weights.output.view();
     let mut row = vec![0f32; m.config.n_embd];
     assert_eq!(logits.len(), n_vocab);
     for (t, &logit) in logits.iter().enumerate() {

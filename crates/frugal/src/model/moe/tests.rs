@@ -113,16 +113,15 @@ fn reference(m: &Model, x: &[f32]) -> Vec<f64> {
     y
 }
 
-fn run(m: &Model, x: &[f32], act: Activations) -> Vec<f32> {
+/// The routed FFN of layer 0 over `x`, at the model's activation precision.
+fn run(m: &Model, x: &[f32]) -> Vec<f32> {
     let Ffn::Experts(w) = &m.weights.layers[0].ffn else {
         panic!("a MoE layer")
     };
-    let d = m.config.n_embd;
     let mut s = MoeScratch::default();
-    let mut acts = Q8Acts::default();
-    let xq = crate::model::forward::quantize_input(act, x, d, &mut acts);
+    let mut forms = crate::quant::ActBuffers::default();
     let mut out = vec![0f32; x.len()];
-    m.experts_ffn(0, w, act, x, xq, &mut s, &mut out);
+    m.experts_ffn(0, w, x, &mut forms, &mut s, &mut out);
     out
 }
 
@@ -147,7 +146,7 @@ fn routed_ffn_equals_the_per_token_reference() {
         let d = m.config.n_embd;
         let n = 9;
         let x = rows(n, d);
-        let got = run(&m, &x, Activations::F32);
+        let got = run(&m, &x);
         let mut used = std::collections::BTreeSet::new();
         for t in 0..n {
             let want = reference(&m, &x[t * d..(t + 1) * d]);
@@ -191,13 +190,13 @@ fn routed_ffn_equals_the_per_token_reference() {
 fn a_rows_output_does_not_depend_on_the_batch() {
     for ty in [GgmlType::Q8_0, GgmlType::Q4_1] {
         let mut m = load(&spec(ty, moe(4, 2))).unwrap();
-        m.set_activations(Activations::Q8);
+        m.set_activations(crate::quant::act::Activations::Q8);
         let d = m.config.n_embd;
         let n = 11;
         let x = rows(n, d);
-        let batch = run(&m, &x, Activations::Q8);
+        let batch = run(&m, &x);
         for t in 0..n {
-            let alone = run(&m, &x[t * d..(t + 1) * d], Activations::Q8);
+            let alone = run(&m, &x[t * d..(t + 1) * d]);
             let same = alone
                 .iter()
                 .zip(&batch[t * d..(t + 1) * d])

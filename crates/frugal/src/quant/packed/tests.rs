@@ -304,3 +304,48 @@ fn wide_pair_products_equal_one_token_products_bit_for_bit() {
         }
     }
 }
+
+/// Under llama.cpp's Q8_K activations (one scale per 256, negative when the largest value is
+/// positive), every format's packed product is the exact sum of the decoded weights times the
+/// decoded activations: the integer kernels take the super-block scale like any block scale.
+/// Tolerance as above: f32 sums of f32 products, 1e-5 relative per block of 32.
+#[test]
+fn super_block_products_equal_the_decoded_sum() {
+    let (rows, cols, n) = (9, 512, 5);
+    let wf = weights(rows * cols);
+    let x: Vec<f32> = (0..n * cols)
+        .map(|i| ((i * 29 % 31) as f32 - 15.0) / 4.0 + (i % 5) as f32 * 0.03)
+        .collect();
+    let mut acts = Q8Acts::default();
+    acts.quantize_super_blocks(&x, cols);
+    for ty in FORMATS {
+        let data = quantize(ty, &wf).unwrap();
+        let w = WeightMatrix::new(ty, rows, cols, &data).unwrap();
+        let p = PackedMatrix::pack(&w).unwrap();
+        let deq = crate::quant::dequantize_to_vec(ty, &data, rows * cols).unwrap();
+        let mut y = vec![0f32; n * rows];
+        matmul_packed(&p, &acts, &mut y);
+        for t in 0..n {
+            let row = acts.row(t);
+            let mut yv = vec![0f32; rows];
+            let mut one = Q8Acts::default();
+            one.quantize_super_blocks(&x[t * cols..(t + 1) * cols], cols);
+            matmul_packed(&p, &one, &mut yv);
+            for r in 0..rows {
+                let (mut exact, mut mag) = (0f64, 0f64);
+                for e in 0..cols {
+                    let xv = f64::from(row.qs[e]) * f64::from(row.d[e / 32]);
+                    exact += f64::from(deq[r * cols + e]) * xv;
+                    mag += (f64::from(deq[r * cols + e]) * xv).abs();
+                }
+                let tol = 1e-5 * (1.0 + mag);
+                for (what, got) in [("matmul", y[t * rows + r]), ("matvec", yv[r])] {
+                    assert!(
+                        (f64::from(got) - exact).abs() <= tol,
+                        "{ty} {what} t{t} r{r}: {got} vs {exact}"
+                    );
+                }
+            }
+        }
+    }
+}
