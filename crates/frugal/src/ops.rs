@@ -458,6 +458,33 @@ pub(crate) const EXP_POLY: [f32; 6] = [
     0.5,
 ];
 
+/// `a . b` in eight interleaved partial sums, so it vectorizes (a single running sum would
+/// serialize every addition, and the compiler may not reorder it).
+#[inline(always)]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `v` resized to `n` values (growing only when it must), as a slice: a reusable buffer of a
+/// pass, so steady-state steps do not allocate.
+pub fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}
+
 /// `x += y`.
 pub fn add_assign(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {

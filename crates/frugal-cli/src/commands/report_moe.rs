@@ -8,6 +8,7 @@
 //! quality after. (3) Distillation of whole MoE models from the dense one (experts, routers
 //! and the rest trained together), at a stated token budget.
 
+use frugal::bench::median;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -563,20 +564,12 @@ fn time_variants(
         }
     }
     for (r, (pp, tg, vpp, vtg)) in rows.iter_mut().zip(samples) {
-        r.pp = median(pp);
-        r.tg = median(tg);
-        r.vs_pp = median(vpp);
-        r.vs_tg = median(vtg);
+        r.pp = median(&pp);
+        r.tg = median(&tg);
+        r.vs_pp = median(&vpp);
+        r.vs_tg = median(&vtg);
     }
-    Ok((median(dpp), median(dtg)))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    Ok((median(&dpp), median(&dtg)))
 }
 
 fn write_charts(

@@ -7,8 +7,9 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::q8_keys::{self, QuantQueries};
-use super::{AttnShape, OutPtr, dot};
+use super::{AttnShape, OutPtr};
 use crate::kv::{KvType, KvView};
+use crate::ops::dot;
 
 #[derive(Default)]
 struct Buffers {

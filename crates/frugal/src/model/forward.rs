@@ -18,7 +18,7 @@ use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::error::Error;
 use crate::kv::{KvBatch, KvPool, KvSequence, OneSeq, PoolBatch, SeqId};
 use crate::ops::{
-    RopeScaling, RopeTable, add_assign, geglu_tanh, rms_norm, rms_norm_prefix, swiglu,
+    RopeScaling, RopeTable, add_assign, geglu_tanh, rms_norm, rms_norm_prefix, sized, swiglu,
 };
 use crate::quant::{ActBuffers, Matrix, ProductInput};
 use rayon::prelude::*;
@@ -145,11 +145,6 @@ fn observe(obs: &mut Option<&mut dyn Observer>, layer: usize, site: Site, x: &[f
     if let Some(o) = obs {
         o.observe(layer, site, x, w);
     }
-}
-
-pub(super) fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
-    &mut v[..n]
 }
 
 /// One sequence's part of a batched forward pass: its new tokens, and whether it needs the

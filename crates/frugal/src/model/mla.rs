@@ -19,11 +19,11 @@
 
 use super::Model;
 use super::config::Mla;
-use super::forward::{AttnSpaces, add_bias, attend_segments, sized};
+use super::forward::{AttnSpaces, add_bias, attend_segments};
 use super::weights::{KvProjection, LayerWeights};
 use crate::attention::{Attention, AttnShape, AttnWorkspace, attend};
 use crate::kv::{KvBatch, KvView};
-use crate::ops::{RopeTable, rms_norm_prefix};
+use crate::ops::{RopeTable, dot, rms_norm_prefix, sized};
 use crate::quant::{Matrix, ProductInput};
 
 /// Which of the two equivalent computations a pass uses for latent attention.
@@ -57,25 +57,6 @@ impl std::fmt::Display for LatentPath {
             LatentPath::Decompressed => "decompressed",
         })
     }
-}
-
-/// `a . b` in eight interleaved partial sums (which the compiler keeps in one vector register;
-/// a single running sum would serialize every addition).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (xa, xb) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += xa[i] * xb[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// `y = M x` for a row-major `M` of `x.len()` columns.

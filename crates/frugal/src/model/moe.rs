@@ -15,8 +15,8 @@
 //! row), so a token gives the same bits alone or in any batch.
 
 use super::Model;
-use super::forward::sized;
 use crate::gguf::{GgufError, GgufFile};
+use crate::ops::sized;
 use crate::quant::{ActBuffers, Matrix, ProductInput};
 
 use crate::quant::matmul;

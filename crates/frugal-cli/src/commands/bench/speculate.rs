@@ -9,6 +9,7 @@
 //! reported speed-up is the median over repetitions of the per-repetition ratio, so a noisy
 //! neighbour affects both sides alike.
 
+use frugal::bench::median;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -145,15 +146,6 @@ fn speculative(
     Ok((run_of(g, Some(st)), cost))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// Leviathan et al.: expected tokens per pass and the wall-time speed-up for acceptance `a`,
 /// draft length `k` and draft cost ratio `c` (verification assumed to cost one decode step).
 fn leviathan(a: f64, k: f64, c: f64) -> (f64, f64) {
@@ -221,7 +213,7 @@ fn pass_costs(model: &Model, a: &Args, rows: &[usize]) -> Result<Vec<(usize, f64
             t.push(t0.elapsed().as_secs_f64());
             cache.truncate(prefix.len());
         }
-        Ok(median(t))
+        Ok(median(&t))
     };
     let one = time(1)?;
     rows.iter().map(|&n| Ok((n, time(n)? / one))).collect()
@@ -336,13 +328,13 @@ pub fn run(a: Args) -> Result<()> {
                     acceptance: alpha,
                     tokens_per_pass: decoded as f64 / tot.passes.max(1) as f64,
                     mean_draft,
-                    speedup: median(ratios),
+                    speedup: median(&ratios),
                     cost_ratio: cost,
                     predicted_tokens_per_pass: pe,
                     predicted_speedup: ps,
                     predicted_with_pass_cost: pc,
-                    plain_tok_s: median(plain_rate),
-                    spec_tok_s: median(spec_rate),
+                    plain_tok_s: median(&plain_rate),
+                    spec_tok_s: median(&spec_rate),
                 };
                 if !a.output.json {
                     eprintln!(
