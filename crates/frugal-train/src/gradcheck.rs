@@ -17,6 +17,9 @@ use crate::loss::{Divergence, Objective, Targets, TeacherRows};
 use crate::model::{Batch, RunOptions};
 use crate::ops::{self, Rope};
 use crate::params::{Params, normal};
+use frugal::model::features::{FfnAct, RopeStyle, Sliding};
+use frugal::model::{Features, LongRope};
+use frugal::ops::{RopeScaling, Yarn};
 
 const EPS: f32 = 2e-3;
 const RTOL: f64 = 2e-2;
@@ -118,24 +121,105 @@ fn rmsnorm_backward_matches_finite_differences() {
     check("dw", &w, &dw, None, |w| f(&x, w));
 }
 
+/// YaRN over an original context of 4 (so the ramp spans the pairs) with Llama 3 style
+/// frequency factors: cos and sin scaled by YaRN's `1 + 0.1 ln(factor)` and an attention
+/// factor, so the rotation is not orthogonal and its backward must be the transpose.
+fn scaled_rope() -> RopeScaling {
+    RopeScaling {
+        freq_factors: Some(vec![1.0, 4.0, 2.5]),
+        freq_scale: 0.25,
+        yarn: Some(Yarn {
+            orig_ctx: 4,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        }),
+        mscale: 1.2 * (1.0 + 0.1 * 4f32.ln()),
+    }
+}
+
 #[test]
 fn rope_backward_matches_finite_differences() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    // Two sequences of 5 positions, 3 heads of 6 dims of which 4 are rotated: the leading 4
-    // (Llama) or the trailing 4 (an MLA query head).
-    let (seq, heads, hd) = (5, 3, 6);
-    let table = Rope::new(seq, 4, 100.0);
+    // Two sequences of 5 positions, 3 heads of 8 dims of which 6 are rotated: the leading 6
+    // or the trailing 6 (an MLA query head); adjacent pairs or split halves; plain or scaled.
+    let (seq, heads, hd) = (5, 3, 8);
     let n = 2 * seq * heads * hd;
     let (x, r) = (randn(&mut rng, n, 1.0), randn(&mut rng, n, 1.0));
-    for offset in [0, 2] {
-        let f = |x: &[f32]| {
-            let mut y = x.to_vec();
-            ops::rope(&mut y, (heads, hd, offset), seq, &table, false);
-            dot(&y, &r)
-        };
-        let mut dx = r.clone();
-        ops::rope(&mut dx, (heads, hd, offset), seq, &table, true);
-        check("dx", &x, &dx, None, f);
+    for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+        for scaling in [RopeScaling::default(), scaled_rope()] {
+            let table = Rope::new(seq, 6, 100.0, style, &scaling);
+            for offset in [0, 2] {
+                let f = |x: &[f32]| {
+                    let mut y = x.to_vec();
+                    ops::rope(&mut y, (heads, hd, offset), seq, &table, false);
+                    dot(&y, &r)
+                };
+                let mut dx = r.clone();
+                ops::rope(&mut dx, (heads, hd, offset), seq, &table, true);
+                check("dx", &x, &dx, None, f);
+            }
+        }
+    }
+}
+
+/// The training tables are the inference engine's, including the values a scaled table holds.
+#[test]
+fn rope_tables_are_the_inference_engines() {
+    let (seq, rd, base) = (7, 6, 500.0);
+    let scaling = scaled_rope();
+    let t = Rope::new(seq, rd, base, RopeStyle::Neox, &scaling);
+    let mut want = frugal::ops::RopeTable::default();
+    want.set_scaling(&scaling);
+    want.fill(0, seq, rd, base);
+    assert_eq!((t.cos, t.sin), (want.cos, want.sin));
+    let plain = Rope::plain(seq, rd, base);
+    assert!((plain.cos[rd / 2 + 1] - (base.powf(-2.0 / rd as f32)).cos()).abs() < 1e-6);
+}
+
+#[test]
+fn bias_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let (n, d) = (70, 5);
+    let (y, b, r) = (
+        randn(&mut rng, n * d, 1.0),
+        randn(&mut rng, d, 1.0),
+        randn(&mut rng, n * d, 1.0),
+    );
+    let f = |b: &[f32]| {
+        let mut z = y.clone();
+        ops::bias_forward(&mut z, b);
+        dot(&z, &r)
+    };
+    let mut db = vec![0f32; d];
+    ops::bias_backward(&r, &mut db);
+    check("db", &b, &db, None, f);
+}
+
+#[test]
+fn geglu_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let n = 37;
+    let (g, u, r) = (
+        randn(&mut rng, n, 2.0),
+        randn(&mut rng, n, 1.0),
+        randn(&mut rng, n, 1.0),
+    );
+    let f = |g: &[f32], u: &[f32]| {
+        let mut h = vec![0f32; n];
+        ops::gated_forward(FfnAct::GeluTanh, g, u, &mut h);
+        dot(&h, &r)
+    };
+    let (mut dg, mut du) = (vec![0f32; n], vec![0f32; n]);
+    ops::gated_backward(FfnAct::GeluTanh, &g, &u, &r, &mut dg, &mut du);
+    check("dg", &g, &dg, None, |g| f(g, &u));
+    check("du", &u, &du, None, |u| f(&g, u));
+    // The inference engine's GELU (its own exp) gives the same values.
+    let mut h = vec![0f32; n];
+    ops::geglu_forward(&g, &u, &mut h);
+    let mut want = g.clone();
+    frugal::ops::geglu_tanh(&mut want, &u);
+    for (a, b) in h.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
     }
 }
 
@@ -159,7 +243,7 @@ fn swiglu_backward_matches_finite_differences() {
     check("du", &u, &du, None, |u| f(&g, u));
 }
 
-fn attention_case(n_head: usize, n_head_kv: usize) {
+fn attention_case(n_head: usize, n_head_kv: usize, window: Option<usize>, scale: f32) {
     let mut rng = ChaCha8Rng::seed_from_u64(5 + n_head_kv as u64);
     let dims = AttnDims {
         batch: 2,
@@ -167,6 +251,8 @@ fn attention_case(n_head: usize, n_head_kv: usize) {
         n_head,
         n_head_kv,
         head_dim: 6,
+        window,
+        scale,
     };
     let rows = dims.batch * dims.seq;
     let (qw, kw) = (n_head * 6, n_head_kv * 6);
@@ -210,9 +296,48 @@ fn attention_case(n_head: usize, n_head_kv: usize) {
 
 #[test]
 fn attention_backward_matches_finite_differences_mha_gqa_mqa() {
-    attention_case(4, 4);
-    attention_case(4, 2);
-    attention_case(3, 1);
+    let plain = 1.0 / 6f32.sqrt();
+    attention_case(4, 4, None, plain);
+    attention_case(4, 2, None, plain);
+    attention_case(3, 1, None, plain);
+}
+
+/// A sliding window of 3 over sequences of 5 (queries from position 3 on lose keys) and a
+/// query scale of its own.
+#[test]
+fn windowed_attention_backward_matches_finite_differences() {
+    attention_case(4, 2, Some(3), 0.7);
+    attention_case(3, 1, Some(1), 0.3);
+}
+
+/// Under a window, a query's probabilities are zero before it and sum to one inside it.
+#[test]
+fn window_masks_keys_before_it() {
+    let dims = AttnDims {
+        batch: 1,
+        seq: 6,
+        n_head: 1,
+        n_head_kv: 1,
+        head_dim: 2,
+        window: Some(2),
+        scale: 1.0,
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    let (q, k, v) = (
+        randn(&mut rng, 12, 1.0),
+        randn(&mut rng, 12, 1.0),
+        randn(&mut rng, 12, 1.0),
+    );
+    let mut probs = vec![0f32; dims.probs_len()];
+    let mut o = vec![0f32; 12];
+    attention::attention_forward(&q, &k, &v, dims, &mut probs, &mut o, Precision::F32);
+    for (i, row) in probs.chunks_exact(6).enumerate() {
+        for (j, &p) in row.iter().enumerate() {
+            let seen = j <= i && j + 2 > i;
+            assert_eq!(p > 0.0, seen, "query {i} key {j}: {p}");
+        }
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
 }
 
 #[test]
@@ -345,7 +470,13 @@ fn whole_model_case(c: frugal::model::Config, tied: bool, recompute: bool) {
             }
         }
     }
-    // Larger weights than pre-training init so every path carries a visible gradient.
+    whole_model_check(p, recompute);
+}
+
+/// Every parameter's gradient of the whole model's loss against finite differences, at 12
+/// elements a tensor, with larger weights than pre-training's so every path carries a visible
+/// gradient.
+fn whole_model_check(mut p: Params, recompute: bool) {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     for t in p.tensors_mut() {
         for v in &mut t.data {
@@ -379,6 +510,152 @@ fn whole_model_case(c: frugal::model::Config, tied: bool, recompute: bool) {
         };
         check(name, &x, &g, Some(12), f);
     }
+}
+
+/// Qwen 2's block on [`tiny_config`]: NeoX RoPE over 4 of each head's 6 dims, Q, K and V biases
+/// (the family's) and an output bias (optional in every family).
+pub(crate) fn tiny_qwen2_config() -> frugal::model::Config {
+    frugal::model::Config {
+        arch: "qwen2".into(),
+        features: Features {
+            rope: RopeStyle::Neox,
+            ..Default::default()
+        },
+        ..tiny_config()
+    }
+}
+
+/// Qwen 3's block: NeoX RoPE, per-head query and key norms, heads of 8 (not 12 / 4).
+pub(crate) fn tiny_qwen3_config() -> frugal::model::Config {
+    frugal::model::Config {
+        arch: "qwen3".into(),
+        head_dim: 8,
+        rope_dim: 8,
+        features: Features {
+            rope: RopeStyle::Neox,
+            qk_norm: true,
+            ..Default::default()
+        },
+        ..tiny_config()
+    }
+}
+
+/// Phi-3's block as trained (fused tensors are a file layout): NeoX RoPE over 4 of 6 dims, the
+/// short factors chosen for the context, and an attention factor scaling cos and sin.
+pub(crate) fn tiny_phi3_config() -> frugal::model::Config {
+    let mut c = frugal::model::Config {
+        arch: "phi3".into(),
+        rope_scaling: RopeScaling {
+            mscale: 1.15,
+            ..Default::default()
+        },
+        long_rope: Some(LongRope {
+            orig_ctx: 32,
+            long: Some(vec![3.0, 5.0]),
+            short: Some(vec![1.5, 2.5]),
+        }),
+        features: Features {
+            rope: RopeStyle::Neox,
+            ..Default::default()
+        },
+        ..tiny_config()
+    };
+    c.set_context(16);
+    c
+}
+
+/// Gemma 3's block with every switch on: NeoX RoPE, query/key norms, post-norms, GELU gating,
+/// the scaled embedding, heads of 8, a window of 3 in layer 0 (local, RoPE base 100, unscaled)
+/// and linear scaling in layer 1 (global), and a query scale of its own.
+pub(crate) fn tiny_gemma3_config() -> frugal::model::Config {
+    frugal::model::Config {
+        arch: "gemma3".into(),
+        head_dim: 8,
+        rope_dim: 8,
+        rope_base: 1e6,
+        rope_scaling: RopeScaling {
+            freq_scale: 0.5,
+            ..Default::default()
+        },
+        features: Features {
+            rope: RopeStyle::Neox,
+            qk_norm: true,
+            post_norms: true,
+            ffn_act: FfnAct::GeluTanh,
+            embd_scale: Some(12f32.sqrt()),
+            sliding: Some(Sliding {
+                window: 3,
+                period: 2,
+                local_rope_base: Some(100.0),
+            }),
+            query_scale: Some(0.3),
+        },
+        ..tiny_config()
+    }
+}
+
+/// Llama with Llama 3's frequency factors and YaRN (a ramp across the pairs, cos and sin scaled)
+/// and a window of 3 in every layer (a `llama` file's `attention.sliding_window`).
+pub(crate) fn tiny_llama_scaled_config() -> frugal::model::Config {
+    frugal::model::Config {
+        rope_scaling: RopeScaling {
+            freq_factors: Some(vec![1.0, 4.0]),
+            freq_scale: 0.25,
+            yarn: Some(Yarn {
+                orig_ctx: 4,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+            }),
+            mscale: 1.0 + 0.1 * 4f32.ln(),
+        },
+        features: Features {
+            sliding: Some(Sliding {
+                window: 3,
+                period: 3,
+                local_rope_base: None,
+            }),
+            ..Default::default()
+        },
+        ..tiny_config()
+    }
+}
+
+#[test]
+fn qwen2_gradient_matches_finite_differences() {
+    let mut p = Params::random(&tiny_qwen2_config(), false, 3);
+    assert!(
+        p.layers
+            .iter()
+            .all(|l| l.biases.q.is_some() && l.biases.v.is_some())
+    );
+    for (l, lp) in p.layers.iter_mut().enumerate() {
+        lp.biases.o = Some(crate::Tensor::vector(
+            format!("blk.{l}.attn_output.bias"),
+            12,
+        ));
+    }
+    whole_model_check(p, true);
+}
+
+#[test]
+fn qwen3_gradient_matches_finite_differences() {
+    whole_model_case(tiny_qwen3_config(), true, false);
+}
+
+#[test]
+fn phi3_gradient_matches_finite_differences() {
+    whole_model_case(tiny_phi3_config(), false, true);
+}
+
+#[test]
+fn gemma3_gradient_matches_finite_differences() {
+    whole_model_case(tiny_gemma3_config(), true, false);
+    whole_model_case(tiny_gemma3_config(), false, true);
+}
+
+#[test]
+fn scaled_rope_and_llama_window_gradient_matches_finite_differences() {
+    whole_model_case(tiny_llama_scaled_config(), true, true);
 }
 
 #[test]

@@ -18,6 +18,7 @@ pub mod gemm;
 pub mod heads;
 pub mod hidden;
 pub mod latent;
+pub mod layer;
 pub mod loss;
 pub mod math;
 pub mod model;
