@@ -410,4 +410,41 @@ mod tests {
         assert_eq!(l.ffn.dense().unwrap().down.name, "blk.2.ffn_down.weight");
         assert_eq!(l.attn_norm.name, "blk.2.attn_norm.weight");
     }
+
+    /// What the training engine still cannot train is refused by name: routed experts gated
+    /// by GELU (the experts' backward is SwiGLU's).
+    #[test]
+    fn gelu_experts_are_refused_by_name() {
+        use frugal::model::Gating;
+        use frugal::model::synthetic::{SyntheticGemma, SyntheticMoe};
+        let spec = SyntheticSpec {
+            gemma: Some(SyntheticGemma::default()),
+            moe: Some(SyntheticMoe {
+                n_expert: 4,
+                n_used: 2,
+                gating: Gating::Softmax,
+                n_ff_shared: 0,
+                selection_bias: false,
+            }),
+            ..Default::default()
+        };
+        let model = Model::from_file(GgufFile::from_bytes(build(&spec)).unwrap()).unwrap();
+        let e = Params::from_model(&model).unwrap_err().to_string();
+        assert!(
+            e.contains("gemma3") && e.contains("GeluTanh") && e.contains("SwiGLU"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn biases_are_renumbered_and_start_at_zero() {
+        let c = crate::gradcheck::tiny_qwen2_config();
+        let p = Params::random(&c, true, 1);
+        let mut l = p.layers[1].clone();
+        l.renumber(0);
+        let q = l.biases.q.as_ref().unwrap();
+        assert_eq!(q.name, "blk.0.attn_q.bias");
+        assert!(q.data.iter().all(|&v| v == 0.0));
+        assert!(l.attn_norm.data.iter().all(|&v| v == 1.0));
+    }
 }
