@@ -700,6 +700,10 @@ fn routed_ffn_gradient_matches_finite_differences() {
     use frugal::model::Gating;
     whole_model_case(tiny_moe_config(Gating::Softmax, true, 1.0, 5), true, false);
     whole_model_case(tiny_moe_config(Gating::Sigmoid, false, 2.5, 0), false, true);
+    // Experts gated by GELU, as a GELU family's routed FFN runs them.
+    let mut gelu = tiny_moe_config(Gating::Sigmoid, false, 2.5, 5);
+    gelu.features.ffn_act = FfnAct::GeluTanh;
+    whole_model_case(gelu, false, true);
 }
 
 /// A selection bias changes which experts run and is never trained: its gradient is zero.
@@ -767,12 +771,30 @@ fn routed_block_with_balancing_loss_matches_finite_differences() {
     let loss = |p: &RoutedFfn, x: &[f32]| {
         let mut a = MoeActs::default();
         let mut y = vec![0f32; n * d];
-        routed_forward(&m, p, x, d, ff, &mut a, &mut y, Precision::F32);
+        routed_forward(
+            &m,
+            p,
+            x,
+            d,
+            (ff, FfnAct::Silu),
+            &mut a,
+            &mut y,
+            Precision::F32,
+        );
         dot(&y, &r) + aux_loss(&m, &a, aux)
     };
     let mut a = MoeActs::default();
     let mut y = vec![0f32; n * d];
-    routed_forward(&m, &p, &x, d, ff, &mut a, &mut y, Precision::F32);
+    routed_forward(
+        &m,
+        &p,
+        &x,
+        d,
+        (ff, FfnAct::Silu),
+        &mut a,
+        &mut y,
+        Precision::F32,
+    );
     let mut g = p.clone();
     for t in g.tensors_mut() {
         t.data.fill(0.0);
@@ -781,7 +803,7 @@ fn routed_block_with_balancing_loss_matches_finite_differences() {
     routed_backward(
         &m,
         &p,
-        (&x, d, ff),
+        (&x, d, ff, FfnAct::Silu),
         &a,
         &r,
         &mut dx,
@@ -801,7 +823,7 @@ fn routed_block_with_balancing_loss_matches_finite_differences() {
     routed_backward(
         &m,
         &p,
-        (&x, d, ff),
+        (&x, d, ff, FfnAct::Silu),
         &a,
         &r,
         &mut dx0,

@@ -13,13 +13,15 @@ use crate::moe::{self, MoeActs};
 use crate::ops::{self, Rope};
 use crate::params::{FfnParams, KvParams, LayerParams, Params, Tensor};
 
-/// How one layer's attention runs: its shape (window, score scale), the RoPE table of its kind
-/// of layer (Gemma 3's local layers have their own), and the products' precision.
+/// How one layer runs: its attention's shape (window, score scale), the RoPE table of its kind
+/// of layer (Gemma 3's local layers have their own), the products' precision, and the weight
+/// of a routed FFN's balancing loss in the backward.
 #[derive(Clone, Copy)]
 pub struct LayerRun<'a> {
     pub dims: AttnDims,
     pub rope: &'a Rope,
     pub prec: Precision,
+    pub moe_aux: f32,
 }
 
 /// Everything one layer's backward reads.
@@ -165,7 +167,9 @@ impl Params {
         x_out: &mut [f32],
     ) {
         let c = &self.config;
-        let LayerRun { dims, rope, prec } = run;
+        let LayerRun {
+            dims, rope, prec, ..
+        } = run;
         let (d, n, eps) = (c.n_embd, x.len() / c.n_embd, c.rms_eps);
         let (qd, ad) = (c.q_dim(), c.attn_dim());
         // Attention: norm -> Q, K, V (+ biases) -> per-head norms -> RoPE -> causal attention
@@ -304,7 +308,8 @@ impl Params {
                 ops::linear_forward(&a.h, &f.down.data, ff, out, prec);
             }
             (FfnParams::Routed(r), Some(m)) => {
-                moe::routed_forward(m, r, &a.xn2, d, ff, &mut a.moe, out, prec);
+                let act = c.features.ffn_act;
+                moe::routed_forward(m, r, &a.xn2, d, (ff, act), &mut a.moe, out, prec);
             }
             (FfnParams::Routed(_), None) => unreachable!("routed tensors without Config::moe"),
         }
@@ -320,10 +325,14 @@ impl Params {
         a: &LayerActs,
         dx: &mut [f32],
         gl: &mut LayerParams,
-        moe_aux: f32,
     ) {
         let c = &self.config;
-        let LayerRun { dims, rope, prec } = run;
+        let LayerRun {
+            dims,
+            rope,
+            prec,
+            moe_aux,
+        } = run;
         let (d, n) = (c.n_embd, x.len() / c.n_embd);
         let (qd, ad, ff) = (c.q_dim(), c.attn_dim(), c.n_ff);
         let kd = dims.n_head_kv * c.head_dim;
@@ -376,7 +385,7 @@ impl Params {
                 moe::routed_backward(
                     m,
                     r,
-                    (&a.xn2, d, ff),
+                    (&a.xn2, d, ff, c.features.ffn_act),
                     &a.moe,
                     dy,
                     &mut dxn,

@@ -113,7 +113,7 @@ impl Params {
         l: usize,
         dims: AttnDims,
         ropes: &'a Ropes,
-        prec: Precision,
+        opts: RunOptions,
     ) -> LayerRun<'a> {
         let window = self.config.features.window(l);
         let rope = match (window, &ropes.local) {
@@ -123,7 +123,8 @@ impl Params {
         LayerRun {
             dims: AttnDims { window, ..dims },
             rope,
-            prec,
+            prec: opts.precision,
+            moe_aux: opts.moe_aux,
         }
     }
 
@@ -143,7 +144,7 @@ impl Params {
         let mut scratch = LayerActs::default();
         for (l, lp) in self.layers.iter().enumerate() {
             let mut out = vec![0f32; n * d];
-            let run = self.layer_run(l, dims, &ropes, opts.precision);
+            let run = self.layer_run(l, dims, &ropes, opts);
             if opts.recompute {
                 self.layer_forward(lp, &x, run, &mut scratch, &mut out);
                 acts.push(None);
@@ -278,7 +279,7 @@ impl Params {
             }
             let x = &residual[l];
             let lp = &self.layers[l];
-            let run = self.layer_run(l, dims, &ropes, prec);
+            let run = self.layer_run(l, dims, &ropes, opts);
             let a = match acts[l].take() {
                 Some(a) => {
                     scratch = a;
@@ -291,7 +292,7 @@ impl Params {
                 }
             };
             let gl = &mut grads.layers[l];
-            self.layer_backward(lp, x, run, a, &mut dx, gl, opts.moe_aux);
+            self.layer_backward(lp, x, run, a, &mut dx, gl);
         }
         if let Some(s) = c.features.embd_scale {
             ops::scale(&mut dx, s);

@@ -189,6 +189,27 @@ fn gemma3_trains_as_it_runs() {
     assert!(d < 2e-5, "gemma3 with a query scale differs by {d}");
 }
 
+/// Gemma 3's block with routed experts (gated by GELU, as its dense FFN is) and a shared one.
+#[test]
+fn gemma3_experts_train_as_they_run() {
+    use frugal::model::Gating;
+    use frugal::model::synthetic::SyntheticMoe;
+    let m = model(build(&SyntheticSpec {
+        gemma: Some(SyntheticGemma::default()),
+        moe: Some(SyntheticMoe {
+            n_expert: 4,
+            n_used: 2,
+            gating: Gating::Softmax,
+            n_ff_shared: 32,
+            selection_bias: false,
+        }),
+        n_ff: 48,
+        ..tiny()
+    }));
+    assert!(m.config.moe.is_some());
+    check_family("gemma3 (experts)", &m, 256);
+}
+
 /// Llama 3's `rope_freqs` with YaRN scaling (factor 4 over an original context of 64).
 #[test]
 fn llama_with_scaled_rope_trains_as_it_runs() {

@@ -183,7 +183,10 @@ fn gemma3_training_forward_equals_inference_logits() {
     let model = Model::load(&path).unwrap();
     let tok = frugal::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
     let ids = tok
-        .encode("The capital of France is Paris, and the capital of Italy is", true)
+        .encode(
+            "The capital of France is Paris, and the capital of Italy is",
+            true,
+        )
         .unwrap();
     let p = Params::from_model(&model).unwrap();
     let mine = p.logits(

@@ -10,7 +10,6 @@
 use std::borrow::Cow;
 
 use frugal::gguf::{GgufFile, GgufWriter, TensorData, Value};
-use frugal::model::features::FfnAct;
 use frugal::model::{Config, Model};
 use frugal::quant::{self, GgmlType};
 
@@ -37,13 +36,12 @@ fn writes_fused(c: &Config) -> bool {
 fn fused_source(c: &Config, file: &GgufFile, name: &str) -> Option<Source> {
     let (l, suffix) = name.strip_prefix("blk.")?.split_once('.')?;
     let (q, kv, ff) = (c.q_dim(), c.kv_dim(), c.n_ff);
+    // A fused matrix's biases may be fused too, or be their own tensors.
+    let has = |name: &str| file.tensor_info(name).is_some();
     let qkv = |kind: &str, start: usize| {
         let fused = format!("blk.{l}.attn_qkv.{kind}");
-        (c.mla.is_none()
-            && file
-                .tensor_info(&format!("blk.{l}.attn_qkv.weight"))
-                .is_some())
-        .then_some(Source {
+        let split = c.mla.is_none() && has(&format!("blk.{l}.attn_qkv.weight")) && has(&fused);
+        split.then_some(Source {
             name: fused,
             start,
             total: q + 2 * kv,
@@ -127,13 +125,6 @@ impl Params {
                 "latent attention with values wider than keys ({} > {}) is not trainable yet",
                 m.v_dim,
                 m.nope_dim + m.rope_dim
-            )));
-        }
-        if c.moe.is_some() && c.features.ffn_act != FfnAct::Silu {
-            return Err(TrainError::Invalid(format!(
-                "{}'s routed experts gate with {:?}; the training engine's experts have SwiGLU's \
-                 backward only",
-                c.arch, c.features.ffn_act
             )));
         }
         let mut p = Params::zeros(c, model.weights.tied_output);
