@@ -176,17 +176,6 @@ impl Rope {
         }
     }
 
-    /// Plain RoPE (interleaved pairs, no scaling), as Llama's files rotate.
-    pub fn plain(n: usize, rope_dim: usize, base: f32) -> Self {
-        Self::new(
-            n,
-            rope_dim,
-            base,
-            RopeStyle::Interleaved,
-            &RopeScaling::default(),
-        )
-    }
-
     pub fn positions(&self) -> usize {
         self.cos.len().checked_div(self.half).unwrap_or(0)
     }

@@ -18,8 +18,8 @@ use super::{AttnBiases, ExtraNorms, FfnParams, KvParams, LayerParams, Params, St
 use crate::error::{Result, TrainError};
 use crate::moe::SELECTION_BIAS;
 
-/// Where a training tensor's values are in a file: rows `start..start+rows` of `name`, a
-/// tensor of `total` rows (a fused one), or the whole tensor of the training tensor's own name.
+/// Where a training tensor's values are in a file: from row (a vector's element) `start` of
+/// the tensor `name`, which has `total` of them (more than the training tensor when fused).
 struct Source {
     name: String,
     start: usize,
