@@ -1,4 +1,4 @@
-//! Causal grouped-query attention for training: forward (saving the probabilities) and
+//! Causal grouped-query attention (optionally in a sliding window) for training: forward (saving the probabilities) and
 //! backward, as matrix products over blocks of queries.
 //!
 //! Work is split per (sequence, KV head): the query heads that share a KV head are stacked
@@ -21,6 +21,11 @@ pub struct AttnDims {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
+    /// Sliding window: the query at position `p` sees the keys at `p + 1 - window ..= p`
+    /// (the inference engine's `AttnShape::window`); `None` for every earlier key.
+    pub window: Option<usize>,
+    /// The factor on the scores: `1/sqrt(head_dim)`, or a family's own query scale.
+    pub scale: f32,
 }
 
 impl AttnDims {
@@ -36,6 +41,11 @@ impl AttnDims {
     /// Elements of the saved probabilities: `batch x heads x seq x seq`.
     pub fn probs_len(&self) -> usize {
         self.batch * self.n_head * self.seq * self.seq
+    }
+
+    /// The first key the query at position `row` sees.
+    fn first_key(&self, row: usize) -> usize {
+        self.window.map_or(0, |w| (row + 1).saturating_sub(w))
     }
 }
 
@@ -87,9 +97,9 @@ fn softmax_scaled(row: &mut [f32], scale: f32) {
 /// Per (sequence, KV head) task: the group's outputs, stacked `group x seq x hd`.
 type GroupOut = Vec<f32>;
 
-/// Causal attention `o = softmax(q k^T / sqrt(hd) + mask) v`; query head `h` reads KV head
-/// `h / (n_head / n_head_kv)`. Saves the probabilities (`probs`, `batch x heads x seq x seq`,
-/// zero above the diagonal) for the backward.
+/// Causal attention `o = softmax(scale q k^T + mask) v` (the mask hides later keys, and keys
+/// before a sliding window); query head `h` reads KV head `h / (n_head / n_head_kv)`. Saves the
+/// probabilities (`probs`, `batch x heads x seq x seq`, zero where masked) for the backward.
 pub fn attention_forward(
     q: &[f32],
     k: &[f32],
@@ -100,7 +110,7 @@ pub fn attention_forward(
     prec: Precision,
 ) {
     let (t, hd, kw, group) = (d.seq, d.head_dim, d.kv_width(), d.group());
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = d.scale;
     let outs: Vec<GroupOut> = probs
         .par_chunks_mut(group * t * t)
         .enumerate()
@@ -127,7 +137,9 @@ pub fn attention_forward(
                 );
                 for (ri, row) in sb.chunks_exact_mut(r1).enumerate() {
                     let (j, i) = (ri / n, ri % n);
-                    softmax_scaled(&mut row[..=r0 + i], scale);
+                    let first = d.first_key(r0 + i);
+                    softmax_scaled(&mut row[first..=r0 + i], scale);
+                    row[..first].fill(0.0);
                     row[r0 + i + 1..].fill(0.0);
                     let pr = &mut p[(j * t + r0 + i) * t..][..t];
                     pr[..r1].copy_from_slice(row);
@@ -156,9 +168,9 @@ pub fn attention_forward(
 }
 
 /// Backward of [`attention_forward`], given its saved `probs` and output `o`: with
-/// `dP = dO V^T` and `dS = P ⊙ (dP - rowsum(dO ⊙ O))`, `dQ = dS K / sqrt(hd)`,
-/// `dK = dS^T Q / sqrt(hd)`, `dV = P^T dO`, over the same blocks and groups as the forward.
-/// Overwrites `dq`, `dk`, `dv`.
+/// `dP = dO V^T` and `dS = P ⊙ (dP - rowsum(dO ⊙ O))`, `dQ = scale dS K`,
+/// `dK = scale dS^T Q`, `dV = P^T dO`, over the same blocks and groups as the forward (masked
+/// keys have `P = 0`, so they get no gradient). Overwrites `dq`, `dk`, `dv`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward(
     q: &[f32],
@@ -174,7 +186,7 @@ pub fn attention_backward(
     prec: Precision,
 ) {
     let (t, hd, kw, group) = (d.seq, d.head_dim, d.kv_width(), d.group());
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = d.scale;
     // Per task: the group's dQ rows (stacked) and the KV head's dK, dV.
     let parts: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..d.batch * d.n_head_kv)
         .into_par_iter()

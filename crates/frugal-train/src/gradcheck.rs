@@ -17,6 +17,12 @@ use crate::loss::{Divergence, Objective, Targets, TeacherRows};
 use crate::model::{Batch, RunOptions};
 use crate::ops::{self, Rope};
 use crate::params::{Params, normal};
+use frugal::model::features::{FfnAct, RopeStyle};
+use frugal::ops::{RopeScaling, Yarn};
+
+mod families;
+
+pub(crate) use families::{tiny_gemma3_config, tiny_phi3_config, tiny_qwen2_config};
 
 const EPS: f32 = 2e-3;
 const RTOL: f64 = 2e-2;
@@ -118,24 +124,104 @@ fn rmsnorm_backward_matches_finite_differences() {
     check("dw", &w, &dw, None, |w| f(&x, w));
 }
 
+/// YaRN over an original context of 4 (so the ramp spans the pairs) with Llama 3 style
+/// frequency factors: cos and sin scaled by YaRN's `1 + 0.1 ln(factor)` and an attention
+/// factor, so the rotation is not orthogonal and its backward must be the transpose.
+fn scaled_rope() -> RopeScaling {
+    RopeScaling {
+        freq_factors: Some(vec![1.0, 4.0, 2.5]),
+        freq_scale: 0.25,
+        yarn: Some(Yarn {
+            orig_ctx: 4,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        }),
+        mscale: 1.2 * (1.0 + 0.1 * 4f32.ln()),
+    }
+}
+
 #[test]
 fn rope_backward_matches_finite_differences() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    // Two sequences of 5 positions, 3 heads of 6 dims of which 4 are rotated: the leading 4
-    // (Llama) or the trailing 4 (an MLA query head).
-    let (seq, heads, hd) = (5, 3, 6);
-    let table = Rope::new(seq, 4, 100.0);
+    // Two sequences of 5 positions, 3 heads of 8 dims of which 6 are rotated: the leading 6
+    // or the trailing 6 (an MLA query head); adjacent pairs or split halves; plain or scaled.
+    let (seq, heads, hd) = (5, 3, 8);
     let n = 2 * seq * heads * hd;
     let (x, r) = (randn(&mut rng, n, 1.0), randn(&mut rng, n, 1.0));
-    for offset in [0, 2] {
-        let f = |x: &[f32]| {
-            let mut y = x.to_vec();
-            ops::rope(&mut y, (heads, hd, offset), seq, &table, false);
-            dot(&y, &r)
-        };
-        let mut dx = r.clone();
-        ops::rope(&mut dx, (heads, hd, offset), seq, &table, true);
-        check("dx", &x, &dx, None, f);
+    for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+        for scaling in [RopeScaling::default(), scaled_rope()] {
+            let table = Rope::new(seq, 6, 100.0, style, &scaling);
+            for offset in [0, 2] {
+                let f = |x: &[f32]| {
+                    let mut y = x.to_vec();
+                    ops::rope(&mut y, (heads, hd, offset), seq, &table, false);
+                    dot(&y, &r)
+                };
+                let mut dx = r.clone();
+                ops::rope(&mut dx, (heads, hd, offset), seq, &table, true);
+                check("dx", &x, &dx, None, f);
+            }
+        }
+    }
+}
+
+/// The training tables are the inference engine's, plain and scaled.
+#[test]
+fn rope_tables_are_the_inference_engines() {
+    let (seq, rd, base) = (7, 6, 500.0);
+    for scaling in [RopeScaling::default(), scaled_rope()] {
+        let t = Rope::new(seq, rd, base, RopeStyle::Neox, &scaling);
+        let mut want = frugal::ops::RopeTable::default();
+        want.set_scaling(&scaling);
+        want.fill(0, seq, rd, base);
+        assert_eq!((t.cos, t.sin), (want.cos, want.sin));
+    }
+}
+
+#[test]
+fn bias_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let (n, d) = (70, 5);
+    let (y, b, r) = (
+        randn(&mut rng, n * d, 1.0),
+        randn(&mut rng, d, 1.0),
+        randn(&mut rng, n * d, 1.0),
+    );
+    let f = |b: &[f32]| {
+        let mut z = y.clone();
+        ops::bias_forward(&mut z, b);
+        dot(&z, &r)
+    };
+    let mut db = vec![0f32; d];
+    ops::bias_backward(&r, &mut db);
+    check("db", &b, &db, None, f);
+}
+
+#[test]
+fn geglu_backward_matches_finite_differences() {
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let n = 37;
+    let (g, u, r) = (
+        randn(&mut rng, n, 2.0),
+        randn(&mut rng, n, 1.0),
+        randn(&mut rng, n, 1.0),
+    );
+    let f = |g: &[f32], u: &[f32]| {
+        let mut h = vec![0f32; n];
+        ops::gated_forward(FfnAct::GeluTanh, g, u, &mut h);
+        dot(&h, &r)
+    };
+    let (mut dg, mut du) = (vec![0f32; n], vec![0f32; n]);
+    ops::gated_backward(FfnAct::GeluTanh, &g, &u, &r, &mut dg, &mut du);
+    check("dg", &g, &dg, None, |g| f(g, &u));
+    check("du", &u, &du, None, |u| f(&g, u));
+    // The inference engine's GELU (its own exp) gives the same values.
+    let mut h = vec![0f32; n];
+    ops::geglu_forward(&g, &u, &mut h);
+    let mut want = g.clone();
+    frugal::ops::geglu_tanh(&mut want, &u);
+    for (a, b) in h.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
     }
 }
 
@@ -159,7 +245,7 @@ fn swiglu_backward_matches_finite_differences() {
     check("du", &u, &du, None, |u| f(&g, u));
 }
 
-fn attention_case(n_head: usize, n_head_kv: usize) {
+fn attention_case(n_head: usize, n_head_kv: usize, window: Option<usize>, scale: f32) {
     let mut rng = ChaCha8Rng::seed_from_u64(5 + n_head_kv as u64);
     let dims = AttnDims {
         batch: 2,
@@ -167,6 +253,8 @@ fn attention_case(n_head: usize, n_head_kv: usize) {
         n_head,
         n_head_kv,
         head_dim: 6,
+        window,
+        scale,
     };
     let rows = dims.batch * dims.seq;
     let (qw, kw) = (n_head * 6, n_head_kv * 6);
@@ -210,9 +298,48 @@ fn attention_case(n_head: usize, n_head_kv: usize) {
 
 #[test]
 fn attention_backward_matches_finite_differences_mha_gqa_mqa() {
-    attention_case(4, 4);
-    attention_case(4, 2);
-    attention_case(3, 1);
+    let plain = 1.0 / 6f32.sqrt();
+    attention_case(4, 4, None, plain);
+    attention_case(4, 2, None, plain);
+    attention_case(3, 1, None, plain);
+}
+
+/// A sliding window of 3 over sequences of 5 (queries from position 3 on lose keys) and a
+/// query scale of its own.
+#[test]
+fn windowed_attention_backward_matches_finite_differences() {
+    attention_case(4, 2, Some(3), 0.7);
+    attention_case(3, 1, Some(1), 0.3);
+}
+
+/// Under a window, a query's probabilities are zero before it and sum to one inside it.
+#[test]
+fn window_masks_keys_before_it() {
+    let dims = AttnDims {
+        batch: 1,
+        seq: 6,
+        n_head: 1,
+        n_head_kv: 1,
+        head_dim: 2,
+        window: Some(2),
+        scale: 1.0,
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    let (q, k, v) = (
+        randn(&mut rng, 12, 1.0),
+        randn(&mut rng, 12, 1.0),
+        randn(&mut rng, 12, 1.0),
+    );
+    let mut probs = vec![0f32; dims.probs_len()];
+    let mut o = vec![0f32; 12];
+    attention::attention_forward(&q, &k, &v, dims, &mut probs, &mut o, Precision::F32);
+    for (i, row) in probs.chunks_exact(6).enumerate() {
+        for (j, &p) in row.iter().enumerate() {
+            let seen = j <= i && j + 2 > i;
+            assert_eq!(p > 0.0, seen, "query {i} key {j}: {p}");
+        }
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
 }
 
 #[test]
@@ -332,7 +459,7 @@ pub(crate) fn tiny_latent_config() -> frugal::model::Config {
     }
 }
 
-fn whole_model_case(c: frugal::model::Config, tied: bool, recompute: bool) {
+pub(super) fn whole_model_case(c: frugal::model::Config, tied: bool, recompute: bool) {
     let mut p = Params::random(&c, tied, 3);
     // Under latent attention, train the latent rows at a scale of their own in one case.
     if tied {
@@ -345,7 +472,13 @@ fn whole_model_case(c: frugal::model::Config, tied: bool, recompute: bool) {
             }
         }
     }
-    // Larger weights than pre-training init so every path carries a visible gradient.
+    whole_model_check(p, recompute);
+}
+
+/// Every parameter's gradient of the whole model's loss against finite differences, at 12
+/// elements a tensor, with larger weights than pre-training's so every path carries a visible
+/// gradient.
+pub(super) fn whole_model_check(mut p: Params, recompute: bool) {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     for t in p.tensors_mut() {
         for v in &mut t.data {
@@ -423,6 +556,10 @@ fn routed_ffn_gradient_matches_finite_differences() {
     use frugal::model::Gating;
     whole_model_case(tiny_moe_config(Gating::Softmax, true, 1.0, 5), true, false);
     whole_model_case(tiny_moe_config(Gating::Sigmoid, false, 2.5, 0), false, true);
+    // Experts gated by GELU, as a GELU family's routed FFN runs them.
+    let mut gelu = tiny_moe_config(Gating::Sigmoid, false, 2.5, 5);
+    gelu.features.ffn_act = FfnAct::GeluTanh;
+    whole_model_case(gelu, false, true);
 }
 
 /// A selection bias changes which experts run and is never trained: its gradient is zero.
@@ -490,12 +627,30 @@ fn routed_block_with_balancing_loss_matches_finite_differences() {
     let loss = |p: &RoutedFfn, x: &[f32]| {
         let mut a = MoeActs::default();
         let mut y = vec![0f32; n * d];
-        routed_forward(&m, p, x, d, ff, &mut a, &mut y, Precision::F32);
+        routed_forward(
+            &m,
+            p,
+            x,
+            d,
+            (ff, FfnAct::Silu),
+            &mut a,
+            &mut y,
+            Precision::F32,
+        );
         dot(&y, &r) + aux_loss(&m, &a, aux)
     };
     let mut a = MoeActs::default();
     let mut y = vec![0f32; n * d];
-    routed_forward(&m, &p, &x, d, ff, &mut a, &mut y, Precision::F32);
+    routed_forward(
+        &m,
+        &p,
+        &x,
+        d,
+        (ff, FfnAct::Silu),
+        &mut a,
+        &mut y,
+        Precision::F32,
+    );
     let mut g = p.clone();
     for t in g.tensors_mut() {
         t.data.fill(0.0);
@@ -504,7 +659,7 @@ fn routed_block_with_balancing_loss_matches_finite_differences() {
     routed_backward(
         &m,
         &p,
-        (&x, d, ff),
+        (&x, d, ff, FfnAct::Silu),
         &a,
         &r,
         &mut dx,
@@ -524,7 +679,7 @@ fn routed_block_with_balancing_loss_matches_finite_differences() {
     routed_backward(
         &m,
         &p,
-        (&x, d, ff),
+        (&x, d, ff, FfnAct::Silu),
         &a,
         &r,
         &mut dx0,

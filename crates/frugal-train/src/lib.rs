@@ -18,6 +18,7 @@ pub mod gemm;
 pub mod heads;
 pub mod hidden;
 pub mod latent;
+pub mod layer;
 pub mod loss;
 pub mod math;
 pub mod model;
@@ -46,7 +47,9 @@ pub fn keep_freed_memory() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
     }
 }
-pub use params::{FfnParams, KvParams, LayerParams, Params, Stored, Tensor};
+pub use params::{
+    AttnBiases, ExtraNorms, FfnParams, KvParams, LayerParams, Params, Stored, Tensor,
+};
 
 #[cfg(test)]
 mod gradcheck;

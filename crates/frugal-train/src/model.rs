@@ -1,4 +1,5 @@
-//! The training forward and backward of a Llama-family model, top to bottom.
+//! The training forward and backward of a model, top to bottom: embedding, the blocks
+//! ([`crate::layer`]), the final norm and the head.
 //!
 //! The forward keeps what the backward needs. With `recompute`, it keeps only each layer's
 //! input (one `rows x n_embd` buffer per layer) and the backward recomputes the layer's
@@ -9,13 +10,14 @@
 
 use rayon::prelude::*;
 
-use crate::attention::{self, AttnDims};
+use frugal::ops::RopeScaling;
+
+use crate::attention::AttnDims;
 use crate::gemm::Precision;
-use crate::latent::{self, LatentActs, LatentDims, LatentGrads, LatentWeights};
+use crate::layer::{LayerActs, LayerRun};
 use crate::loss::{LossSums, Objective};
-use crate::moe::{self, MoeActs};
 use crate::ops::{self, Rope};
-use crate::params::{FfnParams, KvParams, LayerParams, Params};
+use crate::params::Params;
 
 /// Rows of logits computed at once by the head: large enough that the head's products run near
 /// the GEMM's speed (m = 1024), small enough that the logits stay 200 MB, not `rows x vocabulary`.
@@ -39,71 +41,6 @@ pub struct Batch<'a> {
     pub seq: usize,
 }
 
-/// Everything one layer's backward reads.
-#[derive(Default, Debug)]
-pub struct LayerActs {
-    xn1: Vec<f32>,
-    rstd1: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    probs: Vec<f32>,
-    att: Vec<f32>,
-    /// Latent attention: the latent's activations, and the attention output without each
-    /// head's value padding (the output projection's input).
-    latent: LatentActs,
-    att_v: Vec<f32>,
-    x_mid: Vec<f32>,
-    xn2: Vec<f32>,
-    rstd2: Vec<f32>,
-    g: Vec<f32>,
-    u: Vec<f32>,
-    h: Vec<f32>,
-    /// A routed FFN's routing and per-expert activations (empty for a dense FFN).
-    moe: MoeActs,
-}
-
-impl LayerActs {
-    pub fn bytes(&self) -> usize {
-        4 * [
-            &self.xn1,
-            &self.rstd1,
-            &self.q,
-            &self.k,
-            &self.v,
-            &self.probs,
-            &self.att,
-            &self.x_mid,
-            &self.xn2,
-            &self.rstd2,
-            &self.g,
-            &self.u,
-            &self.h,
-            &self.att_v,
-        ]
-        .iter()
-        .map(|v| v.capacity())
-        .sum::<usize>()
-            + self.latent.bytes()
-            + self.moe.bytes()
-    }
-
-    /// The output projection's input: the heads' values.
-    fn attn_out(&self) -> &[f32] {
-        if self.att_v.is_empty() {
-            &self.att
-        } else {
-            &self.att_v
-        }
-    }
-}
-
-fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.clear();
-    v.resize(n, 0.0);
-    &mut v[..]
-}
-
 /// The state a forward leaves for the backward.
 pub struct Saved {
     /// Input of layer `l` at index `l`; the last entry is the final residual stream.
@@ -111,8 +48,16 @@ pub struct Saved {
     acts: Vec<Option<LayerActs>>,
     xf: Vec<f32>,
     rstd_f: Vec<f32>,
-    rope: Rope,
+    ropes: Ropes,
     dims: AttnDims,
+}
+
+/// The RoPE tables of a batch's positions: the (global) layers', with the configuration's
+/// scaling, and the local layers' when they have a base of their own (Gemma 3), unscaled as
+/// the inference engine rotates them.
+struct Ropes {
+    global: Rope,
+    local: Option<Rope>,
 }
 
 impl Saved {
@@ -130,6 +75,7 @@ pub type HiddenGrads = Vec<(usize, Vec<f32>)>;
 impl Params {
     fn dims(&self, b: &Batch) -> AttnDims {
         let c = &self.config;
+        let plain = 1.0 / (c.head_dim as f32).sqrt();
         AttnDims {
             batch: b.batch,
             seq: b.seq,
@@ -141,300 +87,45 @@ impl Params {
                 c.n_head_kv
             },
             head_dim: c.head_dim,
+            window: None,
+            // The inference engine applies a family's query scale to per-head attention only.
+            scale: match c.mla {
+                None => c.features.query_scale.unwrap_or(plain),
+                Some(_) => plain,
+            },
         }
     }
 
-    fn latent_dims(&self) -> Option<LatentDims> {
-        self.config
-            .mla
-            .map(|m| LatentDims::new(&m, self.config.n_head))
-    }
-
-    /// One transformer block: `x_out = x + attn(norm(x))`, then `+= ffn(norm(.))`.
-    #[allow(clippy::too_many_arguments)]
-    fn layer_forward(
-        &self,
-        lp: &LayerParams,
-        x: &[f32],
-        rope: &Rope,
-        dims: AttnDims,
-        a: &mut LayerActs,
-        x_out: &mut [f32],
-        prec: Precision,
-    ) {
+    fn ropes(&self, seq: usize) -> Ropes {
         let c = &self.config;
-        let (d, n) = (c.n_embd, x.len() / c.n_embd);
-        let (qd, ad, ff) = (c.q_dim(), c.attn_dim(), c.n_ff);
-        // Attention: norm -> Q, K, V -> RoPE -> causal attention -> output projection.
-        ops::rmsnorm_forward(
-            x,
-            &lp.attn_norm.data,
-            c.rms_eps,
-            sized(&mut a.xn1, n * d),
-            sized(&mut a.rstd1, n),
-        );
-        ops::linear_forward(&a.xn1, &lp.wq.data, d, sized(&mut a.q, n * qd), prec);
-        // RoPE rotates a query head's leading dims, or under MLA its trailing ones.
-        let q_rope = c.mla.map_or(0, |m| m.nope_dim);
-        ops::rope(
-            &mut a.q,
-            (c.n_head, c.head_dim, q_rope),
-            dims.seq,
-            rope,
-            false,
-        );
-        let kd = dims.n_head_kv * c.head_dim;
-        match (&lp.kv, self.latent_dims()) {
-            (KvParams::Heads { wk, wv }, _) => {
-                ops::linear_forward(&a.xn1, &wk.data, d, sized(&mut a.k, n * kd), prec);
-                ops::linear_forward(&a.xn1, &wv.data, d, sized(&mut a.v, n * kd), prec);
-                ops::rope(
-                    &mut a.k,
-                    (c.n_head_kv, c.head_dim, 0),
-                    dims.seq,
-                    rope,
-                    false,
-                );
-                a.att_v.clear();
-            }
-            (kv @ KvParams::Latent { .. }, Some(ld)) => {
-                latent::kv_forward(
-                    ld,
-                    &latent_weights(kv),
-                    &a.xn1,
-                    d,
-                    (rope, dims.seq, c.rms_eps),
-                    &mut a.latent,
-                    sized(&mut a.k, n * kd),
-                    sized(&mut a.v, n * kd),
-                    prec,
-                );
-            }
-            (KvParams::Latent { .. }, None) => unreachable!("latent tensors without Config::mla"),
+        let style = c.features.rope;
+        let local = c.features.sliding.and_then(|s| s.local_rope_base);
+        Ropes {
+            global: Rope::new(seq, c.rope_dim, c.rope_base, style, &c.rope_scaling),
+            local: local
+                .map(|base| Rope::new(seq, c.rope_dim, base, style, &RopeScaling::default())),
         }
-        attention::attention_forward(
-            &a.q,
-            &a.k,
-            &a.v,
-            dims,
-            sized(&mut a.probs, dims.probs_len()),
-            sized(&mut a.att, n * qd),
-            prec,
-        );
-        if let Some(ld) = self.latent_dims() {
-            latent::compact_heads(ld, &a.att, sized(&mut a.att_v, n * ad));
-        }
-        let mut x_mid = std::mem::take(&mut a.x_mid);
-        ops::linear_forward(
-            a.attn_out(),
-            &lp.wo.data,
-            ad,
-            sized(&mut x_mid, n * d),
-            prec,
-        );
-        a.x_mid = x_mid;
-        let x_mid = &mut a.x_mid[..];
-        x_mid.par_iter_mut().zip(x).for_each(|(m, &r)| *m += r);
-        // Feed-forward: norm -> SwiGLU(gate, up) -> down projection, or routed experts.
-        ops::rmsnorm_forward(
-            &a.x_mid,
-            &lp.ffn_norm.data,
-            c.rms_eps,
-            sized(&mut a.xn2, n * d),
-            sized(&mut a.rstd2, n),
-        );
-        match (&lp.ffn, &c.moe) {
-            (FfnParams::Dense(f), _) => {
-                ops::linear_forward(&a.xn2, &f.gate.data, d, sized(&mut a.g, n * ff), prec);
-                ops::linear_forward(&a.xn2, &f.up.data, d, sized(&mut a.u, n * ff), prec);
-                ops::swiglu_forward(&a.g, &a.u, sized(&mut a.h, n * ff));
-                ops::linear_forward(&a.h, &f.down.data, ff, x_out, prec);
-            }
-            (FfnParams::Routed(r), Some(m)) => {
-                moe::routed_forward(m, r, &a.xn2, d, ff, &mut a.moe, x_out, prec);
-            }
-            (FfnParams::Routed(_), None) => unreachable!("routed tensors without Config::moe"),
-        }
-        x_out
-            .par_iter_mut()
-            .zip(&a.x_mid)
-            .for_each(|(o, &m)| *o += m);
     }
 
-    /// Backward of [`layer_forward`](Self::layer_forward): `dx` holds the gradient of the
-    /// layer's output on entry and of its input on return; parameter gradients are added to `gl`.
-    #[allow(clippy::too_many_arguments)]
-    fn layer_backward(
+    /// Layer `l`'s attention: its window (if it is a local layer) and RoPE table.
+    fn layer_run<'a>(
         &self,
-        lp: &LayerParams,
-        x: &[f32],
-        rope: &Rope,
+        l: usize,
         dims: AttnDims,
-        a: &LayerActs,
-        dx: &mut [f32],
-        gl: &mut LayerParams,
-        (prec, moe_aux): (Precision, f32),
-    ) {
-        let c = &self.config;
-        let (d, n) = (c.n_embd, x.len() / c.n_embd);
-        let (qd, ad, ff) = (c.q_dim(), c.attn_dim(), c.n_ff);
-        let kd = dims.n_head_kv * c.head_dim;
-        // Feed-forward block; the residual passes dx through unchanged.
-        let mut dxn = vec![0f32; n * d];
-        match (&lp.ffn, &mut gl.ffn, &c.moe) {
-            (FfnParams::Dense(f), FfnParams::Dense(gf), _) => {
-                let mut dh = vec![0f32; n * ff];
-                ops::linear_backward(
-                    &a.h,
-                    &f.down.data,
-                    dx,
-                    Some((&mut dh, false)),
-                    Some(&mut gf.down.data),
-                    ff,
-                    prec,
-                );
-                let (mut dg, mut du) = (vec![0f32; n * ff], vec![0f32; n * ff]);
-                ops::swiglu_backward(&a.g, &a.u, &dh, &mut dg, &mut du);
-                drop(dh);
-                ops::linear_backward(
-                    &a.xn2,
-                    &f.gate.data,
-                    &dg,
-                    Some((&mut dxn, false)),
-                    Some(&mut gf.gate.data),
-                    d,
-                    prec,
-                );
-                ops::linear_backward(
-                    &a.xn2,
-                    &f.up.data,
-                    &du,
-                    Some((&mut dxn, true)),
-                    Some(&mut gf.up.data),
-                    d,
-                    prec,
-                );
-            }
-            (FfnParams::Routed(r), FfnParams::Routed(gr), Some(m)) => {
-                moe::routed_backward(
-                    m,
-                    r,
-                    (&a.xn2, d, ff),
-                    &a.moe,
-                    dx,
-                    &mut dxn,
-                    gr,
-                    (prec, moe_aux),
-                );
-            }
-            _ => unreachable!("gradients laid out as the parameters"),
-        }
-        // dx now becomes the gradient at x_mid.
-        ops::rmsnorm_backward(
-            &a.x_mid,
-            &lp.ffn_norm.data,
-            &a.rstd2,
-            &dxn,
-            dx,
-            &mut gl.ffn_norm.data,
-        );
-        // Attention block.
-        let mut datt = vec![0f32; n * ad];
-        ops::linear_backward(
-            a.attn_out(),
-            &lp.wo.data,
-            dx,
-            Some((&mut datt, false)),
-            Some(&mut gl.wo.data),
-            ad,
-            prec,
-        );
-        if let Some(ld) = self.latent_dims() {
-            let mut padded = vec![0f32; n * qd];
-            latent::pad_heads(ld, &datt, &mut padded);
-            datt = padded;
-        }
-        let (mut dq, mut dk, mut dv) = (vec![0f32; n * qd], vec![0f32; n * kd], vec![0f32; n * kd]);
-        attention::attention_backward(
-            &a.q, &a.k, &a.v, &a.probs, &a.att, &datt, dims, &mut dq, &mut dk, &mut dv, prec,
-        );
-        drop(datt);
-        let q_rope = c.mla.map_or(0, |m| m.nope_dim);
-        ops::rope(
-            &mut dq,
-            (c.n_head, c.head_dim, q_rope),
-            dims.seq,
+        ropes: &'a Ropes,
+        opts: RunOptions,
+    ) -> LayerRun<'a> {
+        let window = self.config.features.window(l);
+        let rope = match (window, &ropes.local) {
+            (Some(_), Some(local)) => local,
+            _ => &ropes.global,
+        };
+        LayerRun {
+            dims: AttnDims { window, ..dims },
             rope,
-            true,
-        );
-        ops::linear_backward(
-            &a.xn1,
-            &lp.wq.data,
-            &dq,
-            Some((&mut dxn, false)),
-            Some(&mut gl.wq.data),
-            d,
-            prec,
-        );
-        match (&lp.kv, &mut gl.kv, self.latent_dims()) {
-            (KvParams::Heads { wk, wv }, KvParams::Heads { wk: gk, wv: gv }, _) => {
-                ops::rope(&mut dk, (c.n_head_kv, c.head_dim, 0), dims.seq, rope, true);
-                ops::linear_backward(
-                    &a.xn1,
-                    &wk.data,
-                    &dk,
-                    Some((&mut dxn, true)),
-                    Some(&mut gk.data),
-                    d,
-                    prec,
-                );
-                ops::linear_backward(
-                    &a.xn1,
-                    &wv.data,
-                    &dv,
-                    Some((&mut dxn, true)),
-                    Some(&mut gv.data),
-                    d,
-                    prec,
-                );
-            }
-            (
-                kv @ KvParams::Latent { .. },
-                KvParams::Latent {
-                    kv_a,
-                    kv_a_norm,
-                    k_b,
-                    v_b,
-                },
-                Some(ld),
-            ) => latent::kv_backward(
-                ld,
-                &latent_weights(kv),
-                &a.xn1,
-                d,
-                (rope, dims.seq),
-                &a.latent,
-                &dk,
-                &dv,
-                &mut dxn,
-                LatentGrads {
-                    kv_a: &mut kv_a.data,
-                    norm: &mut kv_a_norm.data,
-                    k_b: &mut k_b.data,
-                    v_b: &mut v_b.data,
-                },
-                prec,
-            ),
-            _ => unreachable!("gradients laid out as the parameters"),
+            prec: opts.precision,
+            moe_aux: opts.moe_aux,
         }
-        ops::rmsnorm_backward(
-            x,
-            &lp.attn_norm.data,
-            &a.rstd1,
-            &dxn,
-            dx,
-            &mut gl.attn_norm.data,
-        );
     }
 
     /// The forward through every layer and the final norm, keeping what the backward needs.
@@ -442,20 +133,24 @@ impl Params {
         let c = &self.config;
         let (d, n) = (c.n_embd, b.tokens.len());
         let dims = self.dims(b);
-        let rope = Rope::new(b.seq, c.rope_dim, c.rope_base);
+        let ropes = self.ropes(b.seq);
         let mut x = vec![0f32; n * d];
         ops::embedding_forward(&self.token_embd.data, b.tokens, d, &mut x);
+        if let Some(s) = c.features.embd_scale {
+            ops::scale(&mut x, s);
+        }
         let mut residual = Vec::with_capacity(c.n_layers + 1);
         let mut acts = Vec::with_capacity(c.n_layers);
         let mut scratch = LayerActs::default();
-        for lp in &self.layers {
+        for (l, lp) in self.layers.iter().enumerate() {
             let mut out = vec![0f32; n * d];
+            let run = self.layer_run(l, dims, &ropes, opts);
             if opts.recompute {
-                self.layer_forward(lp, &x, &rope, dims, &mut scratch, &mut out, opts.precision);
+                self.layer_forward(lp, &x, run, &mut scratch, &mut out);
                 acts.push(None);
             } else {
                 let mut a = LayerActs::default();
-                self.layer_forward(lp, &x, &rope, dims, &mut a, &mut out, opts.precision);
+                self.layer_forward(lp, &x, run, &mut a, &mut out);
                 acts.push(Some(a));
             }
             residual.push(std::mem::replace(&mut x, out));
@@ -468,7 +163,7 @@ impl Params {
             acts,
             xf,
             rstd_f,
-            rope,
+            ropes,
             dims,
         }
     }
@@ -562,7 +257,7 @@ impl Params {
             residual,
             mut acts,
             rstd_f,
-            rope,
+            ropes,
             dims,
             ..
         } = saved;
@@ -584,6 +279,7 @@ impl Params {
             }
             let x = &residual[l];
             let lp = &self.layers[l];
+            let run = self.layer_run(l, dims, &ropes, opts);
             let a = match acts[l].take() {
                 Some(a) => {
                     scratch = a;
@@ -591,33 +287,17 @@ impl Params {
                 }
                 None => {
                     let mut out = vec![0f32; x.len()];
-                    self.layer_forward(lp, x, &rope, dims, &mut scratch, &mut out, prec);
+                    self.layer_forward(lp, x, run, &mut scratch, &mut out);
                     &scratch
                 }
             };
             let gl = &mut grads.layers[l];
-            self.layer_backward(lp, x, &rope, dims, a, &mut dx, gl, (prec, opts.moe_aux));
+            self.layer_backward(lp, x, run, a, &mut dx, gl);
+        }
+        if let Some(s) = c.features.embd_scale {
+            ops::scale(&mut dx, s);
         }
         ops::embedding_backward(&mut grads.token_embd.data, b.tokens, c.n_embd, &dx);
         sums
-    }
-}
-
-/// The latent block's weights as slices (the caller has matched `KvParams::Latent`).
-fn latent_weights(kv: &KvParams) -> LatentWeights<'_> {
-    match kv {
-        KvParams::Latent {
-            kv_a,
-            kv_a_norm,
-            k_b,
-            v_b,
-        } => LatentWeights {
-            kv_a: &kv_a.data,
-            latent_scale: kv_a.row_scale(),
-            norm: &kv_a_norm.data,
-            k_b: &k_b.data,
-            v_b: &v_b.data,
-        },
-        KvParams::Heads { .. } => unreachable!("per-head keys have no latent weights"),
     }
 }

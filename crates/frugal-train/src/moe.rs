@@ -7,7 +7,8 @@
 //! Tokens are grouped by expert, so each expert's matrices are one product over its tokens.
 //!
 //! The backward:
-//! - through each chosen expert with its weight: `dE_i = w_i dy`, then the SwiGLU backward;
+//! - through each chosen expert with its weight: `dE_i = w_i dy`, then the gated FFN's
+//!   backward (SwiGLU, or GeGLU for a GELU family);
 //! - into the router through the weights only: `g_i = dy · E_i(x)` per chosen slot, then the
 //!   renormalization and the gating (`route_backward`). The choice itself is a step function
 //!   without a gradient, so an expert outside a token's top-k gets no gradient from that token
@@ -18,13 +19,14 @@
 //! The selection bias (`exp_probs_b.bias`) is a constant here: the trainer never moves it.
 
 use frugal::model::MoeConfig;
+use frugal::model::features::FfnAct;
 use frugal::model::moe::{Gating, Route, route};
 
 use crate::gemm::Precision;
 use crate::ops;
 use crate::params::{Stored, Tensor};
 
-/// A plain SwiGLU block's matrices: `down(silu(gate x) * up x)`.
+/// A plain gated block's matrices: `down(act(gate x) * up x)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DenseFfn {
     pub gate: Tensor,
@@ -131,13 +133,13 @@ fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut v[..]
 }
 
-/// `out = down(silu(gate x) * up x)` over the rows of `x`, keeping the activations.
+/// `out = down(act(gate x) * up x)` over the rows of `x`, keeping the activations.
 #[allow(clippy::too_many_arguments)]
-fn swiglu_forward(
+fn mlp_forward(
     x: &[f32],
     (gate, up, down): (&[f32], &[f32], &[f32]),
     d: usize,
-    ff: usize,
+    (ff, act): (usize, FfnAct),
     a: &mut SwigluActs,
     out: &mut [f32],
     prec: Precision,
@@ -145,18 +147,18 @@ fn swiglu_forward(
     let n = x.len() / d;
     ops::linear_forward(x, gate, d, sized(&mut a.g, n * ff), prec);
     ops::linear_forward(x, up, d, sized(&mut a.u, n * ff), prec);
-    ops::swiglu_forward(&a.g, &a.u, sized(&mut a.h, n * ff));
+    ops::gated_forward(act, &a.g, &a.u, sized(&mut a.h, n * ff));
     ops::linear_forward(&a.h, down, ff, out, prec);
 }
 
-/// Backward of [`swiglu_forward`]: `dx (+)= ...` (added when `accumulate`), weight gradients
+/// Backward of [`mlp_forward`]: `dx (+)= ...` (added when `accumulate`), weight gradients
 /// added into `grads`.
 #[allow(clippy::too_many_arguments)]
-fn swiglu_backward(
+fn mlp_backward(
     x: &[f32],
     (gate, up, down): (&[f32], &[f32], &[f32]),
     d: usize,
-    ff: usize,
+    (ff, act): (usize, FfnAct),
     a: &SwigluActs,
     dy: &[f32],
     dx: (&mut [f32], bool),
@@ -175,7 +177,7 @@ fn swiglu_backward(
         prec,
     );
     let (mut dg, mut du) = (vec![0f32; n * ff], vec![0f32; n * ff]);
-    ops::swiglu_backward(&a.g, &a.u, &dh, &mut dg, &mut du);
+    ops::gated_backward(act, &a.g, &a.u, &dh, &mut dg, &mut du);
     drop(dh);
     let (dx, accumulate) = dx;
     ops::linear_backward(x, gate, &dg, Some((dx, accumulate)), Some(grads.0), d, prec);
@@ -255,7 +257,7 @@ pub fn routed_forward(
     p: &RoutedFfn,
     x: &[f32],
     d: usize,
-    ff: usize,
+    (ff, act): (usize, FfnAct),
     a: &mut MoeActs,
     out: &mut [f32],
     prec: Precision,
@@ -276,7 +278,15 @@ pub fn routed_forward(
         }
     }
     match &p.shared {
-        Some(s) => swiglu_forward(x, dense(s), d, m.n_ff_shared, &mut a.shared, out, prec),
+        Some(s) => mlp_forward(
+            x,
+            dense(s),
+            d,
+            (m.n_ff_shared, act),
+            &mut a.shared,
+            out,
+            prec,
+        ),
         None => out.fill(0.0),
     }
     a.experts.resize_with(ne, SwigluActs::default);
@@ -289,11 +299,11 @@ pub fn routed_forward(
         }
         let xe = gather(x, d, &a.members[e]);
         let mut ye = vec![0f32; rows * d];
-        swiglu_forward(
+        mlp_forward(
             &xe,
             expert(&p.experts, e, ne),
             d,
-            ff,
+            (ff, act),
             &mut a.experts[e],
             &mut ye,
             prec,
@@ -327,7 +337,7 @@ pub fn routed_forward(
 pub fn routed_backward(
     m: &MoeConfig,
     p: &RoutedFfn,
-    (x, d, ff): (&[f32], usize, usize),
+    (x, d, ff, act): (&[f32], usize, usize, FfnAct),
     a: &MoeActs,
     dy: &[f32],
     dx: &mut [f32],
@@ -338,11 +348,11 @@ pub fn routed_backward(
     match (&p.shared, &mut g.shared) {
         (Some(s), Some(gs)) => {
             let [gg, gu, gd] = gs.tensors_mut();
-            swiglu_backward(
+            mlp_backward(
                 x,
                 dense(s),
                 d,
-                m.n_ff_shared,
+                (m.n_ff_shared, act),
                 &a.shared,
                 dy,
                 (dx, false),
@@ -374,11 +384,11 @@ pub fn routed_backward(
         }
         let xe = gather(x, d, members);
         let mut dxe = vec![0f32; members.len() * d];
-        swiglu_backward(
+        mlp_backward(
             &xe,
             expert(&p.experts, e, ne),
             d,
-            ff,
+            (ff, act),
             &a.experts[e],
             &dye,
             (&mut dxe, false),

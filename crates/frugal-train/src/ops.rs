@@ -1,4 +1,4 @@
-//! Every operation of the Llama forward pass, each as a forward and a hand-written backward.
+//! Every operation of the forward pass, each as a forward and a hand-written backward.
 //!
 //! Layout: activations are row-major `rows x width` with one row per token; a batch is `B`
 //! sequences of `T` tokens, row `b*T + t`. Backward functions take the forward's inputs (or
@@ -8,6 +8,9 @@
 //! of threads.
 
 use rayon::prelude::*;
+
+use frugal::model::features::FfnAct;
+use frugal::ops::{RopeScaling, RopeStyle, RopeTable};
 
 use crate::gemm::{MatRef, Precision, matmul};
 use crate::math::sigmoid;
@@ -141,32 +144,36 @@ pub fn rmsnorm_backward(
     }
 }
 
-/// Rotary embedding tables for positions `0..n`: `cos`/`sin` of `pos * base^(-2i/rope_dim)`,
-/// computed in f64 as the inference engine does.
+/// Rotary embedding tables for positions `0..n`: per position and rotated pair, the `cos` and
+/// `sin` the inference engine rotates by ([`RopeTable`]: frequency factors, linear and YaRN
+/// scaling with YaRN's magnitude scale, Phi-3's long or short factors), and which dimensions
+/// form the pairs. Taking them from the same code is what makes a scaled RoPE train as it runs.
 #[derive(Clone, Debug, Default)]
 pub struct Rope {
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
     pub half: usize,
+    pub style: RopeStyle,
 }
 
 impl Rope {
-    pub fn new(n: usize, rope_dim: usize, base: f32) -> Self {
-        let half = rope_dim / 2;
-        let mut r = Rope {
-            cos: Vec::with_capacity(n * half),
-            sin: Vec::with_capacity(n * half),
-            half,
-        };
-        for p in 0..n {
-            for i in 0..half {
-                let inv_freq = f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);
-                let theta = p as f64 * inv_freq;
-                r.cos.push(theta.cos() as f32);
-                r.sin.push(theta.sin() as f32);
-            }
+    pub fn new(
+        n: usize,
+        rope_dim: usize,
+        base: f32,
+        style: RopeStyle,
+        scaling: &RopeScaling,
+    ) -> Self {
+        let mut t = RopeTable::default();
+        t.style = style;
+        t.set_scaling(scaling);
+        t.fill(0, n, rope_dim, base);
+        Rope {
+            cos: std::mem::take(&mut t.cos),
+            sin: std::mem::take(&mut t.sin),
+            half: rope_dim / 2,
+            style,
         }
-        r
     }
 
     pub fn positions(&self) -> usize {
@@ -174,20 +181,26 @@ impl Rope {
     }
 }
 
-/// Rotates adjacent pairs `(2i, 2i+1)` of the `rope_dim` dims from `offset` of every head (the
-/// leading dims in Llama, the trailing ones of an MLA query head) by the angle of the row's
-/// position (`row % seq`), or by minus that angle (`inverse`: the backward, since a rotation's
-/// transpose is its inverse).
+/// Rotates the `rope_dim` dims from `offset` of every head (the leading dims in most families,
+/// the trailing ones of an MLA query head) by the angle of the row's position (`row % seq`):
+/// adjacent pairs `(2i, 2i+1)` or, NeoX style, `(i, i + rope_dim/2)`. With `transpose` it
+/// applies the transposed matrix `[[c, s], [-s, c]]` instead, which is the backward (and,
+/// unless YaRN or an attention factor scales `cos` and `sin`, the inverse rotation).
 pub fn rope(
     x: &mut [f32],
     (n_heads, head_dim, offset): (usize, usize, usize),
     seq: usize,
     table: &Rope,
-    inverse: bool,
+    transpose: bool,
 ) {
     let width = n_heads * head_dim;
     let h = table.half;
-    let sign = if inverse { -1.0 } else { 1.0 };
+    let sign = if transpose { -1.0 } else { 1.0 };
+    // Where pair `j`'s two values sit in the rotated span.
+    let (stride, second) = match table.style {
+        RopeStyle::Interleaved => (2, 1),
+        RopeStyle::Neox => (1, h),
+    };
     x.par_chunks_mut(width * ROW_CHUNK)
         .enumerate()
         .for_each(|(c, xc)| {
@@ -198,14 +211,109 @@ pub fn rope(
                 for head in row.chunks_exact_mut(head_dim) {
                     let head = &mut head[offset..];
                     for j in 0..h {
-                        let (a, b) = (head[2 * j], head[2 * j + 1]);
+                        let (ia, ib) = (stride * j, stride * j + second);
+                        let (a, b) = (head[ia], head[ib]);
                         let s = sign * sin[j];
-                        head[2 * j] = a * cos[j] - b * s;
-                        head[2 * j + 1] = a * s + b * cos[j];
+                        head[ia] = a * cos[j] - b * s;
+                        head[ib] = a * s + b * cos[j];
                     }
                 }
             }
         });
+}
+
+/// Adds `bias` to every row of `y` (rows of `bias.len()`).
+pub fn bias_forward(y: &mut [f32], bias: &[f32]) {
+    let d = bias.len();
+    y.par_chunks_mut(d * ROW_CHUNK).for_each(|yc| {
+        for row in yc.chunks_exact_mut(d) {
+            row.iter_mut().zip(bias).for_each(|(v, &b)| *v += b);
+        }
+    });
+}
+
+/// Backward of [`bias_forward`]: `db += Σ_rows dy`, summed in fixed chunks in a fixed order.
+pub fn bias_backward(dy: &[f32], db: &mut [f32]) {
+    let d = db.len();
+    let partials: Vec<Vec<f32>> = dy
+        .par_chunks(d * ROW_CHUNK)
+        .map(|c| {
+            let mut p = vec![0f32; d];
+            for row in c.chunks_exact(d) {
+                p.iter_mut().zip(row).for_each(|(a, &v)| *a += v);
+            }
+            p
+        })
+        .collect();
+    for p in partials {
+        db.iter_mut().zip(p).for_each(|(g, v)| *g += v);
+    }
+}
+
+/// The gated feed-forward's product `h = act(g) * u` (`Features::ffn_act`).
+pub fn gated_forward(act: FfnAct, g: &[f32], u: &[f32], h: &mut [f32]) {
+    match act {
+        FfnAct::Silu => swiglu_forward(g, u, h),
+        FfnAct::GeluTanh => geglu_forward(g, u, h),
+    }
+}
+
+/// Backward of [`gated_forward`]; overwrites `dg` and `du`.
+pub fn gated_backward(
+    act: FfnAct,
+    g: &[f32],
+    u: &[f32],
+    dh: &[f32],
+    dg: &mut [f32],
+    du: &mut [f32],
+) {
+    match act {
+        FfnAct::Silu => swiglu_backward(g, u, dh, dg, du),
+        FfnAct::GeluTanh => geglu_backward(g, u, dh, dg, du),
+    }
+}
+
+/// `k = 2 sqrt(2/π)`: GELU's tanh approximation is `g σ(k (g + 0.044715 g³))`, since
+/// `(1 + tanh z) / 2 = σ(2z)`; the inference engine computes it in this form.
+const GELU_K: f32 = 1.595_769_2;
+const GELU_C: f32 = 0.044_715;
+
+/// GeGLU `h = gelu_tanh(g) * u` (Gemma's gate).
+pub fn geglu_forward(g: &[f32], u: &[f32], h: &mut [f32]) {
+    h.par_chunks_mut(4096)
+        .zip(g.par_chunks(4096).zip(u.par_chunks(4096)))
+        .for_each(|(hc, (gc, uc))| {
+            for ((o, &a), &b) in hc.iter_mut().zip(gc).zip(uc) {
+                *o = a * sigmoid(GELU_K * (a + GELU_C * a * a * a)) * b;
+            }
+        });
+}
+
+/// Backward of [`geglu_forward`]: with `s = σ(k(g + c g³))`,
+/// `gelu'(g) = s + g s (1 - s) k (1 + 3 c g²)`; `dg = dh u gelu'(g)`, `du = dh gelu(g)`.
+pub fn geglu_backward(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mut [f32]) {
+    dg.par_chunks_mut(4096)
+        .zip(du.par_chunks_mut(4096))
+        .zip(
+            g.par_chunks(4096)
+                .zip(u.par_chunks(4096))
+                .zip(dh.par_chunks(4096)),
+        )
+        .for_each(|((dgc, duc), ((gc, uc), dhc))| {
+            for i in 0..gc.len() {
+                let (a, b, d) = (gc[i], uc[i], dhc[i]);
+                let s = sigmoid(GELU_K * (a + GELU_C * a * a * a));
+                let dgelu = s + a * s * (1.0 - s) * GELU_K * (1.0 + 3.0 * GELU_C * a * a);
+                dgc[i] = d * b * dgelu;
+                duc[i] = d * a * s;
+            }
+        });
+}
+
+/// `x *= f`.
+pub fn scale(x: &mut [f32], f: f32) {
+    x.par_chunks_mut(4096)
+        .for_each(|c| c.iter_mut().for_each(|v| *v *= f));
 }
 
 /// SwiGLU `h = silu(g) * u`.

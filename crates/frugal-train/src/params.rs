@@ -1,158 +1,19 @@
-//! Trainable parameters: every tensor of a Llama-family model as f32, named as in GGUF.
+//! Trainable parameters: every tensor of a model of any family the inference engine runs, as
+//! f32, named as in GGUF (the file's fused matrices are split; see [`gguf`]).
 //!
 //! The same structure holds the parameters, their gradients and AdamW's two moments, so the
 //! optimizer walks four `Params` in step ([`Params::tensors`] lists them in one fixed order).
 
-use std::borrow::Cow;
-
-use frugal::gguf::{GgufFile, GgufWriter, TensorData, Value};
-use frugal::model::{Config, Model};
-use frugal::quant::{self, GgmlType};
+use frugal::model::Config;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::error::{Result, TrainError};
-use crate::moe::{DenseFfn, RoutedFfn, SELECTION_BIAS};
+use crate::moe::{DenseFfn, RoutedFfn};
 
-/// One named f32 tensor: a matrix (`rows x cols`, row-major: row `r` is output `r`) or a vector.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Tensor {
-    pub name: String,
-    pub rows: usize,
-    pub cols: usize,
-    /// A 1-D tensor (a norm's weights), written to GGUF with one dimension.
-    pub vector: bool,
-    /// Its layout in GGUF, when that differs from the training layout.
-    pub stored: Stored,
-    pub data: Vec<f32>,
-}
+mod gguf;
+mod tensor;
 
-impl Tensor {
-    pub fn matrix(name: impl Into<String>, rows: usize, cols: usize) -> Self {
-        Tensor {
-            name: name.into(),
-            rows,
-            cols,
-            vector: false,
-            stored: Stored::Plain,
-            data: vec![0.0; rows * cols],
-        }
-    }
-
-    pub fn vector(name: impl Into<String>, n: usize) -> Self {
-        Tensor {
-            name: name.into(),
-            rows: 1,
-            cols: n,
-            vector: true,
-            stored: Stored::Plain,
-            data: vec![0.0; n],
-        }
-    }
-
-    /// A zero tensor of the same name and shape (a gradient, an optimizer moment).
-    pub fn zeros_like(&self) -> Self {
-        Tensor {
-            data: vec![0.0; self.data.len()],
-            ..self.clone()
-        }
-    }
-
-    /// GGUF dimensions: innermost first.
-    pub fn dims(&self) -> Vec<u64> {
-        let (r, c) = (self.rows as u64, self.cols as u64);
-        match self.stored {
-            _ if self.vector => vec![c],
-            Stored::Plain | Stored::ScaledRows { .. } => vec![c, r],
-            Stored::Heads { heads } => vec![c, r / heads as u64, heads as u64],
-            Stored::HeadsTransposed { heads } => vec![r / heads as u64, c, heads as u64],
-        }
-    }
-
-    /// The values in the file's order (a copy only where the layouts differ).
-    pub fn stored_data(&self) -> Cow<'_, [f32]> {
-        match self.stored {
-            Stored::ScaledRows { rows, scale } => {
-                let mut out = self.data.clone();
-                out[..rows * self.cols].iter_mut().for_each(|v| *v *= scale);
-                Cow::Owned(out)
-            }
-            Stored::HeadsTransposed { heads } => {
-                let per = self.rows / heads;
-                let mut out = vec![0f32; self.data.len()];
-                for h in 0..heads {
-                    let (src, dst) = (h * per * self.cols, h * per * self.cols);
-                    for i in 0..per {
-                        for c in 0..self.cols {
-                            out[dst + c * per + i] = self.data[src + i * self.cols + c];
-                        }
-                    }
-                }
-                Cow::Owned(out)
-            }
-            _ => Cow::Borrowed(&self.data),
-        }
-    }
-
-    /// Sets the values from the file's order (the inverse of [`stored_data`](Self::stored_data)).
-    pub fn set_from_stored(&mut self, stored: &[f32]) {
-        match self.stored {
-            Stored::HeadsTransposed { heads } => {
-                let per = self.rows / heads;
-                for h in 0..heads {
-                    let base = h * per * self.cols;
-                    for i in 0..per {
-                        for c in 0..self.cols {
-                            self.data[base + i * self.cols + c] = stored[base + c * per + i];
-                        }
-                    }
-                }
-            }
-            Stored::ScaledRows { rows, scale } => {
-                self.data.copy_from_slice(stored);
-                self.data[..rows * self.cols]
-                    .iter_mut()
-                    .for_each(|v| *v /= scale);
-            }
-            _ => self.data.copy_from_slice(stored),
-        }
-    }
-
-    /// The multiplier the forward applies to rows `0..n` (1 unless [`Stored::ScaledRows`]).
-    pub fn row_scale(&self) -> f32 {
-        match self.stored {
-            Stored::ScaledRows { scale, .. } => scale,
-            _ => 1.0,
-        }
-    }
-
-    pub fn shape_str(&self) -> String {
-        if self.vector {
-            format!("[{}]", self.cols)
-        } else {
-            format!("[{} x {}]", self.rows, self.cols)
-        }
-    }
-}
-
-/// How a block's tensor is laid out in GGUF when that is not the training layout.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Stored {
-    /// As trained: `[cols, rows]` (or `[cols]` for a vector).
-    Plain,
-    /// `rows = heads x per_head` stacked per head, stored 3-D as `[cols, per_head, heads]`
-    /// (llama.cpp's `attn_v_b`: the same bytes, one more dimension).
-    Heads { heads: usize },
-    /// Each head's `per_head x cols` block stored transposed, 3-D as `[per_head, cols, heads]`
-    /// (llama.cpp's `attn_k_b`, which the absorbed path multiplies the other way round).
-    HeadsTransposed { heads: usize },
-    /// The first `rows` rows are trained divided by `scale` (a power of two, so the division is
-    /// exact) and the forward multiplies them back. An optimizer's step and the gradient clip
-    /// act on values of the tensor's own scale: a converted MLA file's latent rows are 1e-5 of
-    /// the rest (see `frugal::surgery::mla`), and without this AdamW's steps of `lr` would be a
-    /// thousand times those weights, and their huge gradients would dominate the clipped norm.
-    ScaledRows { rows: usize, scale: f32 },
-}
+pub use tensor::{Stored, Tensor};
 
 /// How a block makes its keys and values: per KV head, or through multi-head latent attention.
 #[derive(Clone, Debug, PartialEq)]
@@ -181,6 +42,37 @@ pub struct LayerParams {
     pub wo: Tensor,
     pub ffn_norm: Tensor,
     pub ffn: FfnParams,
+    pub biases: AttnBiases,
+    pub norms: ExtraNorms,
+}
+
+/// Biases added to the attention projections' outputs (`attn_q.bias`, `attn_k.bias`,
+/// `attn_v.bias`, `attn_output.bias`), where the model has them: optional per tensor, as the
+/// inference engine reads them (Qwen 2's Q, K and V; keys and values have none under MLA).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AttnBiases {
+    pub q: Option<Tensor>,
+    pub k: Option<Tensor>,
+    pub v: Option<Tensor>,
+    pub o: Option<Tensor>,
+}
+
+/// The norms some families add to the block (`Features::qk_norm`, `Features::post_norms`):
+/// RMSNorm over each query and key head before RoPE (`attn_q_norm`, `attn_k_norm`, `head_dim`
+/// weights), and over the attention and FFN outputs before their residual adds
+/// (`post_attention_norm`, `post_ffw_norm`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExtraNorms {
+    pub q: Option<Tensor>,
+    pub k: Option<Tensor>,
+    pub post_attn: Option<Tensor>,
+    pub post_ffn: Option<Tensor>,
+}
+
+/// Whether a new model of `c`'s family has Q, K and V biases: llama.cpp's `qwen2` requires
+/// them; every other family's are optional, and a loaded model has those of its file.
+fn family_has_qkv_biases(c: &Config) -> bool {
+    c.arch == "qwen2"
 }
 
 /// A block's feed-forward: one SwiGLU, or routed experts.
@@ -248,6 +140,10 @@ impl LayerParams {
                 }
             }
         };
+        let bias = |s: &str, len: usize| Tensor::vector(format!("blk.{l}.{s}.bias"), len);
+        let qkv_biases = family_has_qkv_biases(c);
+        let heads = c.mla.is_none();
+        let f = c.features;
         LayerParams {
             attn_norm: Tensor::vector(n("attn_norm"), d),
             wq: Tensor::matrix(n("attn_q"), q, d),
@@ -258,15 +154,38 @@ impl LayerParams {
                 None => FfnParams::Dense(DenseFfn::zeros(l, "", d, ff)),
                 Some(m) => FfnParams::Routed(RoutedFfn::zeros(m, l, d, ff)),
             },
+            biases: AttnBiases {
+                q: qkv_biases.then(|| bias("attn_q", q)),
+                k: (qkv_biases && heads).then(|| bias("attn_k", c.kv_dim())),
+                v: (qkv_biases && heads).then(|| bias("attn_v", c.kv_dim())),
+                o: None,
+            },
+            norms: ExtraNorms {
+                q: f.qk_norm
+                    .then(|| Tensor::vector(n("attn_q_norm"), c.head_dim)),
+                k: f.qk_norm
+                    .then(|| Tensor::vector(n("attn_k_norm"), c.head_dim)),
+                post_attn: f
+                    .post_norms
+                    .then(|| Tensor::vector(n("post_attention_norm"), d)),
+                post_ffn: f.post_norms.then(|| Tensor::vector(n("post_ffw_norm"), d)),
+            },
         }
     }
 
-    /// The block's tensors in one fixed order (the file's: norm, query, keys and values,
-    /// output, then the FFN).
+    /// The block's tensors in one fixed order (the file's: norm, query, keys and values, their
+    /// norms, output, then the FFN), each bias after its matrix.
     pub fn tensors(&self) -> Vec<&Tensor> {
+        let (b, nm) = (&self.biases, &self.norms);
         let mut v = vec![&self.attn_norm, &self.wq];
+        v.extend(&b.q);
         match &self.kv {
-            KvParams::Heads { wk, wv } => v.extend([wk, wv]),
+            KvParams::Heads { wk, wv } => {
+                v.push(wk);
+                v.extend(&b.k);
+                v.push(wv);
+                v.extend(&b.v);
+            }
             KvParams::Latent {
                 kv_a,
                 kv_a_norm,
@@ -274,15 +193,26 @@ impl LayerParams {
                 v_b,
             } => v.extend([kv_a, kv_a_norm, k_b, v_b]),
         }
-        v.extend([&self.wo, &self.ffn_norm]);
+        v.extend(nm.q.iter().chain(&nm.k));
+        v.push(&self.wo);
+        v.extend(b.o.iter().chain(&nm.post_attn));
+        v.push(&self.ffn_norm);
         v.extend(self.ffn.tensors());
+        v.extend(&nm.post_ffn);
         v
     }
 
     pub fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let (b, nm) = (&mut self.biases, &mut self.norms);
         let mut v = vec![&mut self.attn_norm, &mut self.wq];
+        v.extend(&mut b.q);
         match &mut self.kv {
-            KvParams::Heads { wk, wv } => v.extend([wk, wv]),
+            KvParams::Heads { wk, wv } => {
+                v.push(wk);
+                v.extend(&mut b.k);
+                v.push(wv);
+                v.extend(&mut b.v);
+            }
             KvParams::Latent {
                 kv_a,
                 kv_a_norm,
@@ -290,8 +220,12 @@ impl LayerParams {
                 v_b,
             } => v.extend([kv_a, kv_a_norm, k_b, v_b]),
         }
-        v.extend([&mut self.wo, &mut self.ffn_norm]);
+        v.extend(nm.q.iter_mut().chain(&mut nm.k));
+        v.push(&mut self.wo);
+        v.extend(b.o.iter_mut().chain(&mut nm.post_attn));
+        v.push(&mut self.ffn_norm);
         v.extend(self.ffn.tensors_mut());
+        v.extend(&mut nm.post_ffn);
         v
     }
 
@@ -327,13 +261,12 @@ impl Params {
         }
     }
 
-    /// Zeros of the same tensors (gradients, optimizer moments).
+    /// Zeros of the same tensors (gradients, optimizer moments), the optional ones (biases,
+    /// a selection bias) included exactly where these have them.
     pub fn zeros_like(&self) -> Self {
-        let mut z = Self::zeros(&self.config, self.output.is_none());
-        for (l, zl) in self.layers.iter().zip(&mut z.layers) {
-            if let (FfnParams::Routed(r), FfnParams::Routed(zr)) = (&l.ffn, &mut zl.ffn) {
-                zr.selection_bias = r.selection_bias.as_ref().map(Tensor::zeros_like);
-            }
+        let mut z = self.clone();
+        for t in z.tensors_mut() {
+            t.data.fill(0.0);
         }
         z
     }
@@ -368,87 +301,18 @@ impl Params {
         self.output.as_ref().unwrap_or(&self.token_embd)
     }
 
-    /// Decodes every tensor of a loaded model to f32 (whatever its stored format).
-    pub fn from_model(model: &Model) -> Result<Self> {
-        let c = &model.config;
-        if !c.features.is_llama() {
-            return Err(TrainError::Invalid(format!(
-                "the training engine has Llama's block only; {}'s (q/k norms, norms after \
-                 attention and FFN, GELU gating, scaled embedding, sliding windows) has no \
-                 backward pass yet, so it cannot be trained or distilled",
-                c.arch
-            )));
-        }
-        // What the forward applies beyond Llama's block without a switch: refused by name
-        // rather than trained without it.
-        if !c.rope_scaling.is_identity() || c.long_rope.is_some() {
-            return Err(TrainError::Invalid(format!(
-                "{} scales its RoPE angles (frequency factors or linear/YaRN scaling); the \
-                 training engine's RoPE has no scaling yet",
-                c.arch
-            )));
-        }
-        if let Some(l) = model.weights.layers.iter().position(|l| {
-            let b = &l.biases;
-            b.q.is_some() || b.k.is_some() || b.v.is_some() || b.o.is_some()
-        }) {
-            return Err(TrainError::Invalid(format!(
-                "layer {l} has attention biases; the training engine has no bias gradients yet"
-            )));
-        }
-        if let Some(m) = c.mla
-            && m.v_dim > m.nope_dim + m.rope_dim
-        {
-            return Err(TrainError::Invalid(format!(
-                "latent attention with values wider than keys ({} > {}) is not trainable yet",
-                m.v_dim,
-                m.nope_dim + m.rope_dim
-            )));
-        }
-        let mut p = Params::zeros(c, model.weights.tied_output);
-        let file = &model.file;
-        for (l, lp) in p.layers.iter_mut().enumerate() {
-            if let (FfnParams::Routed(r), Some(m)) = (&mut lp.ffn, &c.moe) {
-                let name = format!("blk.{l}.{SELECTION_BIAS}");
-                if file.tensor_info(&name).is_some() {
-                    r.selection_bias = Some(Tensor::vector(name, m.n_expert));
-                }
-            }
-        }
-        for t in p.tensors_mut() {
-            let (info, bytes) = file.tensor(&t.name)?;
-            if info.dims != t.dims() {
-                return Err(TrainError::Shape(format!(
-                    "{} has shape {:?} in the file, {:?} expected",
-                    t.name,
-                    info.dims,
-                    t.dims()
-                )));
-            }
-            let mut stored = vec![0f32; t.data.len()];
-            quant::dequantize(info.ty, bytes, &mut stored).map_err(|e| {
-                TrainError::Invalid(format!("{}: cannot decode {}: {e}", t.name, info.ty))
-            })?;
-            if let Some(m) = c.mla
-                && t.name.ends_with("attn_kv_a_mqa.weight")
-            {
-                t.stored = latent_rows_scale(&stored, m.kv_lora_rank, t.cols);
-            }
-            t.set_from_stored(&stored);
-        }
-        Ok(p)
-    }
-
     /// Random initialization as GPT-2 / Llama pre-training does it: matrices ~ N(0, 0.02²), the
     /// projections into the residual stream (attention output, FFN down) scaled by
-    /// 1/sqrt(2·layers), norms at one. Seeded, so a run is reproducible.
+    /// 1/sqrt(2·layers), norms at one, biases at zero. Seeded, so a run is reproducible.
     pub fn random(c: &Config, tied: bool, seed: u64) -> Self {
         let mut p = Params::zeros(c, tied);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let resid = 0.02 / (2.0 * c.n_layers as f32).sqrt();
         for t in p.tensors_mut() {
             if t.vector {
-                t.data.fill(1.0);
+                // Norms start at one, biases at zero.
+                let bias = t.name.ends_with(".bias");
+                t.data.fill(if bias { 0.0 } else { 1.0 });
                 continue;
             }
             let into_residual = [
@@ -464,71 +328,6 @@ impl Params {
             }
         }
         p
-    }
-
-    /// A GGUF writer holding these parameters as F32, with `template`'s metadata (tokenizer,
-    /// chat template, architecture) and the architecture keys rewritten for this shape.
-    pub fn to_gguf<'a>(&'a self, template: &GgufFile) -> GgufWriter<'a> {
-        let mut w = GgufWriter::new();
-        w.metadata = template.metadata().to_vec();
-        let c = &self.config;
-        let key = |k: &str| format!("{}.{k}", c.arch);
-        let u = |v: usize| Value::U32(v as u32);
-        w.set(&key("block_count"), u(c.n_layers));
-        w.set(&key("embedding_length"), u(c.n_embd));
-        w.set(&key("feed_forward_length"), u(c.n_ff));
-        w.set(&key("attention.head_count"), u(c.n_head));
-        w.set(&key("attention.head_count_kv"), u(c.n_head_kv));
-        match c.mla {
-            None => {
-                w.set(&key("attention.key_length"), u(c.head_dim));
-                w.set(&key("attention.value_length"), u(c.head_dim));
-            }
-            // llama.cpp's absorbed layout: one KV "head" of the cached row.
-            Some(m) => {
-                w.set(&key("attention.key_length"), u(m.row_dim()));
-                w.set(&key("attention.value_length"), u(m.kv_lora_rank));
-                w.set(&key("attention.key_length_mla"), u(m.nope_dim + m.rope_dim));
-                w.set(&key("attention.value_length_mla"), u(m.v_dim));
-                w.set(&key("attention.kv_lora_rank"), u(m.kv_lora_rank));
-            }
-        }
-        w.set(&key("rope.dimension_count"), u(c.rope_dim));
-        w.set("general.file_type", Value::U32(0));
-        w.metadata
-            .retain(|(k, _)| k != "general.quantization_version");
-        for t in self.tensors() {
-            w.tensors.push(TensorData {
-                name: t.name.clone(),
-                dims: t.dims(),
-                ty: GgmlType::F32,
-                data: match t.stored_data() {
-                    Cow::Borrowed(v) => Cow::Borrowed(f32_bytes(v)),
-                    Cow::Owned(v) => Cow::Owned(f32_bytes(&v).to_vec()),
-                },
-            });
-        }
-        w
-    }
-}
-
-/// How an MLA down-projection's latent rows (the first `rank` rows of `kv_a`, `cols` wide) are
-/// trained: divided by the power of two nearest the ratio of their RMS to that of the RoPE-key
-/// rows below them, so that both parts have one scale.
-fn latent_rows_scale(kv_a: &[f32], rank: usize, cols: usize) -> Stored {
-    let rms = |v: &[f32]| {
-        (v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>() / v.len().max(1) as f64).sqrt()
-    };
-    let (latent, pe) = kv_a.split_at(rank * cols);
-    let ratio = rms(latent) / rms(pe);
-    if !ratio.is_finite() || ratio == 0.0 {
-        return Stored::Plain;
-    }
-    let scale = 2f64.powi(ratio.log2().round() as i32) as f32;
-    if scale == 1.0 || !scale.is_normal() {
-        Stored::Plain
-    } else {
-        Stored::ScaledRows { rows: rank, scale }
     }
 }
 
@@ -548,6 +347,8 @@ pub fn normal(rng: &mut impl Rng) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use frugal::gguf::GgufFile;
+    use frugal::model::Model;
     use frugal::model::synthetic::{SyntheticSpec, build};
 
     #[test]
@@ -608,5 +409,17 @@ mod tests {
         l.renumber(2);
         assert_eq!(l.ffn.dense().unwrap().down.name, "blk.2.ffn_down.weight");
         assert_eq!(l.attn_norm.name, "blk.2.attn_norm.weight");
+    }
+
+    #[test]
+    fn biases_are_renumbered_and_start_at_zero() {
+        let c = crate::gradcheck::tiny_qwen2_config();
+        let p = Params::random(&c, true, 1);
+        let mut l = p.layers[1].clone();
+        l.renumber(0);
+        let q = l.biases.q.as_ref().unwrap();
+        assert_eq!(q.name, "blk.0.attn_q.bias");
+        assert!(q.data.iter().all(|&v| v == 0.0));
+        assert!(l.attn_norm.data.iter().all(|&v| v == 1.0));
     }
 }

@@ -41,6 +41,7 @@
 //! [`mixture_backward`] is checked against finite differences in the tests.
 
 use frugal::gguf::{GgufFile, GgufWriter, TensorData, Value};
+use frugal::model::features::FfnAct;
 use frugal::model::moe::{Gating, Mlp, Route, route};
 use frugal::model::{Ffn, Logits, Model, MoeConfig, Observer, RoutingStats, Scratch, Site};
 use frugal::quant::Matrix;
@@ -50,7 +51,7 @@ use rayon::prelude::*;
 use crate::error::{Result, TrainError};
 use crate::gemm::Precision;
 use crate::moe::route_backward;
-use crate::ops::{linear_backward, linear_forward, swiglu_forward};
+use crate::ops::{gated_forward, linear_backward, linear_forward};
 use crate::optim::{AdamW, AdamWConfig, Schedule};
 use crate::params::Tensor;
 
@@ -118,12 +119,14 @@ pub struct RouterConfig {
 /// f32.
 const EXPERT_PRECISION: Precision = Precision::Bf16;
 
-/// One SwiGLU block in f32, matrices as GGUF stores them (`out x in`).
+/// One gated FFN block in f32, matrices as GGUF stores them (`out x in`), with the family's
+/// gate nonlinearity.
 struct F32Mlp {
     gate: Vec<f32>,
     up: Vec<f32>,
     down: Vec<f32>,
     n_ff: usize,
+    act: FfnAct,
 }
 
 fn decode(l: &Matrix, file: &GgufFile) -> Result<Vec<f32>> {
@@ -133,16 +136,17 @@ fn decode(l: &Matrix, file: &GgufFile) -> Result<Vec<f32>> {
 }
 
 impl F32Mlp {
-    fn new(m: &Mlp, file: &GgufFile) -> Result<Self> {
+    fn new(m: &Mlp, file: &GgufFile, act: FfnAct) -> Result<Self> {
         Ok(F32Mlp {
             gate: decode(&m.gate, file)?,
             up: decode(&m.up, file)?,
             down: decode(&m.down, file)?,
             n_ff: m.gate.rows,
+            act,
         })
     }
 
-    /// `down(silu(gate x) * up x)` for the rows of `x` (`n x d`), into `out` (`n x d`), with
+    /// `down(act(gate x) * up x)` for the rows of `x` (`n x d`), into `out` (`n x d`), with
     /// products in [`EXPERT_PRECISION`].
     fn forward(&self, x: &[f32], d: usize, out: &mut [f32]) {
         let n = x.len() / d;
@@ -152,7 +156,7 @@ impl F32Mlp {
         linear_forward(x, &self.gate, d, &mut g, p);
         linear_forward(x, &self.up, d, &mut u, p);
         let mut h = vec![0f32; n * self.n_ff];
-        swiglu_forward(&g, &u, &mut h);
+        gated_forward(self.act, &g, &u, &mut h);
         linear_forward(&h, &self.down, self.n_ff, out, p);
     }
 }
@@ -412,12 +416,12 @@ impl RouterTrainer {
                 experts: x
                     .experts
                     .iter()
-                    .map(|m| F32Mlp::new(m, &student.file))
+                    .map(|m| F32Mlp::new(m, &student.file, c.features.ffn_act))
                     .collect::<Result<_>>()?,
                 shared: x
                     .shared
                     .as_ref()
-                    .map(|m| F32Mlp::new(m, &student.file))
+                    .map(|m| F32Mlp::new(m, &student.file, c.features.ffn_act))
                     .transpose()?,
                 bias,
             });

@@ -10,7 +10,7 @@ use crate::error::{Result, TrainError, io_err};
 use crate::gemm::Precision;
 use crate::loss::Targets;
 use crate::model::{Batch, RunOptions};
-use crate::params::Params;
+use crate::params::{AttnBiases, LayerParams, Params};
 
 /// How a layer's importance is measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -148,7 +148,47 @@ pub fn keep_layers(teacher: &Params, keep: &[usize]) -> Result<Params> {
         })
         .collect();
     p.config.n_layers = keep.len();
+    refuse_unkept_query_scale(&teacher.config, &p.config)?;
     Ok(p)
+}
+
+/// A query scale of a family's own is not in the file: llama.cpp (and frugal) give Gemma 3 27B
+/// its scale by its layer count, so a student of another shape would train with the scale and
+/// load without it. Refused by name rather than saved as another model.
+fn refuse_unkept_query_scale(teacher: &Config, student: &Config) -> Result<()> {
+    let shape = |c: &Config| (c.n_layers, c.n_embd, c.n_head);
+    if teacher.features.query_scale.is_some() && shape(teacher) != shape(student) {
+        return Err(TrainError::Shape(format!(
+            "{}'s query scale comes from its shape ({} layers, width {}, {} heads), not from \
+             the file; a student of another shape would not keep it",
+            teacher.arch, teacher.n_layers, teacher.n_embd, teacher.n_head
+        )));
+    }
+    Ok(())
+}
+
+/// The suffix of a block tensor's name after `blk.N.` (the whole name elsewhere).
+fn block_suffix(name: &str) -> &str {
+    match name.strip_prefix("blk.") {
+        Some(rest) => rest.split_once('.').map_or(name, |(_, s)| s),
+        None => name,
+    }
+}
+
+/// Gives block `l` of a student of configuration `c` the attention biases `t` (a teacher's
+/// block) has, at zero: the same optional tensors, so the student's file is of the teacher's
+/// kind and the teacher's values can be copied.
+fn same_biases(lp: &mut LayerParams, t: &LayerParams, c: &Config, l: usize) {
+    let b = |s: &str, has: bool, n: usize| {
+        has.then(|| crate::Tensor::vector(format!("blk.{l}.{s}.bias"), n))
+    };
+    let tb = &t.biases;
+    lp.biases = AttnBiases {
+        q: b("attn_q", tb.q.is_some(), c.q_dim()),
+        k: b("attn_k", tb.k.is_some(), c.kv_dim()),
+        v: b("attn_v", tb.v.is_some(), c.kv_dim()),
+        o: b("attn_output", tb.o.is_some(), c.n_embd),
+    };
 }
 
 /// A student architecture: the fields it sets replace the teacher's.
@@ -225,6 +265,19 @@ impl StudentConfig {
         } else {
             teacher.rope_dim.min(c.head_dim)
         };
+        let factors = teacher.rope_scaling.freq_factors.is_some() || teacher.long_rope.is_some();
+        if factors && c.rope_dim != teacher.rope_dim {
+            return err(format!(
+                "the teacher's RoPE factors are one per rotated pair of {} dims; a student \
+                 rotating {} would need others",
+                teacher.rope_dim, c.rope_dim
+            ));
+        }
+        refuse_unkept_query_scale(teacher, &c)?;
+        // Gemma's embedding scale is √width: the student's file says its own.
+        if let Some(s) = &mut c.features.embd_scale {
+            *s = (c.n_embd as f32).sqrt();
+        }
         Ok(c)
     }
 
@@ -263,12 +316,14 @@ impl StudentConfig {
                     copy(a, b);
                 }
                 for (i, l) in p.layers.iter_mut().enumerate() {
-                    for (d, s) in l
-                        .tensors_mut()
-                        .into_iter()
-                        .zip(teacher.layers[map(i)].tensors())
-                    {
-                        copy(d, s);
+                    let t = &teacher.layers[map(i)];
+                    same_biases(l, t, &c, i);
+                    let sources = t.tensors();
+                    for d in l.tensors_mut() {
+                        let suffix = block_suffix(&d.name);
+                        if let Some(s) = sources.iter().find(|s| block_suffix(&s.name) == suffix) {
+                            copy(d, s);
+                        }
                     }
                 }
             }
@@ -315,5 +370,57 @@ mod tests {
         };
         let e = odd.resolve(&t).unwrap_err().to_string();
         assert!(e.contains("head dimension 3"), "{e}");
+    }
+
+    /// A student of a family with optional tensors and shape-dependent switches: it has the
+    /// teacher's biases (copied by name, whatever their order), Gemma's embedding scale for its
+    /// own width, and no RoPE factors or query scale it could not keep.
+    #[test]
+    fn students_keep_what_their_family_needs() {
+        use crate::gradcheck::{tiny_gemma3_config, tiny_phi3_config, tiny_qwen2_config};
+        let mut t = Params::random(&tiny_qwen2_config(), true, 1);
+        for (l, lp) in t.layers.iter_mut().enumerate() {
+            let mut o = crate::Tensor::vector(format!("blk.{l}.attn_output.bias"), 12);
+            o.data.fill(0.5 + l as f32);
+            lp.biases.o = Some(o);
+            lp.biases.v.as_mut().unwrap().data.fill(-2.0);
+        }
+        let one = StudentConfig {
+            n_layers: Some(1),
+            ..Default::default()
+        };
+        let s = one.build(&t, 2).unwrap();
+        let b = &s.layers[0].biases;
+        assert_eq!(
+            b.o.as_ref().unwrap().data,
+            t.layers[1].biases.o.as_ref().unwrap().data
+        );
+        assert_eq!(b.o.as_ref().unwrap().name, "blk.0.attn_output.bias");
+        assert!(b.v.as_ref().unwrap().data.iter().all(|&v| v == -2.0));
+
+        let narrow = StudentConfig {
+            n_embd: Some(16),
+            n_head: Some(2),
+            ..Default::default()
+        };
+        let g = tiny_gemma3_config();
+        let c = narrow.resolve(&frugal::model::Config {
+            features: frugal::model::Features {
+                query_scale: None,
+                ..g.features
+            },
+            ..g.clone()
+        });
+        assert_eq!(c.unwrap().features.embd_scale, Some(4.0));
+        let e = one.resolve(&g).unwrap_err().to_string();
+        assert!(e.contains("query scale"), "{e}");
+        assert!(keep_layers(&Params::random(&g, true, 1), &[1]).is_err());
+
+        let heads = StudentConfig {
+            head_dim: Some(2),
+            ..Default::default()
+        };
+        let e = heads.resolve(&tiny_phi3_config()).unwrap_err().to_string();
+        assert!(e.contains("RoPE factors"), "{e}");
     }
 }

@@ -162,8 +162,7 @@ impl Features {
         })
     }
 
-    /// Whether these are Llama's block (what every part of frugal handles, the training engine
-    /// and surgery included).
+    /// Whether these are Llama's block (every switch off).
     pub fn is_llama(&self) -> bool {
         *self == Features::default()
     }
