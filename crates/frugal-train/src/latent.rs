@@ -17,6 +17,7 @@
 
 use crate::gemm::Precision;
 use crate::ops::{self, Rope};
+use frugal::ops::zeroed;
 
 /// MLA's sizes, from `frugal::model::Mla`, with the head count.
 #[derive(Clone, Copy, Debug)]
@@ -79,12 +80,6 @@ impl LatentActs {
     }
 }
 
-fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.clear();
-    v.resize(n, 0.0);
-    &mut v[..]
-}
-
 /// Keys and values (`n x n_head x head_dim` each, values zero-padded) from the normed input.
 #[allow(clippy::too_many_arguments)]
 pub fn kv_forward(
@@ -107,7 +102,7 @@ pub fn kv_forward(
     } = dims;
     let (n, hd) = (xn.len() / d, dims.head_dim());
     let (wc, wpe) = w.kv_a.split_at(rank * d);
-    ops::linear_forward(xn, wc, d, sized(&mut a.c, n * rank), prec);
+    ops::linear_forward(xn, wc, d, zeroed(&mut a.c, n * rank), prec);
     if w.latent_scale != 1.0 {
         a.c.iter_mut().for_each(|v| *v *= w.latent_scale);
     }
@@ -118,8 +113,8 @@ pub fn kv_forward(
         &a.c,
         w.norm,
         eps,
-        sized(&mut a.cn, n * rank),
-        sized(&mut a.rstd, n),
+        zeroed(&mut a.cn, n * rank),
+        zeroed(&mut a.rstd, n),
     );
     let mut kn = vec![0f32; n * n_head * nope];
     ops::linear_forward(&a.cn, w.k_b, rank, &mut kn, prec);

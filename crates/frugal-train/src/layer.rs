@@ -4,6 +4,7 @@
 //! a sliding window and a query scale, norms after attention and after the FFN, and the FFN's
 //! gate nonlinearity. Llama's block is the one with every switch off.
 
+use frugal::ops::zeroed;
 use rayon::prelude::*;
 
 use crate::attention::{self, AttnDims};
@@ -103,12 +104,6 @@ impl LayerActs {
     }
 }
 
-pub(crate) fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.clear();
-    v.resize(n, 0.0);
-    &mut v[..]
-}
-
 /// RMSNorm of every `w.len()`-wide head of `x`, in place; `pre` keeps the input and `rstd` each
 /// head's reciprocal RMS.
 fn head_norm_forward(
@@ -124,8 +119,8 @@ fn head_norm_forward(
         pre,
         &w.data,
         eps,
-        sized(x, n),
-        sized(rstd, n / w.data.len()),
+        zeroed(x, n),
+        zeroed(rstd, n / w.data.len()),
     );
 }
 
@@ -178,11 +173,11 @@ impl Params {
             x,
             &lp.attn_norm.data,
             eps,
-            sized(&mut a.xn1, n * d),
-            sized(&mut a.rstd1, n),
+            zeroed(&mut a.xn1, n * d),
+            zeroed(&mut a.rstd1, n),
         );
         let b = &lp.biases;
-        ops::linear_forward(&a.xn1, &lp.wq.data, d, sized(&mut a.q, n * qd), prec);
+        ops::linear_forward(&a.xn1, &lp.wq.data, d, zeroed(&mut a.q, n * qd), prec);
         if let Some(bq) = &b.q {
             ops::bias_forward(&mut a.q, &bq.data);
         }
@@ -201,8 +196,8 @@ impl Params {
         let kd = dims.n_head_kv * c.head_dim;
         match (&lp.kv, self.latent_dims()) {
             (KvParams::Heads { wk, wv }, _) => {
-                ops::linear_forward(&a.xn1, &wk.data, d, sized(&mut a.k, n * kd), prec);
-                ops::linear_forward(&a.xn1, &wv.data, d, sized(&mut a.v, n * kd), prec);
+                ops::linear_forward(&a.xn1, &wk.data, d, zeroed(&mut a.k, n * kd), prec);
+                ops::linear_forward(&a.xn1, &wv.data, d, zeroed(&mut a.v, n * kd), prec);
                 if let Some(bk) = &b.k {
                     ops::bias_forward(&mut a.k, &bk.data);
                 }
@@ -229,8 +224,8 @@ impl Params {
                     d,
                     (rope, dims.seq, eps),
                     &mut a.latent,
-                    sized(&mut a.k, n * kd),
-                    sized(&mut a.v, n * kd),
+                    zeroed(&mut a.k, n * kd),
+                    zeroed(&mut a.v, n * kd),
                     prec,
                 );
             }
@@ -241,12 +236,12 @@ impl Params {
             &a.k,
             &a.v,
             dims,
-            sized(&mut a.probs, dims.probs_len()),
-            sized(&mut a.att, n * qd),
+            zeroed(&mut a.probs, dims.probs_len()),
+            zeroed(&mut a.att, n * qd),
             prec,
         );
         if let Some(ld) = self.latent_dims() {
-            latent::compact_heads(ld, &a.att, sized(&mut a.att_v, n * ad));
+            latent::compact_heads(ld, &a.att, zeroed(&mut a.att_v, n * ad));
         }
         let post = lp.norms.post_attn.as_ref();
         let mut y = std::mem::take(if post.is_some() {
@@ -254,7 +249,7 @@ impl Params {
         } else {
             &mut a.x_mid
         });
-        ops::linear_forward(a.attn_out(), &lp.wo.data, ad, sized(&mut y, n * d), prec);
+        ops::linear_forward(a.attn_out(), &lp.wo.data, ad, zeroed(&mut y, n * d), prec);
         if let Some(bo) = &b.o {
             ops::bias_forward(&mut y, &bo.data);
         }
@@ -266,8 +261,8 @@ impl Params {
                     &a.attn_pre,
                     &w.data,
                     eps,
-                    sized(&mut a.x_mid, n * d),
-                    sized(&mut a.rstd_pa, n),
+                    zeroed(&mut a.x_mid, n * d),
+                    zeroed(&mut a.rstd_pa, n),
                 );
             }
         }
@@ -277,16 +272,16 @@ impl Params {
             &a.x_mid,
             &lp.ffn_norm.data,
             eps,
-            sized(&mut a.xn2, n * d),
-            sized(&mut a.rstd2, n),
+            zeroed(&mut a.xn2, n * d),
+            zeroed(&mut a.rstd2, n),
         );
         match &lp.norms.post_ffn {
             None => self.ffn_forward(lp, a, x_out, prec),
             Some(w) => {
                 let mut y = std::mem::take(&mut a.ffn_pre);
-                self.ffn_forward(lp, a, sized(&mut y, n * d), prec);
+                self.ffn_forward(lp, a, zeroed(&mut y, n * d), prec);
                 a.ffn_pre = y;
-                ops::rmsnorm_forward(&a.ffn_pre, &w.data, eps, x_out, sized(&mut a.rstd_pf, n));
+                ops::rmsnorm_forward(&a.ffn_pre, &w.data, eps, x_out, zeroed(&mut a.rstd_pf, n));
             }
         }
         x_out
@@ -302,9 +297,9 @@ impl Params {
         let n = a.xn2.len() / d;
         match (&lp.ffn, &c.moe) {
             (FfnParams::Dense(f), _) => {
-                ops::linear_forward(&a.xn2, &f.gate.data, d, sized(&mut a.g, n * ff), prec);
-                ops::linear_forward(&a.xn2, &f.up.data, d, sized(&mut a.u, n * ff), prec);
-                ops::gated_forward(c.features.ffn_act, &a.g, &a.u, sized(&mut a.h, n * ff));
+                ops::linear_forward(&a.xn2, &f.gate.data, d, zeroed(&mut a.g, n * ff), prec);
+                ops::linear_forward(&a.xn2, &f.up.data, d, zeroed(&mut a.u, n * ff), prec);
+                ops::gated_forward(c.features.ffn_act, &a.g, &a.u, zeroed(&mut a.h, n * ff));
                 ops::linear_forward(&a.h, &f.down.data, ff, out, prec);
             }
             (FfnParams::Routed(r), Some(m)) => {

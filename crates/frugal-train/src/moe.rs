@@ -21,6 +21,7 @@
 use frugal::model::MoeConfig;
 use frugal::model::features::FfnAct;
 use frugal::model::moe::{Gating, Route, route};
+use frugal::ops::zeroed;
 
 use crate::gemm::Precision;
 use crate::ops;
@@ -127,12 +128,6 @@ impl SwigluActs {
     }
 }
 
-fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.clear();
-    v.resize(n, 0.0);
-    &mut v[..]
-}
-
 /// `out = down(act(gate x) * up x)` over the rows of `x`, keeping the activations.
 #[allow(clippy::too_many_arguments)]
 fn mlp_forward(
@@ -145,9 +140,9 @@ fn mlp_forward(
     prec: Precision,
 ) {
     let n = x.len() / d;
-    ops::linear_forward(x, gate, d, sized(&mut a.g, n * ff), prec);
-    ops::linear_forward(x, up, d, sized(&mut a.u, n * ff), prec);
-    ops::gated_forward(act, &a.g, &a.u, sized(&mut a.h, n * ff));
+    ops::linear_forward(x, gate, d, zeroed(&mut a.g, n * ff), prec);
+    ops::linear_forward(x, up, d, zeroed(&mut a.u, n * ff), prec);
+    ops::gated_forward(act, &a.g, &a.u, zeroed(&mut a.h, n * ff));
     ops::linear_forward(&a.h, down, ff, out, prec);
 }
 
