@@ -29,7 +29,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tok = Tokenizer::from_gguf(&model.file)?;
 
     // The model's own chat template (from the file), with the assistant's turn opened.
-    let text = ChatTemplate::from_gguf(&model.file)?.render(&[Message::new("user", &prompt)], true)?;
+    let text =
+        ChatTemplate::from_gguf(&model.file)?.render(&[Message::new("user", &prompt)], true)?;
     let ids = tok.encode(&text, true)?;
 
     let opts = GenerateOptions {
