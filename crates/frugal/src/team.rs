@@ -5,12 +5,12 @@
 //! layer's attention), most of them 5 to 50 µs long. Through rayon each section is split,
 //! stolen and joined, and a worker that finds nothing yields and then sleeps until the next
 //! one wakes it: 2-4 µs a section on this project's 2-vCPU machine, a tenth of a step. A
-//! [`Team`] instead keeps the pool's other threads spinning on its state word for the length
+//! `Team` instead keeps the pool's other threads spinning on its state word for the length
 //! of the pass (llama.cpp's thread pool does the same): a section costs the owner one store
 //! and the wait for the last chunk, and each helper one compare-and-swap.
 //!
 //! Every section is a loop over chunk indices `0..n` that the owner and the helpers claim in
-//! runs from a shared counter ([`Team::chunks`]), so how many helpers took part, and which chunk
+//! runs from a shared counter (`Team::chunks`), so how many helpers took part, and which chunk
 //! ran where, never changes what a chunk computes: results are the same bits as through rayon.
 //!
 //! Outside a team (one thread, `FRUGAL_TEAM=0`, or code that is not inside a forward pass)

@@ -1,6 +1,7 @@
 //! frugal against llama.cpp on the reference model (SmolLM2-135M-Instruct, Q4_1), with the
-//! figures llama.cpp produced for it (see the README's "Correctness" section). With exact f32
-//! arithmetic on the dequantized weights frugal computes what llama.cpp's F32 file computes.
+//! figures llama.cpp produced for it (see docs/families.md, "The reference model against
+//! llama.cpp"). With exact f32 arithmetic on the dequantized weights frugal computes what
+//! llama.cpp's F32 file computes.
 //!
 //! The model is found at `$FRUGAL_MODEL` or in the frugal cache. When it is absent these tests
 //! skip, unless `FRUGAL_REQUIRE_MODEL=1` (set by CI) makes that a failure.
@@ -348,7 +349,7 @@ fn requantized_formats_keep_the_first_token() {
             .unwrap();
         assert_eq!(top, 7042, "{ty}: first token");
         // KL(exact || quantized) at this position. 4-bit weights on a 135M model cost a few
-        // hundredths of a nat on average over a text (measured on GPL-3: see the README); a
+        // hundredths of a nat on average over a text (measured on GPL-3: see docs/quantization.md); a
         // broken layout would cost nats.
         let kl: f64 = exact.iter().zip(&lp).map(|(a, b)| a.exp() * (a - b)).sum();
         assert!(kl < 0.2, "{ty}: KL {kl}");

@@ -1,8 +1,8 @@
 //! `frugal report`: tables that combine several measurements of frugal's own.
 //!
-//! `report quant` is the format table of the README: for each storage format, the model is
-//! re-encoded in memory from the source file (norms F32, embedding/output Q8_0, as `quantize`
-//! does), then measured: bits per weight and size, perplexity and KL divergence against the
+//! `report quant` is the format table of docs/quantization.md: for each storage format, the
+//! model is re-encoded in memory from the source file (norms F32, embedding/output Q8_0, as
+//! `quantize` does), then measured: bits per weight and size, perplexity and KL divergence against the
 //! exact dequantization of the source (one pass over the same windows), and pp/tg throughput.
 
 use std::path::PathBuf;

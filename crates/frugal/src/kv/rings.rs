@@ -123,8 +123,8 @@ impl Rings {
 }
 
 /// Bytes a cache of rows shaped `shape` in `format` holds for `len` positions of `n_layers`
-/// layers, the windowed ones keeping only their `rings` (the arithmetic [`KvCache`] allocates
-/// by, and `frugal info` and `frugal estimate` quote).
+/// layers, the windowed ones keeping only their `rings` (the arithmetic
+/// [`KvCache`](super::KvCache) allocates by, and `frugal info` and `frugal estimate` quote).
 pub fn bytes_at(
     n_layers: usize,
     shape: CacheShape,

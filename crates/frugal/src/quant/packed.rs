@@ -105,7 +105,7 @@ impl PackedMatrix {
         Some(w.rows.div_ceil(GROUP) * (w.cols / l.span) * l.column_bytes())
     }
 
-    /// [`Self::pack`] for each of `ws`, into one buffer ([`Bytes::Shared`]); `done(i)` is
+    /// [`Self::pack`] for each of `ws`, into one buffer (`Bytes::Shared`); `done(i)` is
     /// called once matrix `i` is written, to release its source. Where that buffer cannot be
     /// had, each gets its own. Formats with no packed layout are the caller's to leave out.
     pub fn pack_shared(ws: &[WeightMatrix], mut done: impl FnMut(usize)) -> Vec<Self> {

@@ -1,6 +1,6 @@
 //! Tokenization built from the vocabulary stored in GGUF metadata, for both kinds llama.cpp
-//! reads most: byte-level BPE with stored merges ([`byte_level`], `tokenizer.ggml.model =
-//! gpt2`) and SentencePiece with scores and byte fallback ([`spm`], `llama`).
+//! reads most: byte-level BPE with stored merges (`byte_level`, `tokenizer.ggml.model =
+//! gpt2`) and SentencePiece with scores and byte fallback (`spm`, `llama`).
 //!
 //! The merging itself is the `tokenizers` crate's BPE; this module assembles it the way
 //! llama.cpp does for the file, splits out special tokens only where the caller asks, and
