@@ -4,6 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::scalar;
+use crate::cpu::Avx2;
 use crate::quant::GgmlType;
 
 /// How far ahead of the current block to prefetch weights (bytes). The hardware prefetcher alone
@@ -51,8 +52,10 @@ unsafe fn q4_block(acc: __m256, qs: *const u8, d: __m256, m: __m256, x: *const f
     }
 }
 
+/// # Safety
+/// `row` holds `x.len()` elements of `ty` (whole blocks).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+pub unsafe fn dot_row(_: Avx2, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     let k = x.len();
     let xp = x.as_ptr();
     let rp = row.as_ptr();
@@ -171,7 +174,7 @@ pub unsafe fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
 /// Register-blocked f32 tile product: 2 weight rows x 4 tokens per step, 8 accumulators, so
 /// each loaded vector is used 2 or 4 times.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn gemm_f32(w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
+pub fn gemm_f32(_: Avx2, w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
     let rows = w.len() / k;
     let n = x.len() / k;
     let k8 = k / 8 * 8;

@@ -6,6 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::x86_int8::{add_fifth_bits, byte_scales, halves, nibbles};
+use crate::cpu::Avx512Vnni;
 use crate::quant::GgmlType;
 use crate::quant::act::{PairRow, Q8Row, WidePairRow, WideRow};
 use crate::quant::packed::{GROUP, layout};
@@ -32,9 +33,10 @@ pub fn pairs_supported(ty: GgmlType) -> bool {
 /// # Safety
 /// `group` holds a whole packed group of `ty` (one of [`pairs_supported`]) covering the
 /// pairs' `qs.len() / 2` elements, which equal the tail's `qs.len()` (the same for all pairs, a
-/// multiple of the layout's span), and the CPU has AVX2, FMA, F16C and AVX-512 F, VL and VNNI.
+/// multiple of the layout's span).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub unsafe fn dot_pairs_vnni<const P: usize>(
+    _: Avx512Vnni,
     ty: GgmlType,
     group: &[u8],
     xs: &[PairRow; P],
@@ -186,9 +188,10 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
 ///
 /// # Safety
 /// `group` holds a whole packed Q8_0 group covering the pairs' `hi.len() / 2` elements, which
-/// equal the tail's `hi.len()` (the same for all pairs, a multiple of 32), and the CPU has AVX2, FMA, F16C and AVX-512 F, VL, VNNI.
+/// equal the tail's `hi.len()` (the same for all pairs, a multiple of 32).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
+    _: Avx512Vnni,
     group: &[u8],
     xs: &[WidePairRow; P],
     out: &mut [[[f32; GROUP]; 2]; P],

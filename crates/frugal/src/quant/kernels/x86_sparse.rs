@@ -15,6 +15,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::cpu::Vbmi2;
 use crate::quant::sparse_matrix::{HEAD, ROWS, Values};
 
 const BITMAP: u8 = 0;
@@ -28,10 +29,10 @@ const AHEAD: usize = 1024;
 /// # Safety
 /// `group` holds a whole sparse group of `d[t].len() * 32` columns laid out as `values` says,
 /// and then at least 64 more bytes (`SparseMatrix::group_padded`); for `Int8`, `columns` holds
-/// each column's start within it. Every `xs[t]` holds `32 * d[t].len()` biased codes. The CPU
-/// has the features below.
+/// each column's start within it. Every `xs[t]` holds `32 * d[t].len()` biased codes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi2")]
 pub unsafe fn dot_sparse_vbmi2<const T: usize>(
+    _: Vbmi2,
     values: Values,
     group: &[u8],
     columns: &[u32],
