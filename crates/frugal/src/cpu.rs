@@ -230,6 +230,21 @@ pub fn levels_for_tests() -> Vec<Level> {
     run
 }
 
+/// `T`'s token for a test that needs it, or `None` after printing on stderr that `test` is
+/// skipped (so a test that could not run here says so rather than passing silently).
+pub fn token_for_test<T: Token>(test: &str) -> Option<T> {
+    let t = T::get();
+    if t.is_none() {
+        eprintln!(
+            "cpu: skipping {test}: level {} not available (CPU level {}, FRUGAL_ISA cap {})",
+            T::LEVEL,
+            features().level(),
+            cap()
+        );
+    }
+    t
+}
+
 /// A capability token: a zero-sized proof that the CPU has a set of features and `FRUGAL_ISA`
 /// allows them. Only this module makes tokens.
 pub trait Token: Copy + Send + Sync + 'static {
