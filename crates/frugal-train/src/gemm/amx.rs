@@ -361,7 +361,7 @@ mod simd {
         let src = a.data.as_ptr();
         let out = dst.as_mut_ptr();
         let zero = _mm512_setzero_si512();
-        // SAFETY (all loads below): a lane is enabled only for row
+        // SAFETY: (all loads below) a lane is enabled only for row
         // r0 + p·MR + i < r0 + rlen ≤ rows and k k0 + kk < k0 + klen ≤ cols,
         // inside the view, which lies in `a.data` (asserted). Addresses of
         // disabled lanes are formed with `wrapping_add` and never accessed.
@@ -377,6 +377,7 @@ mod simd {
                         let v = if i < rows {
                             let n = (klen - ks * KU).min(KU);
                             let (m0, m1) = (mask16(n.min(16)), mask16(n.saturating_sub(16)));
+                            // SAFETY: as for all loads and stores above.
                             unsafe {
                                 let x = row.wrapping_add(ks * KU);
                                 packed32(load(m0, x), load(m1, x.wrapping_add(16)))
@@ -384,6 +385,7 @@ mod simd {
                         } else {
                             zero
                         };
+                        // SAFETY: as for all loads and stores above.
                         unsafe { store(panel.add(super::a_index(i, ks * KU)), v) };
                     }
                 }
@@ -401,6 +403,7 @@ mod simd {
                                 let kk = ks * KU + 2 * q;
                                 let ld = |kk: usize| {
                                     if kk < klen {
+                                        // SAFETY: as for all loads and stores above.
                                         unsafe { load(m, col.wrapping_add((k0 + kk) * a.cs)) }
                                     } else {
                                         _mm512_setzero_ps()
@@ -412,6 +415,7 @@ mod simd {
                         }
                         let blk = panel.wrapping_add(ks * 1024 + h * 512);
                         for (i, &ti) in t.iter().enumerate() {
+                            // SAFETY: as for all loads and stores above.
                             unsafe { store(blk.add(i * 32), ti) };
                         }
                     }
@@ -462,6 +466,7 @@ mod simd {
                             for (j, tj) in t.iter_mut().enumerate().take(n) {
                                 let x = src.wrapping_add((j0 + j) * bt.rs + k0 + ks * KU);
                                 *tj =
+                                    // SAFETY: as for all loads and stores above.
                                     unsafe { packed32(load(m0, x), load(m1, x.wrapping_add(16))) };
                             }
                             transpose16(&mut t);
@@ -473,6 +478,7 @@ mod simd {
                             let kk = ks * KU + 2 * q;
                             let ld = |kk: usize| {
                                 if kk < klen {
+                                    // SAFETY: as for all loads and stores above.
                                     unsafe { load(m, src.wrapping_add(j0 + (k0 + kk) * bt.cs)) }
                                 } else {
                                     _mm512_setzero_ps()
@@ -482,6 +488,7 @@ mod simd {
                         }
                     }
                     for (q, &tq) in t.iter().enumerate() {
+                        // SAFETY: as for all loads and stores above.
                         unsafe { store(blk.add(q * 32), tq) };
                     }
                 }
@@ -679,7 +686,7 @@ mod x86 {
             }
             let ksteps = kp / KU;
             let ldc_bytes = ldc * 4;
-            // SAFETY (pointer arithmetic): rows 16..32 of the C tile exist.
+            // SAFETY: (pointer arithmetic) rows 16..32 of the C tile exist.
             let c_lower = unsafe { c.add(16 * ldc) };
             // SAFETY: the tile configuration is loaded (contract: task_begin
             // ran). Loads read 16 rows × 64 bytes: from C at stride ldc·4

@@ -422,6 +422,7 @@ fn bench_kernels_in_cache() {
         let reps = 20000;
         let t = thread_cpu_secs();
         for _ in 0..reps {
+            // SAFETY: the panels are MR x kp and NR x kp, C is MR x NR at stride NR, and task_begin ran.
             unsafe { k.micro(kp, ap.as_ptr(), bp.as_ptr(), c.as_mut_ptr(), K::NR, true) };
         }
         let s = thread_cpu_secs() - t;

@@ -1052,6 +1052,7 @@ fn keys_by_column_give_the_bits_of_keys_by_row() {
                 assert_eq!(a, b, "{ty} bs {bs} off {off} m {m}: column {c} of the tile");
             }
             let mut want = vec![0f32; R * bc];
+            // SAFETY: the token proves the loop's features.
             unsafe { flash_x86::scores::<R>(t, &q, &by_rows, bc, m, &mut want) };
             let mut got = vec![f32::NAN; R * bc];
             flash_columns::scores_columns::<R>(

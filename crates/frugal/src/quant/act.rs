@@ -411,7 +411,7 @@ fn quantize_blocks_avx2(
     while b0 < nb {
         let n = (nb - b0).min(8);
         let mut amax = [0f32; 8];
-        // SAFETY (whole loop): block b's 32 floats and 32 bytes lie at 32 b of `x` and `qs`,
+        // SAFETY: (whole loop) block b's 32 floats and 32 bytes lie at 32 b of `x` and `qs`,
         // b < nb (asserted above).
         unsafe {
             for (j, a) in amax.iter_mut().enumerate().take(n) {

@@ -285,7 +285,7 @@ macro_rules! dot_packed_kernel {
             let ncols = xs[0].hi.len() / 32;
             debug_assert!(group.len() >= ncols * col);
             let mut acc = [_mm256_setzero_ps(); T];
-            // SAFETY (whole body): column c spans base + c*col .. base + (c+1)*col inside
+            // SAFETY: (whole body) column c spans base + c*col .. base + (c+1)*col inside
             // `group`; activation block c spans 32 elements at 32c of each `hi`, `lo` and
             // `words`, and `d` and `qsum` hold ncols entries.
             unsafe {
@@ -454,7 +454,7 @@ macro_rules! dot_packed_kernel {
             });
             let mut acc = [_mm256_setzero_ps(); T];
             let mut offset = [_mm256_setzero_ps(); T];
-            // SAFETY (whole body): column c spans base + c*col .. base + (c+1)*col inside
+            // SAFETY: (whole body) column c spans base + c*col .. base + (c+1)*col inside
             // `group`, its header the first l.head bytes and unit u the l.unit bytes at
             // l.head + u*l.unit; activation block b spans 32 bytes at 32b inside each
             // `xs[t].qs`, whose `d` and `s` hold ncols * units entries and `s16` twice that.

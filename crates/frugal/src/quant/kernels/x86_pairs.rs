@@ -89,7 +89,7 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
     let mut offset = [_mm512_setzero_ps(); P];
     // The odd token's accumulators (the one-token kernel's, on the unwidened weights).
     let (mut acc1, mut offset1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    // SAFETY (whole body): as in the one-token kernel; activation block b of a pair spans 64
+    // SAFETY: (whole body) as in the one-token kernel; activation block b of a pair spans 64
     // bytes at 64b of its `qs`, and its `d` and `s` hold two entries per block; the odd
     // token's block b spans 32 bytes at 32b of its `qs`, with one `d` and `s` per block.
     unsafe {
@@ -204,7 +204,7 @@ pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
     let dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     let mut acc = [_mm512_setzero_ps(); P];
     let mut acc1 = _mm256_setzero_ps();
-    // SAFETY (whole body): column c spans base + c*col inside `group`; activation block c of
+    // SAFETY: (whole body) column c spans base + c*col inside `group`; activation block c of
     // a pair spans 64 bytes at 64c of `hi` and `lo`, and `d` and `qsum` hold two entries per
     // block; the odd token's block c spans 32 bytes at 32c, one `d` and `qsum` per block.
     unsafe {

@@ -69,7 +69,7 @@ unsafe fn inner<const T: usize, const V: u8>(
     // A fixed-size column's bytes (for the bitmap, about a half-full one's).
     let stride = HEAD + if V == HALF || V == BITMAP { 256 } else { 128 };
     let mut acc = [_mm512_setzero_ps(); T];
-    // SAFETY (whole body): the caller guarantees the group's layout, so every column's header
+    // SAFETY: (whole body) the caller guarantees the group's layout, so every column's header
     // (HEAD bytes) and values lie inside `group`, and each whole-vector load (at most 64 bytes
     // from where a vector's values start) inside it or its 64 bytes of padding; activation
     // block c spans 32 bytes at 32c of each `xs[t]`, whose `d[t]` holds ncols entries.
