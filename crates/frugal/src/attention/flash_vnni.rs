@@ -33,7 +33,7 @@ const ODD3: [i32; 16] = [4, 12, 5, 13, 6, 14, 7, 15, 20, 28, 21, 29, 22, 30, 23,
 /// of vector `c` is bytes `4c..4c+4` of key `j`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F; every pointer has `(b + 1) * BLOCK_BYTES` readable bytes.
+/// Every pointer has `(b + 1) * BLOCK_BYTES` readable bytes.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn transposed_block(ptrs: &[*const u8; 16], b: usize) -> [__m512i; 8] {

@@ -128,7 +128,7 @@ impl ColumnHint {
 /// to `s[i * bc ..+8W]`.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `key` reads inside its source, and `q[i * hd + c]` for
+/// `key` reads inside its source, and `q[i * hd + c]` for
 /// `i < R`, `c < hd` and `s[i * bc ..+8W]` lie inside the caller's slices.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
