@@ -34,6 +34,8 @@ pub use bench::{peak_gflops, register_peak_gflops};
 
 use std::sync::OnceLock;
 
+use frugal::cpu;
+
 /// A strided view of an f32 matrix: element (i, j) is `data[i * rs + j * cs]`.
 #[derive(Clone, Copy, Debug)]
 pub struct MatRef<'a> {
@@ -126,8 +128,8 @@ pub(crate) fn round_bf16(x: f32) -> f32 {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum F32Backend {
-    Avx512,
-    Avx2,
+    Avx512(cpu::Avx512),
+    Avx2(cpu::Avx2),
     Scalar,
 }
 
@@ -135,38 +137,42 @@ pub(crate) enum F32Backend {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Bf16Backend {
-    Amx,
-    Avx512Bf16,
+    Amx(cpu::Amx),
+    Avx512Bf16(cpu::Avx512Bf16),
     /// Inputs rounded to bf16 while packing, then the f32 kernel.
     Emulated(F32Backend),
 }
 
+/// The f32 kernels at the level `FRUGAL_ISA` and the CPU allow (see [`frugal::cpu`]).
 fn f32_backend() -> F32Backend {
     static B: OnceLock<F32Backend> = OnceLock::new();
-    *B.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return F32Backend::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return F32Backend::Avx2;
-            }
-        }
+    *B.get_or_init(|| f32_backend_at(cpu::level()))
+}
+
+/// The f32 kernels of a [`cpu::Level`], where it runs here.
+pub(crate) fn f32_backend_at(level: cpu::Level) -> F32Backend {
+    if !cfg!(target_arch = "x86_64") {
         F32Backend::Scalar
-    })
+    } else if let Some(t) = level.avx512() {
+        F32Backend::Avx512(t)
+    } else if let Some(t) = level.avx2() {
+        F32Backend::Avx2(t)
+    } else {
+        F32Backend::Scalar
+    }
 }
 
 fn bf16_backend_kind() -> Bf16Backend {
     static B: OnceLock<Bf16Backend> = OnceLock::new();
     *B.get_or_init(|| {
-        if amx::amx_available() {
-            return Bf16Backend::Amx;
+        if !cfg!(target_arch = "x86_64") {
+            return Bf16Backend::Emulated(f32_backend());
         }
-        if bf16k::avx512bf16_available() {
-            return Bf16Backend::Avx512Bf16;
+        if let Some(t) = cpu::Amx::get() {
+            return Bf16Backend::Amx(t);
+        }
+        if let Some(t) = cpu::Avx512Bf16::get() {
+            return Bf16Backend::Avx512Bf16(t);
         }
         Bf16Backend::Emulated(f32_backend())
     })
@@ -175,8 +181,8 @@ fn bf16_backend_kind() -> Bf16Backend {
 /// What `Precision::Bf16` runs on here.
 pub fn bf16_backend() -> &'static str {
     match bf16_backend_kind() {
-        Bf16Backend::Amx => "amx-bf16",
-        Bf16Backend::Avx512Bf16 => "avx512-bf16",
+        Bf16Backend::Amx(_) => "amx-bf16",
+        Bf16Backend::Avx512Bf16(_) => "avx512-bf16",
         Bf16Backend::Emulated(_) => "f32 (no bf16 hardware)",
     }
 }
@@ -229,11 +235,13 @@ pub(crate) fn run_f32(
 ) {
     match backend {
         #[cfg(target_arch = "x86_64")]
-        F32Backend::Avx512 => {
-            driver::gemm(&f32k::F32Avx512 { round }, a, b, c, accumulate, parallel)
+        F32Backend::Avx512(t) => {
+            driver::gemm(&f32k::F32Avx512 { round, t }, a, b, c, accumulate, parallel)
         }
         #[cfg(target_arch = "x86_64")]
-        F32Backend::Avx2 => driver::gemm(&f32k::F32Avx2 { round }, a, b, c, accumulate, parallel),
+        F32Backend::Avx2(t) => {
+            driver::gemm(&f32k::F32Avx2 { round, t }, a, b, c, accumulate, parallel)
+        }
         _ => driver::gemm(&f32k::F32Scalar { round }, a, b, c, accumulate, parallel),
     }
 }
@@ -249,10 +257,10 @@ pub(crate) fn run_bf16(
 ) {
     match backend {
         #[cfg(target_arch = "x86_64")]
-        Bf16Backend::Amx => driver::gemm(&amx::Amx::new(), a, b, c, accumulate, parallel),
+        Bf16Backend::Amx(t) => driver::gemm(&amx::Amx::new(t), a, b, c, accumulate, parallel),
         #[cfg(target_arch = "x86_64")]
-        Bf16Backend::Avx512Bf16 => {
-            driver::gemm(&bf16k::Avx512Bf16::new(), a, b, c, accumulate, parallel)
+        Bf16Backend::Avx512Bf16(t) => {
+            driver::gemm(&bf16k::Avx512Bf16::new(t), a, b, c, accumulate, parallel)
         }
         Bf16Backend::Emulated(f) => run_f32(f, a, b, c, accumulate, parallel, true),
         #[allow(unreachable_patterns)]

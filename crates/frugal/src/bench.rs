@@ -312,9 +312,9 @@ pub const DRAM_WORKING_SET: usize = 1 << 30;
 /// The wrapping sum of `words`, with vector loads where the CPU has them.
 fn sum_words(words: &[u64]) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was just detected.
-        return unsafe { sum_words_avx2(words) };
+    if let Some(t) = crate::cpu::Avx2::get() {
+        // SAFETY: the token proves the loop's features.
+        return unsafe { sum_words_avx2(t, words) };
     }
     sum_words_portable(words)
 }
@@ -336,12 +336,9 @@ fn sum_words_portable(words: &[u64]) -> u64 {
 }
 
 /// Four 256-bit accumulators, 128 bytes per iteration: the loads, not the adds, set the pace.
-///
-/// # Safety
-/// The CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn sum_words_avx2(words: &[u64]) -> u64 {
+fn sum_words_avx2(_: crate::cpu::Avx2, words: &[u64]) -> u64 {
     use std::arch::x86_64::*;
     let whole = words.len() / 16 * 16;
     let p = words.as_ptr();

@@ -11,6 +11,7 @@ pub mod attention;
 pub mod bench;
 pub mod chat;
 pub mod convert;
+pub mod cpu;
 pub mod error;
 pub mod estimate;
 pub mod eval;

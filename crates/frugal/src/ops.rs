@@ -2,6 +2,9 @@
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use crate::cpu;
+
 /// Sum of `v * v` over `x`, in f64: eight partial sums over the values `k, k + 8, k + 16, ...`,
 /// added in order, then the tail. One sum in sequence was a chain of dependent f64 additions,
 /// four cycles each: 0.7 us for a 576-wide row, 61 rows a decode step, all on one thread
@@ -30,9 +33,10 @@ fn sum_squares(x: &[f32]) -> f64 {
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     match vector_level() {
-        // SAFETY: the CPU has the features of the level (detected).
-        VectorLevel::Avx512 => return unsafe { rms_norm_avx512(x, w, eps, out) },
-        VectorLevel::Avx2 => return unsafe { rms_norm_avx2(x, w, eps, out) },
+        // SAFETY: the token proves the loop's features.
+        VectorLevel::Avx512(t) => return unsafe { rms_norm_avx512(t, x, w, eps, out) },
+        // SAFETY: as above.
+        VectorLevel::Avx2(t) => return unsafe { rms_norm_avx2(t, x, w, eps, out) },
         VectorLevel::None => {}
     }
     rms_norm_body(x, w, eps, out);
@@ -56,19 +60,18 @@ fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// `$avx2` and `$avx512`: the loop `$body` compiled for AVX2 and FMA, and for AVX-512 besides
 /// (the same operations on each value, so the same bits at each [`VectorLevel`]).
 ///
-/// # Safety (of the functions made)
-/// The CPU has the level's features.
+/// Each takes its level's token.
 macro_rules! at_vector_levels {
     ($body:ident => $avx2:ident, $avx512:ident ($($arg:ident: $ty:ty),*)) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn $avx2($($arg: $ty),*) {
+        fn $avx2(_: cpu::Avx2, $($arg: $ty),*) {
             $body($($arg),*);
         }
 
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn $avx512($($arg: $ty),*) {
+        fn $avx512(_: cpu::Avx512, $($arg: $ty),*) {
             $body($($arg),*);
         }
     };
@@ -236,11 +239,14 @@ impl RopeTable {
     pub fn apply_at(&self, x: &mut [f32], n_heads: usize, head_dim: usize, offset: usize) {
         #[cfg(target_arch = "x86_64")]
         match vector_level() {
-            // SAFETY: the CPU has the features of the level (detected).
-            VectorLevel::Avx512 => {
-                return unsafe { self.rotate_avx512(x, n_heads, head_dim, offset) };
+            VectorLevel::Avx512(t) => {
+                // SAFETY: the token proves the loop's features.
+                return unsafe { self.rotate_avx512(t, x, n_heads, head_dim, offset) };
             }
-            VectorLevel::Avx2 => return unsafe { self.rotate_avx2(x, n_heads, head_dim, offset) },
+            VectorLevel::Avx2(t) => {
+                // SAFETY: as above.
+                return unsafe { self.rotate_avx2(t, x, n_heads, head_dim, offset) };
+            }
             VectorLevel::None => {}
         }
         self.rotate(x, n_heads, head_dim, offset);
@@ -281,13 +287,27 @@ impl RopeTable {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn rotate_avx2(&self, x: &mut [f32], n_heads: usize, head_dim: usize, offset: usize) {
+    fn rotate_avx2(
+        &self,
+        _: cpu::Avx2,
+        x: &mut [f32],
+        n_heads: usize,
+        head_dim: usize,
+        offset: usize,
+    ) {
         self.rotate(x, n_heads, head_dim, offset);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn rotate_avx512(&self, x: &mut [f32], n_heads: usize, head_dim: usize, offset: usize) {
+    fn rotate_avx512(
+        &self,
+        _: cpu::Avx512,
+        x: &mut [f32],
+        n_heads: usize,
+        head_dim: usize,
+        offset: usize,
+    ) {
         self.rotate(x, n_heads, head_dim, offset);
     }
 }
@@ -314,9 +334,10 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     gated_in_chunks(gate, up, |g, u| {
         #[cfg(target_arch = "x86_64")]
         match level {
-            // SAFETY: the CPU has the features of the level (detected).
-            VectorLevel::Avx512 => return unsafe { swiglu_avx512(g, u) },
-            VectorLevel::Avx2 => return unsafe { swiglu_avx2(g, u) },
+            // SAFETY: the token proves the loop's features.
+            VectorLevel::Avx512(t) => return unsafe { swiglu_avx512(t, g, u) },
+            // SAFETY: as above.
+            VectorLevel::Avx2(t) => return unsafe { swiglu_avx2(t, g, u) },
             VectorLevel::None => {}
         }
         swiglu_portable(g, u);
@@ -331,19 +352,24 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 enum VectorLevel {
     None,
-    Avx2,
-    Avx512,
+    Avx2(cpu::Avx2),
+    Avx512(cpu::Avx512),
 }
 
 #[cfg(target_arch = "x86_64")]
 fn vector_level() -> VectorLevel {
-    use std::arch::is_x86_feature_detected as has;
-    if !(has!("avx2") && has!("fma")) {
-        VectorLevel::None
-    } else if has!("avx512f") {
-        VectorLevel::Avx512
+    vector_level_at(cpu::level())
+}
+
+/// The vector level of a [`cpu::Level`], where it runs here.
+#[cfg(target_arch = "x86_64")]
+fn vector_level_at(level: cpu::Level) -> VectorLevel {
+    if let Some(t) = level.avx512() {
+        VectorLevel::Avx512(t)
+    } else if let Some(t) = level.avx2() {
+        VectorLevel::Avx2(t)
     } else {
-        VectorLevel::Avx2
+        VectorLevel::None
     }
 }
 
@@ -385,9 +411,10 @@ pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
     gated_in_chunks(gate, up, |g, u| {
         #[cfg(target_arch = "x86_64")]
         match level {
-            // SAFETY: the CPU has the features of the level (detected).
-            VectorLevel::Avx512 => return unsafe { geglu_tanh_avx512(g, u) },
-            VectorLevel::Avx2 => return unsafe { geglu_tanh_avx2(g, u) },
+            // SAFETY: the token proves the loop's features.
+            VectorLevel::Avx512(t) => return unsafe { geglu_tanh_avx512(t, g, u) },
+            // SAFETY: as above.
+            VectorLevel::Avx2(t) => return unsafe { geglu_tanh_avx2(t, g, u) },
             VectorLevel::None => {}
         }
         geglu_tanh_portable(g, u);
@@ -514,15 +541,12 @@ mod tests {
     /// Every vector level this CPU has, after the portable loop: each must give its bits.
     #[cfg(target_arch = "x86_64")]
     fn levels() -> Vec<VectorLevel> {
-        let top = vector_level();
-        [VectorLevel::None, VectorLevel::Avx2, VectorLevel::Avx512]
+        let mut v: Vec<VectorLevel> = crate::cpu::levels_for_tests()
             .into_iter()
-            .filter(|&l| match l {
-                VectorLevel::None => true,
-                VectorLevel::Avx2 => top != VectorLevel::None,
-                VectorLevel::Avx512 => top == VectorLevel::Avx512,
-            })
-            .collect()
+            .map(vector_level_at)
+            .collect();
+        v.dedup();
+        v
     }
 
     /// Values over several binades, both signs, zeros and the far tails.
@@ -560,25 +584,24 @@ mod tests {
             rms_norm_body(&rows, &w, 1e-5, &mut want_n);
             for level in levels() {
                 let (mut s, mut ge, mut nr) = (g.clone(), g.clone(), vec![0f32; 2 * n]);
-                // SAFETY: only levels the CPU has (`levels`).
-                unsafe {
-                    match level {
-                        VectorLevel::None => {
-                            swiglu_portable(&mut s, &u);
-                            geglu_tanh_portable(&mut ge, &u);
-                            rms_norm_body(&rows, &w, 1e-5, &mut nr);
-                        }
-                        VectorLevel::Avx2 => {
-                            swiglu_avx2(&mut s, &u);
-                            geglu_tanh_avx2(&mut ge, &u);
-                            rms_norm_avx2(&rows, &w, 1e-5, &mut nr);
-                        }
-                        VectorLevel::Avx512 => {
-                            swiglu_avx512(&mut s, &u);
-                            geglu_tanh_avx512(&mut ge, &u);
-                            rms_norm_avx512(&rows, &w, 1e-5, &mut nr);
-                        }
+                match level {
+                    VectorLevel::None => {
+                        swiglu_portable(&mut s, &u);
+                        geglu_tanh_portable(&mut ge, &u);
+                        rms_norm_body(&rows, &w, 1e-5, &mut nr);
                     }
+                    // SAFETY: the token proves the loops' features.
+                    VectorLevel::Avx2(t) => unsafe {
+                        swiglu_avx2(t, &mut s, &u);
+                        geglu_tanh_avx2(t, &mut ge, &u);
+                        rms_norm_avx2(t, &rows, &w, 1e-5, &mut nr);
+                    },
+                    // SAFETY: as above.
+                    VectorLevel::Avx512(t) => unsafe {
+                        swiglu_avx512(t, &mut s, &u);
+                        geglu_tanh_avx512(t, &mut ge, &u);
+                        rms_norm_avx512(t, &rows, &w, 1e-5, &mut nr);
+                    },
                 }
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&s), bits(&want_s), "swiglu, {level:?}, n = {n}");
@@ -627,13 +650,16 @@ mod tests {
                 #[cfg(target_arch = "x86_64")]
                 for level in levels() {
                     let mut got = x.clone();
-                    // SAFETY: only levels the CPU has (`levels`).
-                    unsafe {
-                        match level {
-                            VectorLevel::None => t.rotate(&mut got, 9, hd, offset),
-                            VectorLevel::Avx2 => t.rotate_avx2(&mut got, 9, hd, offset),
-                            VectorLevel::Avx512 => t.rotate_avx512(&mut got, 9, hd, offset),
-                        }
+                    match level {
+                        VectorLevel::None => t.rotate(&mut got, 9, hd, offset),
+                        // SAFETY: the token proves the loop's features.
+                        VectorLevel::Avx2(c) => unsafe {
+                            t.rotate_avx2(c, &mut got, 9, hd, offset)
+                        },
+                        // SAFETY: as above.
+                        VectorLevel::Avx512(c) => unsafe {
+                            t.rotate_avx512(c, &mut got, 9, hd, offset)
+                        },
                     }
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "{style:?}, {level:?}");

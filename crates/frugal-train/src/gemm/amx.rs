@@ -17,7 +17,6 @@
 use super::driver::Kernel;
 use super::pack::pack_panels;
 use super::{MatRef, f32_to_bf16_bits};
-use std::sync::OnceLock;
 
 pub(crate) const MR: usize = 32;
 pub(crate) const NR: usize = 32;
@@ -30,47 +29,6 @@ const KU: usize = 32;
 const KC: usize = 1024;
 const MC: usize = 256;
 const NC: usize = 4096;
-
-/// Whether AMX-TILE and AMX-BF16 are usable: CPUID says so and Linux granted
-/// this process the XTILEDATA state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`).
-/// Checked once; the permission is process-wide.
-pub(crate) fn amx_available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(detect)
-}
-
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn detect() -> bool {
-    use std::arch::x86_64::__cpuid_count;
-    #[allow(unused_unsafe)]
-    // SAFETY: CPUID is always available on x86_64.
-    let (max_leaf, edx7) = unsafe { (__cpuid_count(0, 0).eax, __cpuid_count(7, 0).edx) };
-    if max_leaf < 7 {
-        return false;
-    }
-    let amx_bf16 = edx7 & (1 << 22) != 0;
-    let amx_tile = edx7 & (1 << 24) != 0;
-    if !(amx_bf16 && amx_tile) {
-        return false;
-    }
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: arch_prctl with this request only changes the process's
-    // permitted XSAVE features; it reads no memory of ours.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        )
-    };
-    rc == 0
-}
-
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn detect() -> bool {
-    false
-}
 
 /// Offset of element (r, kk) inside a packed A panel (see the module doc).
 #[inline(always)]
@@ -92,9 +50,13 @@ fn b_index(r: usize, kk: usize) -> usize {
 #[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
 fn pack_a_tiles(a: MatRef, r0: usize, rlen: usize, k0: usize, klen: usize, dst: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
-    if simd::available() && (a.cs == 1 || a.rs == 1) && rlen > 0 && klen > 0 {
-        // SAFETY: AVX-512F/BW detected just above.
-        unsafe { simd::pack_a(a, r0, rlen, k0, klen, dst) };
+    if let Some(t) = frugal::cpu::Avx512::get()
+        && (a.cs == 1 || a.rs == 1)
+        && rlen > 0
+        && klen > 0
+    {
+        // SAFETY: the token proves the packer's features.
+        unsafe { simd::pack_a(t, a, r0, rlen, k0, klen, dst) };
         return;
     }
     pack_a_tiles_scalar(a, r0, rlen, k0, klen, dst);
@@ -104,9 +66,13 @@ fn pack_a_tiles(a: MatRef, r0: usize, rlen: usize, k0: usize, klen: usize, dst: 
 #[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
 fn pack_b_tiles(b: MatRef, k0: usize, klen: usize, c0: usize, clen: usize, dst: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
-    if simd::available() && (b.rs == 1 || b.cs == 1) && clen > 0 && klen > 0 {
-        // SAFETY: AVX-512F/BW detected just above.
-        unsafe { simd::pack_b(b, k0, klen, c0, clen, dst) };
+    if let Some(t) = frugal::cpu::Avx512::get()
+        && (b.rs == 1 || b.cs == 1)
+        && clen > 0
+        && klen > 0
+    {
+        // SAFETY: the token proves the packer's features.
+        unsafe { simd::pack_b(t, b, k0, klen, c0, clen, dst) };
         return;
     }
     pack_b_tiles_scalar(b, k0, klen, c0, clen, dst);
@@ -280,14 +246,8 @@ pub(crate) fn pack_b_tiles_scalar(
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::{KU, MR, MatRef, NR};
+    use frugal::cpu::Avx512;
     use std::arch::x86_64::*;
-
-    /// Whether AVX-512F and AVX-512BW are there (cached by std).
-    #[inline]
-    pub(super) fn available() -> bool {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-    }
 
     /// bf16 bits of 16 f32 lanes, in the low half of each u32 lane (high half
     /// zero): the lane-wise twin of `f32_to_bf16_bits`.
@@ -383,11 +343,9 @@ mod simd {
     }
 
     /// [`super::pack_a_tiles_scalar`] for views with `cs == 1` or `rs == 1`.
-    ///
-    /// # Safety
-    /// AVX-512F/BW must be available.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn pack_a(
+    pub(super) fn pack_a(
+        _: Avx512,
         a: MatRef,
         r0: usize,
         rlen: usize,
@@ -403,7 +361,7 @@ mod simd {
         let src = a.data.as_ptr();
         let out = dst.as_mut_ptr();
         let zero = _mm512_setzero_si512();
-        // SAFETY (all loads below): a lane is enabled only for row
+        // SAFETY: (all loads below) a lane is enabled only for row
         // r0 + p·MR + i < r0 + rlen ≤ rows and k k0 + kk < k0 + klen ≤ cols,
         // inside the view, which lies in `a.data` (asserted). Addresses of
         // disabled lanes are formed with `wrapping_add` and never accessed.
@@ -419,6 +377,7 @@ mod simd {
                         let v = if i < rows {
                             let n = (klen - ks * KU).min(KU);
                             let (m0, m1) = (mask16(n.min(16)), mask16(n.saturating_sub(16)));
+                            // SAFETY: as for all loads and stores above.
                             unsafe {
                                 let x = row.wrapping_add(ks * KU);
                                 packed32(load(m0, x), load(m1, x.wrapping_add(16)))
@@ -426,6 +385,7 @@ mod simd {
                         } else {
                             zero
                         };
+                        // SAFETY: as for all loads and stores above.
                         unsafe { store(panel.add(super::a_index(i, ks * KU)), v) };
                     }
                 }
@@ -443,6 +403,7 @@ mod simd {
                                 let kk = ks * KU + 2 * q;
                                 let ld = |kk: usize| {
                                     if kk < klen {
+                                        // SAFETY: as for all loads and stores above.
                                         unsafe { load(m, col.wrapping_add((k0 + kk) * a.cs)) }
                                     } else {
                                         _mm512_setzero_ps()
@@ -454,6 +415,7 @@ mod simd {
                         }
                         let blk = panel.wrapping_add(ks * 1024 + h * 512);
                         for (i, &ti) in t.iter().enumerate() {
+                            // SAFETY: as for all loads and stores above.
                             unsafe { store(blk.add(i * 32), ti) };
                         }
                     }
@@ -463,11 +425,9 @@ mod simd {
     }
 
     /// [`super::pack_b_tiles_scalar`] for views with `rs == 1` or `cs == 1`.
-    ///
-    /// # Safety
-    /// AVX-512F/BW must be available.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn pack_b(
+    pub(super) fn pack_b(
+        _: Avx512,
         b: MatRef,
         k0: usize,
         klen: usize,
@@ -506,6 +466,7 @@ mod simd {
                             for (j, tj) in t.iter_mut().enumerate().take(n) {
                                 let x = src.wrapping_add((j0 + j) * bt.rs + k0 + ks * KU);
                                 *tj =
+                                    // SAFETY: as for all loads and stores above.
                                     unsafe { packed32(load(m0, x), load(m1, x.wrapping_add(16))) };
                             }
                             transpose16(&mut t);
@@ -517,6 +478,7 @@ mod simd {
                             let kk = ks * KU + 2 * q;
                             let ld = |kk: usize| {
                                 if kk < klen {
+                                    // SAFETY: as for all loads and stores above.
                                     unsafe { load(m, src.wrapping_add(j0 + (k0 + kk) * bt.cs)) }
                                 } else {
                                     _mm512_setzero_ps()
@@ -526,6 +488,7 @@ mod simd {
                         }
                     }
                     for (q, &tq) in t.iter().enumerate() {
+                        // SAFETY: as for all loads and stores above.
                         unsafe { store(blk.add(q * 32), tq) };
                     }
                 }
@@ -594,6 +557,7 @@ pub(crate) use x86::*;
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+    use frugal::cpu;
     use std::arch::asm;
 
     /// The 64-byte LDTILECFG operand.
@@ -616,20 +580,15 @@ mod x86 {
     };
 
     /// Loads the tile configuration on this thread.
-    ///
-    /// # Safety
-    /// AMX must be available ([`amx_available`] returned true).
-    pub(crate) unsafe fn tiles_configure() {
-        // SAFETY: CONFIG is a valid palette-1 configuration, 64-byte aligned.
+    pub(crate) fn tiles_configure(_: cpu::Amx) {
+        // SAFETY: the token proves AMX and the OS's permission; CONFIG is a valid palette-1
+        // configuration, 64-byte aligned.
         unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
     }
 
     /// Returns the tiles to their initial state (frees the XSAVE area use).
-    ///
-    /// # Safety
-    /// AMX must be available.
-    pub(crate) unsafe fn tiles_release() {
-        // SAFETY: TILERELEASE has no operands.
+    pub(crate) fn tiles_release(_: cpu::Amx) {
+        // SAFETY: the token proves AMX; TILERELEASE has no operands.
         unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 
@@ -637,21 +596,20 @@ mod x86 {
     #[repr(C, align(64))]
     struct CTile([f32; MR * NR]);
 
-    /// The AMX kernel; construct only where [`amx_available`].
+    /// The AMX kernel, made with its token.
     ///
     /// Soundness of the tile state across asm blocks: `task_begin` loads the
     /// configuration and `task_end` releases it, with only `micro` calls (each
     /// one self-contained asm block that keeps no tile *data* across blocks)
     /// and ordinary Rust in between, on one thread. The compiler never
     /// allocates or touches tmm registers or the tile configuration, the OS
-    /// preserves them across preemption (XSAVE, permission requested in
-    /// `amx_available`), and no rayon call happens inside a task, so no other
+    /// preserves them across preemption (XSAVE, permission requested with the
+    /// `cpu::Amx` token), and no rayon call happens inside a task, so no other
     /// job can run on this thread in between.
-    pub(crate) struct Amx(());
+    pub(crate) struct Amx(cpu::Amx);
     impl Amx {
-        pub(crate) fn new() -> Self {
-            assert!(amx_available());
-            Amx(())
+        pub(crate) fn new(t: cpu::Amx) -> Self {
+            Amx(t)
         }
     }
 
@@ -686,12 +644,10 @@ mod x86 {
             pack_b_tiles(b, k0, klen, c0, clen, dst);
         }
         fn task_begin(&self) {
-            // SAFETY: `Amx` exists only where AMX is available.
-            unsafe { tiles_configure() }
+            tiles_configure(self.0)
         }
         fn task_end(&self) {
-            // SAFETY: as above.
-            unsafe { tiles_release() }
+            tiles_release(self.0)
         }
         unsafe fn micro(
             &self,
@@ -730,7 +686,7 @@ mod x86 {
             }
             let ksteps = kp / KU;
             let ldc_bytes = ldc * 4;
-            // SAFETY (pointer arithmetic): rows 16..32 of the C tile exist.
+            // SAFETY: (pointer arithmetic) rows 16..32 of the C tile exist.
             let c_lower = unsafe { c.add(16 * ldc) };
             // SAFETY: the tile configuration is loaded (contract: task_begin
             // ran). Loads read 16 rows × 64 bytes: from C at stride ldc·4
@@ -785,14 +741,12 @@ mod x86 {
     /// Register-resident `TDPBF16PS` loop: the AMX peak (GFLOP/s counted as
     /// 2 per multiply-add) measured over `iters` × 4 instructions.
     ///
-    /// # Safety
-    /// AMX must be available.
-    pub(crate) unsafe fn amx_register_loop(iters: usize) {
+    pub(crate) fn amx_register_loop(t: cpu::Amx, iters: usize) {
         let zeros = [0u8; 1024];
-        // SAFETY: the configuration is loaded first; the loads read 1 KiB of
-        // `zeros` at stride 64; released at the end.
+        tiles_configure(t);
+        // SAFETY: the token proves AMX; the configuration is loaded above; the
+        // loads read 1 KiB of `zeros` at stride 64; released below.
         unsafe {
-            tiles_configure();
             asm!(
                 "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
                 "tileloadd tmm4, [{z} + {s64}*1]",
@@ -811,7 +765,7 @@ mod x86 {
                 n = inout(reg) iters.max(1) => _,
                 options(nostack, readonly),
             );
-            tiles_release();
         }
+        tiles_release(t);
     }
 }

@@ -96,20 +96,22 @@ pub fn register_peak_gflops(precision: Precision, threads: usize) -> f64 {
 fn one_thread_loop(precision: Precision, iters: usize) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
-        if precision == Precision::Bf16 && super::amx::amx_available() {
+        use frugal::cpu;
+        if precision == Precision::Bf16
+            && let Some(t) = cpu::Amx::get()
+        {
             // 4 × TDPBF16PS of 16×16×32 multiply-adds per iteration; fewer
             // iterations since each is ~16× longer than an FMA block.
             let it = iters / 8;
-            // SAFETY: AMX availability checked just above.
-            unsafe { super::amx::amx_register_loop(it) };
+            super::amx::amx_register_loop(t, it);
             return it as f64 * 4.0 * 16.0 * 16.0 * 32.0 * 2.0;
         }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            let bf16 = precision == Precision::Bf16 && super::bf16k::avx512bf16_available();
-            // SAFETY: AVX-512F (and AVX512_BF16 when `bf16`) detected.
-            unsafe { zmm_register_loop(iters, bf16) };
+        if let Some(t) = cpu::Avx512::get() {
+            let bf16 = cpu::Avx512Bf16::get().filter(|_| precision == Precision::Bf16);
+            // SAFETY: the tokens prove the loop's features.
+            unsafe { zmm_register_loop(t, iters, bf16) };
             // 24 instructions × 16 lanes × (1 FMA or 2 bf16 multiply-adds).
-            return iters as f64 * 24.0 * 16.0 * 2.0 * if bf16 { 2.0 } else { 1.0 };
+            return iters as f64 * 24.0 * 16.0 * 2.0 * if bf16.is_some() { 2.0 } else { 1.0 };
         }
     }
     let _ = (precision, iters);
@@ -117,16 +119,14 @@ fn one_thread_loop(precision: Precision, iters: usize) -> f64 {
 }
 
 /// 24 independent accumulator chains of `VFMADD231PS` (or `VDPBF16PS`) on
-/// zeroed registers, `iters` times.
-///
-/// # Safety
-/// AVX-512F must be available, and AVX512_BF16 if `bf16`.
+/// zeroed registers, `iters` times (`VDPBF16PS` where `bf16` holds its token).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn zmm_register_loop(iters: usize, bf16: bool) {
+fn zmm_register_loop(_: frugal::cpu::Avx512, iters: usize, bf16: Option<frugal::cpu::Avx512Bf16>) {
     macro_rules! body {
         ($op:literal) => {
-            // SAFETY: register-only arithmetic; every zmm written is declared clobbered.
+            // SAFETY: register-only arithmetic (the tokens prove the instructions); every zmm
+            // written is declared clobbered.
             unsafe {
                 std::arch::asm!(
                     "vpxord zmm30, zmm30, zmm30",
@@ -183,7 +183,7 @@ unsafe fn zmm_register_loop(iters: usize, bf16: bool) {
             }
         };
     }
-    if bf16 {
+    if bf16.is_some() {
         body!("vdpbf16ps");
     } else {
         body!("vfmadd231ps");

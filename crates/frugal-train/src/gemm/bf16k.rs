@@ -17,19 +17,6 @@ const KC: usize = 512;
 const MC: usize = 144;
 const NC: usize = 4096;
 
-/// Whether this CPU has AVX-512F and AVX512_BF16.
-pub(crate) fn avx512bf16_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// bf16 bits → f32 (exact).
 #[inline(always)]
 #[cfg_attr(not(test), allow(dead_code))]
@@ -44,7 +31,7 @@ pub(crate) struct Bf16PairsScalar;
 
 /// Implements `Kernel` for a kernel on the pair layout; packing is shared.
 macro_rules! pairs_kernel {
-    ($ty:ident, $micro:path) => {
+    ($ty:ident, $micro:path $(, $token:ident)?) => {
         impl Kernel for $ty {
             type E = u16;
             const MR: usize = MR;
@@ -84,8 +71,8 @@ macro_rules! pairs_kernel {
                 ldc: usize,
                 load: bool,
             ) {
-                // SAFETY: forwarded contract; CPU features checked when the kernel was chosen.
-                unsafe { $micro(kp, ap, bp, c, ldc, load) }
+                // SAFETY: forwarded contract; a SIMD kernel passes the token it holds.
+                unsafe { $micro($(self.$token,)? kp, ap, bp, c, ldc, load) }
             }
         }
     };
@@ -139,24 +126,27 @@ pub(crate) use x86::*;
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+    use frugal::cpu;
     use std::arch::x86_64::*;
 
-    /// The `VDPBF16PS` kernel; construct only where [`avx512bf16_available`].
-    pub(crate) struct Avx512Bf16(());
+    /// The `VDPBF16PS` kernel, made with its token.
+    pub(crate) struct Avx512Bf16 {
+        t: cpu::Avx512Bf16,
+    }
     impl Avx512Bf16 {
-        pub(crate) fn new() -> Self {
-            assert!(avx512bf16_available());
-            Avx512Bf16(())
+        pub(crate) fn new(t: cpu::Avx512Bf16) -> Self {
+            Avx512Bf16 { t }
         }
     }
-    pairs_kernel!(Avx512Bf16, micro_avx512bf16);
+    pairs_kernel!(Avx512Bf16, micro_avx512bf16, t);
 
     /// 12×32 tile, one `VDPBF16PS` per (row, 16 columns) per k pair.
     ///
     /// # Safety
-    /// AVX-512F and AVX512_BF16 must be available; plus [`Kernel::micro`]'s contract.
+    /// [`Kernel::micro`]'s contract.
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(crate) unsafe fn micro_avx512bf16(
+        _: cpu::Avx512Bf16,
         kp: usize,
         ap: *const u16,
         bp: *const u16,

@@ -134,6 +134,7 @@ struct CPtr(*mut f32);
 // SAFETY: tasks write pairwise-disjoint regions of C (distinct row blocks or
 // distinct column panels), and the owning `&mut [f32]` outlives the tasks.
 unsafe impl Send for CPtr {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for CPtr {}
 
 /// Packing A once per call (shared by all tasks) instead of once per task and

@@ -19,9 +19,10 @@ const KC: usize = 256;
 const MC: usize = 144;
 const NC: usize = 4096;
 
-/// Implements `Kernel` for an f32 microkernel type; packing is shared.
+/// Implements `Kernel` for an f32 microkernel type; packing is shared. A SIMD kernel names
+/// the field that holds its capability token, which its microkernel takes first.
 macro_rules! f32_kernel {
-    ($ty:ident, $micro:path) => {
+    ($ty:ident, $micro:path $(, $token:ident)?) => {
         impl Kernel for $ty {
             type E = f32;
             const MR: usize = MR;
@@ -61,9 +62,8 @@ macro_rules! f32_kernel {
                 ldc: usize,
                 load: bool,
             ) {
-                // SAFETY: forwarded contract; the CPU feature was detected
-                // before this kernel type was chosen.
-                unsafe { $micro(kp, ap, bp, c, ldc, load) }
+                // SAFETY: forwarded contract; a SIMD kernel passes the token it holds.
+                unsafe { $micro($(self.$token,)? kp, ap, bp, c, ldc, load) }
             }
         }
     };
@@ -121,26 +121,30 @@ pub(crate) use x86::*;
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+    use frugal::cpu::{Avx2, Avx512};
     use std::arch::x86_64::*;
 
     /// AVX-512F kernel.
     pub(crate) struct F32Avx512 {
         pub round: bool,
+        pub t: Avx512,
     }
-    f32_kernel!(F32Avx512, micro_avx512);
+    f32_kernel!(F32Avx512, micro_avx512, t);
 
     /// AVX2+FMA kernel.
     pub(crate) struct F32Avx2 {
         pub round: bool,
+        pub t: Avx2,
     }
-    f32_kernel!(F32Avx2, micro_avx2);
+    f32_kernel!(F32Avx2, micro_avx2, t);
 
     /// 12×32 tile: 24 zmm accumulators, B row as two zmm, A broadcast.
     ///
     /// # Safety
-    /// AVX-512F must be available; plus [`Kernel::micro`]'s contract.
+    /// [`Kernel::micro`]'s contract.
     #[target_feature(enable = "avx512f")]
     pub(crate) unsafe fn micro_avx512(
+        _: Avx512,
         kp: usize,
         ap: *const f32,
         bp: *const f32,
@@ -180,9 +184,10 @@ mod x86 {
     /// The 12×32 tile as four 6×16 pieces (12 ymm accumulators each).
     ///
     /// # Safety
-    /// AVX2 and FMA must be available; plus [`Kernel::micro`]'s contract.
+    /// [`Kernel::micro`]'s contract.
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn micro_avx2(
+        _: Avx2,
         kp: usize,
         ap: *const f32,
         bp: *const f32,

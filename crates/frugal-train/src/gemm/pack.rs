@@ -38,7 +38,7 @@ pub(crate) fn pack_panels<T: Copy>(
     }
     src.assert_in_bounds("packed operand");
     let data = src.data.as_ptr();
-    // SAFETY (for every `data.add(..)` read below): the indices are
+    // SAFETY: (for every `data.add(..)` read below) the indices are
     // (r0 + i)·rs + (k0 + kk)·cs with i < rlen, kk < klen; the view is in
     // bounds (just asserted) and r0+rlen ≤ rows, k0+klen ≤ cols, so each
     // index is at most the view's last element.

@@ -148,31 +148,31 @@ fn run_both(c0: &[f32], f: impl Fn(&mut [f32], bool) + Sync) -> Vec<f32> {
     serial
 }
 
+/// The f32 kernels of every level this CPU runs (the levels skipped are printed).
 fn available_f32() -> Vec<F32Backend> {
-    let mut v = vec![F32Backend::Scalar];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            v.push(F32Backend::Avx2);
-        }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            v.push(F32Backend::Avx512);
-        }
-    }
+    let mut v: Vec<F32Backend> = frugal::cpu::levels_for_tests()
+        .into_iter()
+        .map(super::f32_backend_at)
+        .collect();
+    v.dedup();
     v
 }
 
+/// The bf16 kernels this CPU runs: each f32 kernel emulating bf16, and the bf16 hardware's.
 fn available_bf16() -> Vec<Bf16Backend> {
     let mut v: Vec<Bf16Backend> = available_f32()
         .into_iter()
         .map(Bf16Backend::Emulated)
         .collect();
-    if bf16k::avx512bf16_available() {
-        v.push(Bf16Backend::Avx512Bf16);
+    if !cfg!(target_arch = "x86_64") {
+        return v;
     }
-    if amx::amx_available() {
-        v.push(Bf16Backend::Amx);
+    if let Some(t) = frugal::cpu::token_for_test::<frugal::cpu::Avx512Bf16>("the AVX-512 BF16 GEMM")
+    {
+        v.push(Bf16Backend::Avx512Bf16(t));
+    }
+    if let Some(t) = frugal::cpu::token_for_test::<frugal::cpu::Amx>("the AMX GEMM") {
+        v.push(Bf16Backend::Amx(t));
     }
     v
 }
@@ -422,6 +422,7 @@ fn bench_kernels_in_cache() {
         let reps = 20000;
         let t = thread_cpu_secs();
         for _ in 0..reps {
+            // SAFETY: the panels are MR x kp and NR x kp, C is MR x NR at stride NR, and task_begin ran.
             unsafe { k.micro(kp, ap.as_ptr(), bp.as_ptr(), c.as_mut_ptr(), K::NR, true) };
         }
         let s = thread_cpu_secs() - t;
@@ -436,11 +437,22 @@ fn bench_kernels_in_cache() {
         register_peak_gflops(Precision::F32, 1),
         register_peak_gflops(Precision::Bf16, 1)
     );
-    time_kernel(&f32k::F32Avx512 { round: false }, 256, "f32 avx512 kp=256");
-    time_kernel(&f32k::F32Avx512 { round: false }, 64, "f32 avx512 kp=64");
-    time_kernel(&bf16k::Avx512Bf16::new(), 512, "avx512bf16 kp=512");
-    time_kernel(&amx::Amx::new(), 512, "amx kp=512");
-    time_kernel(&amx::Amx::new(), 128, "amx kp=128");
+    use frugal::cpu;
+    if let Some(t) = cpu::token_for_test::<cpu::Avx512>("the AVX-512 kernel timings") {
+        time_kernel(
+            &f32k::F32Avx512 { round: false, t },
+            256,
+            "f32 avx512 kp=256",
+        );
+        time_kernel(&f32k::F32Avx512 { round: false, t }, 64, "f32 avx512 kp=64");
+    }
+    if let Some(t) = cpu::token_for_test::<cpu::Avx512Bf16>("the AVX-512 BF16 kernel timing") {
+        time_kernel(&bf16k::Avx512Bf16::new(t), 512, "avx512bf16 kp=512");
+    }
+    if let Some(t) = cpu::token_for_test::<cpu::Amx>("the AMX kernel timings") {
+        time_kernel(&amx::Amx::new(t), 512, "amx kp=512");
+        time_kernel(&amx::Amx::new(t), 128, "amx kp=128");
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -569,9 +581,8 @@ fn bench_step_shapes() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn amx_simd_packing_matches_scalar() {
-    if !(std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw"))
-    {
+    let test = "amx_simd_packing_matches_scalar";
+    if frugal::cpu::token_for_test::<frugal::cpu::Avx512>(test).is_none() {
         return;
     }
     let specials = [

@@ -36,6 +36,7 @@ use rayon::prelude::*;
 use super::flash_span::{TILES, block, chunk_run, exp_approx, grow};
 use super::q8_keys::QuantQueries;
 use super::{AttnShape, AttnWorkspace, OutPtr};
+use crate::cpu::{self, Avx2, Avx512, Avx512Vnni, Level};
 use crate::kv::{KvType, KvView};
 
 /// One K tile plus one V tile (f32) fit in this much L1.
@@ -72,15 +73,16 @@ pub(super) struct Job<'a> {
     pub(super) pos0: usize,
     pub(super) bc: usize,
     pub(super) scale: f32,
-    pub(super) simd: bool,
-    /// With `simd`: the score, exponential and weighted-value loops in AVX-512 (same bits).
-    pub(super) wide: bool,
-    /// With `simd`: scores against a Q8_0 key cache by the VNNI kernel (same bits).
-    pub(super) vnni: bool,
+    /// The AVX2 loops (the portable ones without).
+    pub(super) simd: Option<Avx2>,
+    /// The score, exponential and weighted-value loops in AVX-512 (same bits).
+    pub(super) wide: Option<Avx512>,
+    /// Scores against a Q8_0 key cache by the VNNI kernel (same bits).
+    pub(super) vnni: Option<Avx512Vnni>,
     /// Over a Q8_0 key cache: every query row (`token x n_head`), scaled and quantized.
     pub(super) qq: Option<&'a QuantQueries>,
-    /// With `wide`: decode's whole tiles over keys by column in one pass (same bits).
-    pub(super) fused: bool,
+    /// Decode's whole tiles over keys by column in one AVX-512 pass (same bits).
+    pub(super) fused: Option<Avx512>,
 }
 
 /// Query tokens `t0..t1` of the heads of KV head `kvh` against keys `lo..hi`.
@@ -103,45 +105,11 @@ pub fn flash(
     out: &mut [f32],
     ws: &mut AttnWorkspace,
 ) {
-    flash_with(s, q, k, v, pos0, out, ws, simd_available());
+    flash_with(s, q, k, v, pos0, out, ws, cpu::level());
 }
 
-fn simd_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-fn wide_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::flash_avx512::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-fn vnni_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::flash_vnni::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// `flash` with the instruction set chosen by the caller (tests run both).
+/// `flash` at the instruction-set level chosen by the caller (tests run each; the levels give
+/// the same bits).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_with(
     s: AttnShape,
@@ -151,9 +119,9 @@ pub(super) fn flash_with(
     pos0: usize,
     out: &mut [f32],
     ws: &mut AttnWorkspace,
-    simd: bool,
+    level: Level,
 ) {
-    flash_paths(s, q, k, v, pos0, out, ws, simd, true);
+    flash_paths(s, q, k, v, pos0, out, ws, level, true);
 }
 
 /// `flash_with`, and whether decode's whole tiles may take the fused pass (`flash_decode`;
@@ -167,7 +135,7 @@ pub(super) fn flash_paths(
     pos0: usize,
     out: &mut [f32],
     ws: &mut AttnWorkspace,
-    simd: bool,
+    level: Level,
     fused: bool,
 ) {
     let hd = s.head_dim;
@@ -198,12 +166,15 @@ pub(super) fn flash_paths(
         pos0,
         bc: key_tile(hd),
         scale,
-        simd,
-        wide: simd && wide_available(),
-        vnni: simd && vnni_available(),
+        simd: level.avx2().filter(|_| cfg!(target_arch = "x86_64")),
+        wide: level.avx512().filter(|_| cfg!(target_arch = "x86_64")),
+        vnni: level.avx512_vnni().filter(|_| cfg!(target_arch = "x86_64")),
         qq: k_q8.then_some(&*qq),
-        fused: fused && simd && wide_available(),
+        fused: level
+            .avx512()
+            .filter(|_| fused && cfg!(target_arch = "x86_64")),
     };
+    let simd = job.simd;
     let br = query_block(hd, group);
     let chunk = key_chunk(hd);
     let optr = OutPtr(out.as_mut_ptr());
@@ -378,7 +349,7 @@ fn merge_chunks<'o>(
     rows: usize,
     hd: usize,
     which: std::ops::Range<usize>,
-    simd: bool,
+    simd: Option<Avx2>,
     out: impl Fn(usize) -> &'o mut [f32],
 ) {
     let n = which.len();
@@ -432,10 +403,10 @@ fn merge_chunks<'o>(
 
 /// `exp_approx` of eight values: side by side in one vector where the CPU has AVX2 and FMA
 /// (the same bits).
-fn exp_batch(x: [f32; MERGE_LANES], simd: bool) -> [f32; MERGE_LANES] {
+fn exp_batch(x: [f32; MERGE_LANES], simd: Option<Avx2>) -> [f32; MERGE_LANES] {
     #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` is only set when the CPU has AVX2, FMA and F16C.
+    if simd.is_some() {
+        // SAFETY: the token proves AVX2 and FMA.
         return unsafe { super::flash_x86::exp_lanes(x) };
     }
     let _ = simd;
@@ -444,11 +415,11 @@ fn exp_batch(x: [f32; MERGE_LANES], simd: bool) -> [f32; MERGE_LANES] {
 
 /// `acc[d] = acc[d] * a + y[d] * b`, as [`merge_partial`] computes it (no fused multiply-add:
 /// the same bits however wide the vectors).
-fn scale_add(acc: &mut [f32], a: f32, y: &[f32], b: f32, simd: bool) {
+fn scale_add(acc: &mut [f32], a: f32, y: &[f32], b: f32, simd: Option<Avx2>) {
     #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` is only set when the CPU has AVX2, FMA and F16C.
-        return unsafe { scale_add_avx2(acc, a, y, b) };
+    if let Some(t) = simd {
+        // SAFETY: the token proves the loop's features.
+        return unsafe { scale_add_avx2(t, acc, a, y, b) };
     }
     let _ = simd;
     scale_add_body(acc, a, y, b);
@@ -463,7 +434,7 @@ fn scale_add_body(acc: &mut [f32], a: f32, y: &[f32], b: f32) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn scale_add_avx2(acc: &mut [f32], a: f32, y: &[f32], b: f32) {
+fn scale_add_avx2(_: Avx2, acc: &mut [f32], a: f32, y: &[f32], b: f32) {
     scale_add_body(acc, a, y, b)
 }
 

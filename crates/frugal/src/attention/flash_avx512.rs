@@ -14,22 +14,12 @@
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
+use crate::cpu::Avx512;
 use crate::kv::KvType;
 
 use super::flash_span::{
     EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx,
 };
-
-/// Whether this CPU runs the loops here (AVX-512 F, VL and DQ, plus the AVX2, FMA and F16C
-/// the AVX2 loops around them need).
-pub(super) fn available() -> bool {
-    std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512vl")
-        && std::is_x86_feature_detected!("avx512dq")
-        && std::is_x86_feature_detected!("avx2")
-        && std::is_x86_feature_detected!("fma")
-        && std::is_x86_feature_detected!("f16c")
-}
 
 /// The lanes of columns `j..j + 16` that lie inside a tile `bc` wide.
 #[inline(always)]
@@ -43,11 +33,9 @@ fn lanes_mask(j: usize, bc: usize) -> __mmask16 {
 /// dimensions in order, from zero), sixty-four, thirty-two or sixteen keys by `R` rows in
 /// registers. Columns past `jn` up to the next multiple of 16 (or the tile's end) are computed
 /// on whatever the tile holds there.
-///
-/// # Safety
-/// The CPU has AVX-512 F (see [`available`]).
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn scores<const R: usize>(
+pub(super) fn scores<const R: usize>(
+    _: Avx512,
     q: &[f32],
     kt: &[f32],
     bc: usize,
@@ -235,11 +223,8 @@ pub(super) fn exp16_grid<const R: usize, const N: usize>(x: [[__m512; N]; R]) ->
 
 /// The largest element of `s` (`-inf` when empty), NaNs ignored: `flash_x86::row_max`'s value
 /// (a maximum does not depend on the order it is taken in), sixteen lanes at a time.
-///
-/// # Safety
-/// The CPU has AVX-512 F.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn row_max(s: &[f32]) -> f32 {
+pub(super) fn row_max(_: Avx512, s: &[f32]) -> f32 {
     let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
     let mut chunks = s.chunks_exact(16);
     for c in &mut chunks {
@@ -261,11 +246,8 @@ pub(super) unsafe fn row_max(s: &[f32]) -> f32 {
 /// order, so each sixteen-lane exponential is added to them as its lower half, then its
 /// upper half; a last group of eight is one half-used vector, and the remainder goes one by
 /// one after the partial sums are added, as there.
-///
-/// # Safety
-/// The CPU has AVX-512 F, VL and DQ.
 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2")]
-pub(super) unsafe fn exp_row(s: &mut [f32], max: f32) -> f32 {
+pub(super) fn exp_row(_: Avx512, s: &mut [f32], max: f32) -> f32 {
     let m = _mm512_set1_ps(max);
     let mut acc = _mm256_setzero_ps();
     let mut chunks = s.chunks_exact_mut(16);
@@ -373,11 +355,9 @@ impl Lanes16 for Q8Lanes {
 /// `j * stride` of `v`. Up to sixty-four outputs by `R` rows in registers, so a 64-wide head
 /// takes one pass over the keys. A Q8_0 row (which the AVX2 loops do not read) is widened as
 /// its decoder widens it, so the bits are those of the same loop over a decoded tile.
-///
-/// # Safety
-/// The CPU has AVX-512 F.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn weighted_values<const R: usize>(
+pub(super) fn weighted_values<const R: usize>(
+    _: Avx512,
     p: &[f32],
     bc: usize,
     v: &[u8],
@@ -390,7 +370,7 @@ pub(super) unsafe fn weighted_values<const R: usize>(
     ahead: &mut Ahead,
 ) {
     let a = ahead;
-    // SAFETY: forwarded (the caller has AVX-512 F).
+    // SAFETY: the token proves `weighted`'s features; it checks the shapes.
     unsafe {
         match ty {
             KvType::F32 => weighted::<F32Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate, a),
@@ -511,6 +491,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::super::flash_x86;
+    use super::{Ahead, Avx512};
     use crate::kv::KvType;
 
     fn random(n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
@@ -522,14 +503,16 @@ mod tests {
     /// place from strided rows, and sums continued across two runs of rows.
     #[test]
     fn avx512_loops_give_the_avx2_bits() {
-        if !super::available() {
+        let Some(t) = crate::cpu::token_for_test::<Avx512>("avx512_loops_give_the_avx2_bits")
+        else {
             return;
-        }
-        same_bits::<3>();
-        same_bits::<4>();
+        };
+        same_bits::<3>(t);
+        same_bits::<4>(t);
     }
 
-    fn same_bits<const R: usize>() {
+    fn same_bits<const R: usize>(t: Avx512) {
+        let t2 = t.avx2();
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         for (hd, bc) in [(64, 64), (128, 32), (16, 24), (48, 40)] {
             let q = random(R * hd, &mut rng);
@@ -539,10 +522,10 @@ mod tests {
                     continue;
                 }
                 let (mut a, mut b) = (vec![0f32; R * bc], vec![0f32; R * bc]);
-                // SAFETY: available() checked the features of both.
+                // SAFETY: the tokens prove both loops' features.
                 unsafe {
-                    flash_x86::scores::<R>(&q, &kt, bc, jn, &mut a);
-                    super::scores::<R>(&q, &kt, bc, jn, &mut b);
+                    flash_x86::scores::<R>(t2, &q, &kt, bc, jn, &mut a);
+                    super::scores::<R>(t, &q, &kt, bc, jn, &mut b);
                 }
                 for i in 0..R {
                     for j in 0..jn {
@@ -556,15 +539,15 @@ mod tests {
                 let mut row: Vec<f32> = a[..jn].iter().map(|x| 3.0 * x).collect();
                 row[jn / 2] = f32::NAN;
                 // SAFETY: as above.
-                let (m2, m5) = unsafe { (flash_x86::row_max(&row), super::row_max(&row)) };
+                let (m2, m5) = unsafe { (flash_x86::row_max(t2, &row), super::row_max(t, &row)) };
                 assert_eq!(m2.to_bits(), m5.to_bits(), "row max, jn {jn}");
                 row[jn / 2] = -7.0;
                 let (mut e2, mut e5) = (row.clone(), row.clone());
                 // SAFETY: as above.
                 let (s2, s5) = unsafe {
                     (
-                        flash_x86::exp_row(&mut e2, 1.25),
-                        super::exp_row(&mut e5, 1.25),
+                        flash_x86::exp_row(t2, &mut e2, 1.25),
+                        super::exp_row(t, &mut e5, 1.25),
                     )
                 };
                 assert_eq!(s2.to_bits(), s5.to_bits(), "exp sum, jn {jn}");
@@ -593,30 +576,40 @@ mod tests {
                     let run = |wide: bool, out: &mut Vec<f32>| {
                         out.clear();
                         out.resize(R * hd, 0.0);
-                        let f = if wide {
-                            super::weighted_values::<R>
+                        #[allow(clippy::type_complexity)]
+                        let f: &dyn Fn(
+                            &[f32],
+                            &[u8],
+                            usize,
+                            &mut [f32],
+                            bool,
+                            &mut Ahead,
+                        ) = if wide {
+                            &|p, v, jn, out, acc, ahead| {
+                                super::weighted_values::<R>(
+                                    t, p, bc, v, stride, ty, hd, jn, out, acc, ahead,
+                                )
+                            }
                         } else {
-                            flash_x86::weighted_values::<R>
+                            &|p, v, jn, out, acc, ahead| {
+                                flash_x86::weighted_values::<R>(
+                                    t2, p, bc, v, stride, ty, hd, jn, out, acc, ahead,
+                                )
+                            }
                         };
                         let ahead = &mut super::Ahead::default();
-                        // SAFETY: as above; the runs cover keys 0..split and split..jn.
-                        unsafe {
-                            if split > 0 {
-                                f(&p, bc, &v, stride, ty, hd, split, out, false, ahead);
-                            }
-                            f(
-                                &p[split..],
-                                bc,
-                                &v[split * stride..],
-                                stride,
-                                ty,
-                                hd,
-                                jn - split,
-                                out,
-                                split > 0,
-                                ahead,
-                            );
+                        // The runs cover keys 0..split and split..jn.
+                        if split > 0 {
+                            f(&p, &v, split, out, false, ahead);
                         }
+                        f(
+                            &p[split..],
+                            &v[split * stride..],
+                            jn - split,
+                            out,
+                            split > 0,
+                            ahead,
+                        );
                     };
                     let (mut o2, mut o5) = (Vec::new(), Vec::new());
                     run(false, &mut o2);

@@ -8,6 +8,7 @@ use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
 use super::flash_x86::{Bf16Lanes, ColumnHint, F16Lanes, F32Lanes, Lanes, LineHint, score_keys};
+use crate::cpu::{Avx2, Avx512};
 use crate::kv::{KvType, KvView};
 
 /// `flash_x86::scores` for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
@@ -16,11 +17,9 @@ use crate::kv::{KvType, KvView};
 /// score is the same chain of multiply-adds over the dimensions in order as `scores` computes
 /// on a transposed tile, so the bits are the same. `values`: the lines of these keys' values,
 /// asked for as the columns are read (see `Ahead::leads`).
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn scores_columns<const R: usize>(
+pub(super) fn scores_columns<const R: usize>(
+    _: Avx2,
     q: &[f32],
     block: &[u8],
     ty: KvType,
@@ -33,7 +32,7 @@ pub(super) unsafe fn scores_columns<const R: usize>(
     values: Option<LineHint>,
 ) {
     let a = ahead;
-    // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
+    // SAFETY: the token proves `score_columns`'s features; it checks the shapes.
     unsafe {
         match ty {
             KvType::F32 => score_columns::<F32Lanes, R>(q, block, bs, off, m, s, bc, a, values),
@@ -148,11 +147,9 @@ unsafe fn score_columns<L: Lanes, const R: usize>(
 /// or bf16), widened into the transposed key tile `scores` reads. The same values as
 /// [`transpose_rows`] gives from rows, for two loads and two stores per sixteen keys and column
 /// instead of an 8 x 8 transpose per eight keys and eight columns.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn widen_columns(
+pub(super) fn widen_columns(
+    _: Avx2,
     block: &[u8],
     ty: KvType,
     bs: usize,
@@ -165,7 +162,7 @@ pub(super) unsafe fn widen_columns(
     ahead: &mut Ahead,
 ) {
     let a = ahead;
-    // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
+    // SAFETY: the token proves `widen`'s features; it checks the shapes.
     unsafe {
         match ty {
             KvType::F32 => widen::<F32Lanes>(block, bs, off, m, hd, kt, bc, j0, a),
@@ -257,11 +254,11 @@ pub(super) const MAX_SEGMENTS: usize = 4;
 /// for the AVX2 loop and 3.4 into L2.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and VL, AVX2, FMA and F16C; each segment's keys hold `hd` columns of
-/// sixteen values of type `ty` (f32, f16 or bf16) at `column` bytes apart; `q` is `R x hd`;
+/// Each segment's keys hold `hd` columns of sixteen values of type `ty` (f32, f16 or bf16) at `column` bytes apart; `q` is `R x hd`;
 /// `s` holds `(R - 1) * bc + 16 * segs.len()` scores.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn score_segments<const R: usize>(
+    _: Avx512,
     q: &[f32],
     ty: KvType,
     segs: &[Segment],
@@ -285,7 +282,7 @@ pub(super) unsafe fn score_segments<const R: usize>(
             }
         };
     }
-    // SAFETY: forwarded (the caller has the features and the shapes).
+    // SAFETY: the token proves `score_segs`'s features; the caller guarantees the shapes.
     unsafe {
         match ty {
             KvType::F32 => by_count!(F32Lanes),
@@ -352,10 +349,10 @@ unsafe fn score_segs<L: super::flash_avx512::Lanes16, const R: usize, const N: u
 /// continues this one) and the values of these keys are asked for as the columns are read.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and VL, AVX2, FMA and F16C; `k` keeps its keys by column (f32, f16 or
-/// bf16), `v` its values by row; `q` is `R x hd`, `s` holds `R x bc` and `jn <= bc`.
+/// `k` keeps its keys by column (f32, f16 or bf16), `v` its values by row; `q` is `R x hd`, `s` holds `R x bc` and `jn <= bc`.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tile_scores_wide<const R: usize>(
+    t: Avx512,
     q: &[f32],
     k: &KvView,
     v: &KvView,
@@ -384,14 +381,14 @@ pub(super) unsafe fn tile_scores_wide<const R: usize>(
     // The run of value rows that holds key `v_at` on.
     let (mut v_run, mut v_at) = (v.head_run(kvh, hd, j0, jn), 0);
     let mut j = 0;
-    // SAFETY: forwarded (the caller has the features; the segments are whole sixteen-key
+    // SAFETY: forwarded (the segments are whole sixteen-key
     // parts of the blocks `head_block` gives, the values sixteen rows of one value block).
     unsafe {
         // A macro, not a closure: a closure is its own function, which a build in many codegen
         // units may leave uninlined, outside this function's target features.
         macro_rules! flush {
             () => {{
-                score_segments::<R>(q, ty, &segs[..n], column, &mut s[first..], bc);
+                score_segments::<R>(t, q, ty, &segs[..n], column, &mut s[first..], bc);
                 ahead.advance(16 * n);
             }};
         }
@@ -441,6 +438,7 @@ pub(super) unsafe fn tile_scores_wide<const R: usize>(
                     hd,
                 ));
                 scores_columns::<R>(
+                    t.avx2(),
                     q,
                     bytes,
                     ty,
@@ -475,9 +473,11 @@ mod tests {
     /// tile), blocks scattered through the pool, tiles that start mid-sequence and end short.
     #[test]
     fn segments_give_the_bits_of_block_by_block_scores() {
-        if !(crate::attention::flash_avx512::available()) {
+        let Some(t) =
+            crate::cpu::token_for_test::<Avx512>("segments_give_the_bits_of_block_by_block_scores")
+        else {
             return;
-        }
+        };
         const R: usize = 3;
         let (hd, bc) = (64, 64);
         let mut rng = ChaCha8Rng::seed_from_u64(5);
@@ -510,27 +510,27 @@ mod tests {
                     let mut j = 0;
                     while j < jn {
                         let (bytes, bs, off, m) = k.head_block(1, hd, j0 + j, jn - j);
-                        // SAFETY: AVX-512 F and VL (checked), AVX2, FMA and F16C with them.
-                        unsafe {
-                            scores_columns::<R>(
-                                &q,
-                                bytes,
-                                ty,
-                                bs,
-                                off,
-                                m,
-                                &mut want[j..],
-                                bc,
-                                &mut Ahead::default(),
-                                None,
-                            )
-                        };
+                        scores_columns::<R>(
+                            t.avx2(),
+                            &q,
+                            bytes,
+                            ty,
+                            bs,
+                            off,
+                            m,
+                            &mut want[j..],
+                            bc,
+                            &mut Ahead::default(),
+                            None,
+                        );
                         j += m;
                     }
                     let mut got = vec![f32::NAN; R * bc];
-                    // SAFETY: as above.
+                    // SAFETY: `k` keeps f32, f16 or bf16 keys by column, `v` values by row; `q`
+                    // is R x hd, `got` R x bc and jn <= bc.
                     unsafe {
                         tile_scores_wide::<R>(
+                            t,
                             &q,
                             &k,
                             &v,

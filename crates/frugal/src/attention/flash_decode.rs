@@ -24,6 +24,7 @@ use std::arch::x86_64::*;
 use super::flash::Job;
 use super::flash_avx512::{Bf16Lanes, F16Lanes, F32Lanes, Lanes16, Q8Lanes};
 use super::flash_span::{Tiles, grow};
+use crate::cpu::Avx512;
 use crate::kv::{HeadAddr, KvType, KvView};
 
 mod steps;
@@ -219,10 +220,11 @@ impl ChunkParts {
 /// itself runs inside that loop too, a segment at a time ([`step`]).
 ///
 /// # Safety
-/// The CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C; `run` has addresses of views that
-/// pass [`fused_views`], and its tiles are whole and in the cache.
+/// `run` has addresses of views that pass [`fused_views`], and its tiles are whole and in the
+/// cache.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tiles<const R: usize>(
+    _: Avx512,
     keys: KvType,
     values: KvType,
     run: &Run,
@@ -273,7 +275,8 @@ pub(super) unsafe fn tiles<const R: usize>(
             }
         };
     }
-    // SAFETY: forwarded (the caller has the features; the shapes are checked above).
+    // SAFETY: the token proves `tiles_n`'s features; the caller guarantees the run, the shapes
+    // are checked above.
     unsafe {
         match keys {
             KvType::F32 => by_count!(F32Lanes),
@@ -290,6 +293,7 @@ pub(super) unsafe fn tiles<const R: usize>(
 /// # Safety
 /// As [`tiles`].
 pub(super) unsafe fn tiles_in<const R: usize>(
+    w: Avx512,
     job: &Job,
     run: &Run,
     t: &mut Tiles,
@@ -301,6 +305,7 @@ pub(super) unsafe fn tiles_in<const R: usize>(
     // SAFETY: forwarded.
     unsafe {
         tiles::<R>(
+            w,
             job.k.ty(),
             job.v.ty(),
             run,
@@ -465,6 +470,7 @@ unsafe fn step<LK: Lanes16, LV: Lanes16, const R: usize>(
 
 /// [`fused_chunks`] for a number of rows.
 pub(super) type FusedChunks = fn(
+    Avx512,
     &Job,
     usize,
     &HeadAddr,
@@ -482,6 +488,7 @@ pub(super) type FusedChunks = fn(
 /// (as [`super::flash_span::block`] takes them).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn fused_chunks<const R: usize>(
+    w: Avx512,
     job: &Job,
     kvh: usize,
     ka: &HeadAddr,
@@ -524,13 +531,12 @@ pub(super) fn fused_chunks<const R: usize>(
         per_chunk: chunk / bc,
     };
     let mut go = |r: &Run, first: usize| {
-        // SAFETY: `fused` implies the CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C
-        // (`wide`), and `fused_views` took the views; the run's tiles are whole and in the
+        // SAFETY: `fused_views` took the views; the run's tiles are whole and in the
         // cache, or one tile whose `valid` keys end it (as in `block_body`). Chunk `first`
         // onwards of `parts` are this call's, each `stride` floats, checked above.
         unsafe {
             let (acc, m, l) = chunks.part::<R>(first, hd);
-            tiles_in::<R>(job, r, t, acc, m, l)
+            tiles_in::<R>(w, job, r, t, acc, m, l)
         }
     };
     if whole > 0 {
@@ -557,6 +563,7 @@ mod tests {
 
     use super::super::flash::flash_paths;
     use super::super::{AttnShape, AttnWorkspace};
+    use crate::cpu::Avx512;
     use crate::kv::{CacheShape, KvFormat, KvPool, KvSequence, KvType};
 
     /// Decode rows over a paged pool that keeps keys by column take the fused pass for their
@@ -568,9 +575,12 @@ mod tests {
     /// window.
     #[test]
     fn fused_decode_tiles_give_the_bits_of_the_tile_loop() {
-        if !super::super::flash_avx512::available() {
+        if crate::cpu::token_for_test::<Avx512>("fused_decode_tiles_give_the_bits_of_the_tile_loop")
+            .is_none()
+        {
             return;
         }
+        let level = crate::cpu::level();
         let shapes = [
             (9, 3, 64, None),
             (8, 2, 64, None),
@@ -628,14 +638,14 @@ mod tests {
                             t,
                             &mut fused[rows.clone()],
                             &mut ws,
-                            true,
+                            level,
                             true,
                         );
-                        flash_paths(s, qt, kv, vv, t, &mut general[rows], &mut ws, true, false);
+                        flash_paths(s, qt, kv, vv, t, &mut general[rows], &mut ws, level, false);
                     }
                     let (kv, vv) = pool.layer(id, 0);
                     let mut prefill = vec![0f32; q.len()];
-                    flash_paths(s, &q, kv, vv, 0, &mut prefill, &mut ws, true, true);
+                    flash_paths(s, &q, kv, vv, 0, &mut prefill, &mut ws, level, true);
                     let what = format!("{s:?} {format} blocks of {bs}");
                     assert_eq!(
                         bits(&fused),

@@ -16,6 +16,7 @@ use std::mem::MaybeUninit;
 
 use super::ahead::Ahead;
 use super::q8_keys::{BLOCK_BYTES, KeyRows, QuantQueries};
+use crate::cpu::Avx2;
 use crate::kv::Q8_0_BLOCK;
 
 /// Keys per round: one 32-bit lane each in the reduced block sums.
@@ -29,12 +30,10 @@ pub(super) const MAX_BLOCKS: usize = 16;
 /// (`R x bc`, `bc` a multiple of 8), with the bits of `q8_keys::scores`. Eight keys per round;
 /// columns past `jn` up to the next multiple of 8 hold scores of whatever key stands in for
 /// them and must be ignored. Each round of keys reports to `ahead`.
-///
-/// # Safety
-/// The CPU has AVX2 and F16C.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn scores_q8<const R: usize>(
+pub(super) fn scores_q8<const R: usize>(
+    _: Avx2,
     qq: &QuantQueries,
     row0: usize,
     hd: usize,
@@ -128,9 +127,16 @@ mod tests {
 
     #[test]
     fn avx2_scores_have_the_portable_bits() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
+        let Some(t) = crate::cpu::token_for_test::<Avx2>("avx2_scores_have_the_portable_bits")
+        else {
             return;
-        }
-        q8_keys::check_kernel_bits(9, scores_q8::<4>, scores_q8::<3>);
+        };
+        q8_keys::check_kernel_bits(
+            9,
+            // SAFETY: the token proves the kernel's features.
+            &|qq, r, hd, k, jn, bc, s, a| unsafe { scores_q8::<4>(t, qq, r, hd, k, jn, bc, s, a) },
+            // SAFETY: as above.
+            &|qq, r, hd, k, jn, bc, s, a| unsafe { scores_q8::<3>(t, qq, r, hd, k, jn, bc, s, a) },
+        );
     }
 }

@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use super::ahead::Ahead;
 use super::flash::{Job, Span};
 use super::q8_keys::{self, KeyRows, QuantQueries};
+use crate::cpu::Avx2;
 use crate::kv::KvType;
 
 /// Per-thread tiles, reused across calls (bounded by the tile sizes, not the sequence).
@@ -96,7 +97,7 @@ pub(super) fn chunk_run(
     let (lo, hi) = (cs.start * chunk, (cs.end * chunk).min(job.k.len()));
     #[cfg(target_arch = "x86_64")]
     if n == 1
-        && job.fused
+        && let Some(w) = job.fused
         && job.bc.is_multiple_of(16)
         && chunk.is_multiple_of(job.bc)
         && s.first_visible(job.pos0) <= lo
@@ -110,7 +111,7 @@ pub(super) fn chunk_run(
             _ => None,
         };
         if let Some(f) = fused {
-            return f(job, kvh, &ka, &va, lo..hi, chunk, parts, stride, t);
+            return f(w, job, kvh, &ka, &va, lo..hi, chunk, parts, stride, t);
         }
     }
     for (i, c) in cs.enumerate() {
@@ -136,16 +137,17 @@ fn block_rows<const RR: usize>(
     t: &mut Tiles,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if job.simd {
-        // SAFETY: `simd` is only set when the CPU has AVX2, FMA and F16C.
-        return unsafe { block_avx2::<RR>(job, span, acc, m, l, t) };
+    if let Some(a) = job.simd {
+        // SAFETY: the token proves the loop's features.
+        return unsafe { block_avx2::<RR>(a, job, span, acc, m, l, t) };
     }
     block_body::<RR>(job, span, acc, m, l, t)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block_avx2<const R: usize>(
+fn block_avx2<const R: usize>(
+    _: Avx2,
     job: &Job,
     span: Span,
     acc: &mut [f32],
@@ -180,8 +182,9 @@ fn block_body<const R: usize>(
     let bc = job.bc;
     let rows = (span.t1 - span.t0) * group;
     // The explicit AVX2 inner loops need whole vectors of keys and head dimensions.
-    let fast =
-        cfg!(target_arch = "x86_64") && job.simd && bc.is_multiple_of(8) && hd.is_multiple_of(16);
+    let fast = job
+        .simd
+        .filter(|_| cfg!(target_arch = "x86_64") && bc.is_multiple_of(8) && hd.is_multiple_of(16));
     // Rows are taken R at a time; the last block is padded with zero queries (never stored).
     let padded = rows.next_multiple_of(R);
     grow(&mut t.q, padded * hd);
@@ -226,8 +229,11 @@ fn block_body<const R: usize>(
     // Decode's whole tiles over keys by column in one pass (`flash_decode`): the block's rows
     // are one query block of exactly `R` rows.
     #[cfg(target_arch = "x86_64")]
-    let fused = if fast && job.fused && rows == R {
-        super::flash_decode::fused_views(&job.k, &job.v, hd, bc)
+    let fused = if fast.is_some()
+        && let Some(w) = job.fused
+        && rows == R
+    {
+        super::flash_decode::fused_views(&job.k, &job.v, hd, bc).map(|views| (w, views))
     } else {
         None
     };
@@ -253,7 +259,7 @@ fn block_body<const R: usize>(
         // fused pass, as one run; so does the last tile when the cache ends inside it (decode's
         // last keys), as a run of one tile of the sixteen-key segments that hold them.
         #[cfg(target_arch = "x86_64")]
-        if let Some((ka, va)) = &fused
+        if let Some((w, (ka, va))) = &fused
             && (nb == bc || j0 + nb == job.k.len())
             && job.pos0 + span.t0 + 1 >= j0 + nb
             && s.first_visible(job.pos0 + span.t1 - 1) <= j0
@@ -272,12 +278,11 @@ fn block_body<const R: usize>(
                 (tiles, tile, valid),
                 None,
             );
-            // SAFETY: `fused` implies the CPU has AVX-512 F, VL and DQ, AVX2, FMA and F16C
-            // (`wide`), and views `fused_views` took; the run's tiles are whole and in the cache
+            // SAFETY: the views are those `fused_views` took; the run's tiles are whole and in the cache
             // (`j0 + tiles * bc <= hi <= len`; `j0` a multiple of the tile, itself of sixteen),
             // or it is one tile whose `valid` keys end the cache, in segments of blocks the
             // cache holds (blocks are whole segments, `fused_views`).
-            unsafe { super::flash_decode::tiles_in::<R>(job, &run, t, acc, m, l) };
+            unsafe { super::flash_decode::tiles_in::<R>(*w, job, &run, t, acc, m, l) };
             j0 += (run.tiles - 1) * bc + run.valid;
             continue;
         }
@@ -286,12 +291,14 @@ fn block_body<const R: usize>(
         // straight from it, Q8_0 keys scored in integers where they lie, values of every
         // format weighted where they lie, widened as they are loaded.
         #[cfg(target_arch = "x86_64")]
-        let (k_in_place, v_fmt_in_place) =
-            (fast && super::flash_x86::reads_in_place(job.k.ty()), fast);
+        let (k_in_place, v_fmt_in_place) = (
+            fast.filter(|_| super::flash_x86::reads_in_place(job.k.ty())),
+            fast,
+        );
         #[cfg(not(target_arch = "x86_64"))]
-        let (k_in_place, v_fmt_in_place) = (false, false);
+        let (k_in_place, v_fmt_in_place) = (None::<Avx2>, None::<Avx2>);
         // A few rows over keys kept by column: scored straight from the cache, no tile.
-        let direct = k_in_place && job.k.columns() && rows <= R;
+        let direct = k_in_place.filter(|_| job.k.columns() && rows <= R);
         if k_q8 {
             key_rows.clear();
             while key_rows.len() < nb {
@@ -299,71 +306,67 @@ fn block_body<const R: usize>(
                 let (bytes, stride, m) = job.k.head_run(span.kvh, hd, j0 + j, nb - j);
                 key_rows.push_run(bytes, stride, m);
             }
-        } else if direct {
+        } else if direct.is_some() {
             // Keys kept by column are scored where they lie (below), one block at a time.
-        } else if k_in_place && job.k.columns() {
+        } else if let Some(a) = k_in_place
+            && job.k.columns()
+        {
             // Keys kept by column: each block's columns widened into the tile's.
             let mut j = 0;
             while j < nb {
                 let (bytes, bs, off, m) = job.k.head_block(span.kvh, hd, j0 + j, nb - j);
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
-                unsafe {
-                    super::flash_columns::widen_columns(
-                        bytes,
-                        job.k.ty(),
-                        bs,
-                        off,
-                        m,
-                        hd,
-                        &mut t.kt,
-                        bc,
-                        j,
-                        &mut t.ahead,
-                    )
-                };
+                super::flash_columns::widen_columns(
+                    a,
+                    bytes,
+                    job.k.ty(),
+                    bs,
+                    off,
+                    m,
+                    hd,
+                    &mut t.kt,
+                    bc,
+                    j,
+                    &mut t.ahead,
+                );
                 j += m;
             }
-        } else if k_in_place {
+        } else if let Some(a) = k_in_place {
             let mut j = 0;
             while j < nb {
                 let (bytes, stride, m) = job.k.head_run(span.kvh, hd, j0 + j, nb - j);
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
-                unsafe {
-                    super::flash_x86::transpose_rows(
-                        bytes,
-                        stride,
-                        job.k.ty(),
-                        m,
-                        hd,
-                        &mut t.kt,
-                        bc,
-                        j,
-                        &mut t.ahead,
-                    )
-                };
+                super::flash_x86::transpose_rows(
+                    a,
+                    bytes,
+                    stride,
+                    job.k.ty(),
+                    m,
+                    hd,
+                    &mut t.kt,
+                    bc,
+                    j,
+                    &mut t.ahead,
+                );
                 j += m;
             }
         } else {
             job.k
                 .decode_head(span.kvh, hd, j0, nb, &mut t.kraw[..nb * hd]);
-            if fast {
+            if let Some(a) = fast {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
-                unsafe {
-                    super::flash_x86::transpose_rows(
-                        f32_bytes(&t.kraw[..nb * hd]),
-                        4 * hd,
-                        KvType::F32,
-                        nb,
-                        hd,
-                        &mut t.kt,
-                        bc,
-                        0,
-                        &mut t.ahead,
-                    )
-                };
+                super::flash_x86::transpose_rows(
+                    a,
+                    f32_bytes(&t.kraw[..nb * hd]),
+                    4 * hd,
+                    KvType::F32,
+                    nb,
+                    hd,
+                    &mut t.kt,
+                    bc,
+                    0,
+                    &mut t.ahead,
+                );
             } else {
                 for j in 0..nb {
                     for c in 0..hd {
@@ -374,8 +377,8 @@ fn block_body<const R: usize>(
         }
         // Values in place only for a few rows (decode): more rows re-read the tile once per
         // R of them, which a decoded tile serves from L1. The bits are the same either way.
-        let v_in_place = v_fmt_in_place && rows <= 2 * R;
-        if !v_in_place {
+        let v_in_place = v_fmt_in_place.filter(|_| rows <= 2 * R);
+        if v_in_place.is_none() {
             job.v
                 .decode_head(span.kvh, hd, j0, nb, &mut t.vt[..nb * hd]);
         }
@@ -399,32 +402,52 @@ fn block_body<const R: usize>(
             if k_q8 {
                 let keys = &key_rows;
                 #[cfg(target_arch = "x86_64")]
-                {
-                    let simd = if job.vnni {
-                        Some(super::flash_vnni::scores_q8::<R> as q8_keys::ScoresKernel<R>)
-                    } else if fast && hd <= super::flash_q8_avx2::MAX_BLOCKS * crate::kv::Q8_0_BLOCK
-                    {
-                        Some(super::flash_q8_avx2::scores_q8::<R> as q8_keys::ScoresKernel<R>)
-                    } else {
-                        None
-                    };
-                    match simd {
-                        // SAFETY: `vnni` is only set when the CPU has what that kernel needs;
-                        // `fast` implies AVX2, FMA and F16C.
-                        Some(kernel) => unsafe {
-                            kernel(&t.qq, rb, hd, keys, jmax, bc, sb, &mut t.ahead)
-                        },
-                        None => q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb),
+                if let Some(v) = job.vnni {
+                    // SAFETY: the token proves the kernel's features.
+                    unsafe {
+                        super::flash_vnni::scores_q8::<R>(
+                            v,
+                            &t.qq,
+                            rb,
+                            hd,
+                            keys,
+                            jmax,
+                            bc,
+                            sb,
+                            &mut t.ahead,
+                        )
                     }
+                } else if let Some(a) = fast
+                    && hd <= super::flash_q8_avx2::MAX_BLOCKS * crate::kv::Q8_0_BLOCK
+                {
+                    // SAFETY: the token proves the kernel's features.
+                    unsafe {
+                        super::flash_q8_avx2::scores_q8::<R>(
+                            a,
+                            &t.qq,
+                            rb,
+                            hd,
+                            keys,
+                            jmax,
+                            bc,
+                            sb,
+                            &mut t.ahead,
+                        )
+                    }
+                } else {
+                    q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 q8_keys::scores::<R>(&t.qq, rb, hd, keys, jmax, bc, sb);
-            } else if direct && job.wide {
+            } else if direct.is_some()
+                && let Some(w) = job.wide
+            {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `wide` implies AVX-512 F and VL besides what `fast` implies; keys
-                // kept by column are f32, f16 or bf16 (`direct`).
+                // SAFETY: keys kept by column are f32, f16 or bf16 (`direct`), values by row;
+                // `qb` is R x hd, `sb` R x bc, and jmax <= bc.
                 unsafe {
                     super::flash_columns::tile_scores_wide::<R>(
+                        w,
                         qb,
                         &job.k,
                         &job.v,
@@ -437,7 +460,7 @@ fn block_body<const R: usize>(
                         &mut t.ahead,
                     )
                 };
-            } else if direct {
+            } else if let Some(a) = direct {
                 // The run of value rows that holds key j (from `v_at`), for the values' lines
                 // the scores ask for.
                 let (mut v_run, mut v_at) = (job.v.head_run(span.kvh, hd, j0, jmax), 0);
@@ -456,33 +479,30 @@ fn block_body<const R: usize>(
                         hd,
                     ));
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `direct` implies `fast`: the CPU has AVX2, FMA and F16C.
-                    unsafe {
-                        super::flash_columns::scores_columns::<R>(
-                            qb,
-                            bytes,
-                            job.k.ty(),
-                            bs,
-                            off,
-                            m,
-                            &mut sb[j..],
-                            bc,
-                            &mut t.ahead,
-                            values,
-                        )
-                    };
+                    super::flash_columns::scores_columns::<R>(
+                        a,
+                        qb,
+                        bytes,
+                        job.k.ty(),
+                        bs,
+                        off,
+                        m,
+                        &mut sb[j..],
+                        bc,
+                        &mut t.ahead,
+                        values,
+                    );
                     j += m;
                 }
-            } else if fast {
+            } else if let Some(a) = fast {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
-                unsafe {
-                    if job.wide {
-                        super::flash_avx512::scores::<R>(qb, &t.kt, bc, jmax, sb)
-                    } else {
-                        super::flash_x86::scores::<R>(qb, &t.kt, bc, jmax, sb)
-                    }
-                };
+                if let Some(w) = job.wide {
+                    // SAFETY: the token proves the loop's features.
+                    unsafe { super::flash_avx512::scores::<R>(w, qb, &t.kt, bc, jmax, sb) }
+                } else {
+                    // SAFETY: the token proves the loop's features.
+                    unsafe { super::flash_x86::scores::<R>(a, qb, &t.kt, bc, jmax, sb) }
+                }
             } else {
                 scores::<R>(qb, &t.kt, bc, jmax, sb);
             }
@@ -490,16 +510,16 @@ fn block_body<const R: usize>(
             // Every row seeing the same keys of the tile (a decode step's rows: one token's
             // query heads): their exponentials side by side, the same bits as row by row.
             #[cfg(target_arch = "x86_64")]
-            let together = fast && (0..R).all(|i| jn[i] == jmax && js[i] == js[0]);
+            let together = fast.filter(|_| (0..R).all(|i| jn[i] == jmax && js[i] == js[0]));
             #[cfg(not(target_arch = "x86_64"))]
-            let together = false;
+            let together = None::<Avx2>;
             #[cfg(target_arch = "x86_64")]
-            if together {
+            if let Some(a) = together {
                 let (j_s, mut m_new) = (js[0], [0f32; R]);
                 for (i, mi) in m_new.iter_mut().enumerate() {
-                    // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
+                    // SAFETY: the token proves the loop's features.
                     let tile_max =
-                        unsafe { super::flash_x86::row_max(&sb[i * bc + j_s..][..jmax - j_s]) };
+                        unsafe { super::flash_x86::row_max(a, &sb[i * bc + j_s..][..jmax - j_s]) };
                     *mi = m[rb + i].max(tile_max);
                 }
                 // SAFETY: as above.
@@ -507,7 +527,7 @@ fn block_body<const R: usize>(
                     super::flash_x86::exp_lanes(std::array::from_fn(|i| m[rb + i] - m_new[i]))
                 };
                 // SAFETY: as above.
-                let sums = unsafe { super::flash_x86::exp_rows::<R>(sb, bc, j_s, jmax, m_new) };
+                let sums = unsafe { super::flash_x86::exp_rows::<R>(a, sb, bc, j_s, jmax, m_new) };
                 for i in 0..R {
                     sb[i * bc..i * bc + j_s].fill(0.0);
                     let r = rb + i;
@@ -515,7 +535,7 @@ fn block_body<const R: usize>(
                     m[r] = m_new[i];
                 }
             }
-            for (i, &n_i) in jn.iter().enumerate().filter(|_| !together) {
+            for (i, &n_i) in jn.iter().enumerate().filter(|_| together.is_none()) {
                 let sr = &mut sb[i * bc..i * bc + jmax];
                 if n_i == 0 {
                     sr.fill(0.0);
@@ -523,18 +543,17 @@ fn block_body<const R: usize>(
                 }
                 let r = rb + i;
                 let j_s = js[i];
-                let tile_max = if fast {
+                let tile_max = if let Some(a) = fast {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
-                    unsafe {
-                        if job.wide {
-                            super::flash_avx512::row_max(&sr[j_s..n_i])
-                        } else {
-                            super::flash_x86::row_max(&sr[j_s..n_i])
-                        }
+                    if let Some(w) = job.wide {
+                        // SAFETY: the token proves the loop's features.
+                        unsafe { super::flash_avx512::row_max(w, &sr[j_s..n_i]) }
+                    } else {
+                        // SAFETY: the token proves the loop's features.
+                        unsafe { super::flash_x86::row_max(a, &sr[j_s..n_i]) }
                     }
                     #[cfg(not(target_arch = "x86_64"))]
-                    unreachable!()
+                    unreachable!("{a:?}")
                 } else {
                     sr[j_s..n_i]
                         .iter()
@@ -543,18 +562,17 @@ fn block_body<const R: usize>(
                 let m_new = m[r].max(tile_max);
                 // exp(-inf) ~ 0 on the first tile: nothing accumulated yet to rescale.
                 corr[i] = exp_approx(m[r] - m_new);
-                let sum = if fast {
+                let sum = if let Some(a) = fast {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
-                    unsafe {
-                        if job.wide {
-                            super::flash_avx512::exp_row(&mut sr[j_s..n_i], m_new)
-                        } else {
-                            super::flash_x86::exp_row(&mut sr[j_s..n_i], m_new)
-                        }
+                    if let Some(w) = job.wide {
+                        // SAFETY: the token proves the loop's features.
+                        unsafe { super::flash_avx512::exp_row(w, &mut sr[j_s..n_i], m_new) }
+                    } else {
+                        // SAFETY: the token proves the loop's features.
+                        unsafe { super::flash_x86::exp_row(a, &mut sr[j_s..n_i], m_new) }
                     }
                     #[cfg(not(target_arch = "x86_64"))]
-                    unreachable!()
+                    unreachable!("{a:?}")
                 } else {
                     exp_row(&mut sr[j_s..n_i], m_new)
                 };
@@ -567,57 +585,62 @@ fn block_body<const R: usize>(
             // The tile's p.v is summed on its own, then added: two-level summation keeps the
             // rounding error growing with (tile + tiles) rather than with every key.
             let pv = &mut t.pv[..R * hd];
-            if v_in_place {
+            // The SIMD weighted values at the widest level the job has (a macro, not a
+            // closure: see `flash_columns::tile_scores_wide`).
+            #[cfg(target_arch = "x86_64")]
+            macro_rules! weighted {
+                ($a:expr, $p:expr, $v:expr, $stride:expr, $ty:expr, $jn:expr, $acc:expr) => {
+                    if let Some(w) = job.wide {
+                        super::flash_avx512::weighted_values::<R>(
+                            w,
+                            $p,
+                            bc,
+                            $v,
+                            $stride,
+                            $ty,
+                            hd,
+                            $jn,
+                            pv,
+                            $acc,
+                            &mut t.ahead,
+                        )
+                    } else {
+                        super::flash_x86::weighted_values::<R>(
+                            $a,
+                            $p,
+                            bc,
+                            $v,
+                            $stride,
+                            $ty,
+                            hd,
+                            $jn,
+                            pv,
+                            $acc,
+                            &mut t.ahead,
+                        )
+                    }
+                };
+            }
+            if let Some(a) = v_in_place {
                 // The tile's runs (a paged cache's blocks) in order, each continuing the sums.
                 let mut j = 0;
                 while j < jmax {
                     let (bytes, stride, m) = job.v.head_run(span.kvh, hd, j0 + j, jmax - j);
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
-                    unsafe {
-                        let weighted = if job.wide {
-                            super::flash_avx512::weighted_values::<R>
-                        } else {
-                            super::flash_x86::weighted_values::<R>
-                        };
-                        let ty = job.v.ty();
-                        weighted(
-                            &sb[j..],
-                            bc,
-                            bytes,
-                            stride,
-                            ty,
-                            hd,
-                            m,
-                            pv,
-                            j > 0,
-                            &mut t.ahead,
-                        )
-                    };
+                    weighted!(a, &sb[j..], bytes, stride, job.v.ty(), m, j > 0);
                     j += m;
                 }
-            } else if fast {
+            } else if let Some(a) = fast {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `fast` implies the CPU has AVX2, FMA and F16C.
-                unsafe {
-                    let weighted = if job.wide {
-                        super::flash_avx512::weighted_values::<R>
-                    } else {
-                        super::flash_x86::weighted_values::<R>
-                    };
-                    weighted(
-                        sb,
-                        bc,
-                        f32_bytes(&t.vt[..nb * hd]),
-                        4 * hd,
-                        KvType::F32,
-                        hd,
-                        jmax,
-                        pv,
-                        false,
-                        &mut t.ahead,
-                    )
-                };
+                weighted!(
+                    a,
+                    sb,
+                    f32_bytes(&t.vt[..nb * hd]),
+                    4 * hd,
+                    KvType::F32,
+                    jmax,
+                    false
+                );
             } else {
                 weighted_values::<R>(sb, bc, &t.vt, hd, jmax, pv);
             }

@@ -14,16 +14,8 @@ use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
 use super::q8_keys::{BLOCK_BYTES, KeyRows, QuantQueries};
+use crate::cpu::Avx512Vnni;
 use crate::kv::Q8_0_BLOCK;
-
-/// Whether this CPU runs [`scores_q8`].
-pub(super) fn available() -> bool {
-    std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512bw")
-        && std::is_x86_feature_detected!("avx512vl")
-        && std::is_x86_feature_detected!("avx512vnni")
-        && std::is_x86_feature_detected!("f16c")
-}
 
 // The transpose's permutes. Before round 1, vector p holds keys 2p (lanes 0..8) and 2p+1
 // (lanes 8..16), lane = dword of the block. Each round swaps one bit of the vector index with
@@ -41,7 +33,7 @@ const ODD3: [i32; 16] = [4, 12, 5, 13, 6, 14, 7, 15, 20, 28, 21, 29, 22, 30, 23,
 /// of vector `c` is bytes `4c..4c+4` of key `j`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F; every pointer has `(b + 1) * BLOCK_BYTES` readable bytes.
+/// Every pointer has `(b + 1) * BLOCK_BYTES` readable bytes.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn transposed_block(ptrs: &[*const u8; 16], b: usize) -> [__m512i; 8] {
@@ -82,12 +74,10 @@ unsafe fn transposed_block(ptrs: &[*const u8; 16], b: usize) -> [__m512i; 8] {
 /// (`R x bc`), with the bits of `q8_keys::scores`. Sixteen keys per
 /// round; columns past `jn` up to the next multiple of 16 (or the tile's end) hold scores of
 /// whatever key stands in for them and must be ignored. Each round of keys reports to `ahead`.
-///
-/// # Safety
-/// The CPU has what [`available`] checks.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,avx2")]
-pub(super) unsafe fn scores_q8<const R: usize>(
+pub(super) fn scores_q8<const R: usize>(
+    _: Avx512Vnni,
     qq: &QuantQueries,
     row0: usize,
     hd: usize,
@@ -175,7 +165,7 @@ mod tests {
 
     #[test]
     fn transposes_sixteen_keys() {
-        if !available() {
+        if crate::cpu::token_for_test::<Avx512Vnni>("transposes_sixteen_keys").is_none() {
             return;
         }
         let rows: Vec<Vec<u8>> = (0..16)
@@ -187,7 +177,7 @@ mod tests {
             .collect();
         let ptrs: [*const u8; 16] = std::array::from_fn(|j| rows[j].as_ptr());
         for b in 0..2 {
-            // SAFETY: checked above; every row has two blocks.
+            // SAFETY: the token proves AVX-512 F; every row has two blocks.
             let t = unsafe { transposed_block(&ptrs, b) };
             for (c, tc) in t.iter().enumerate() {
                 let mut lanes = [0u8; 64];
@@ -205,9 +195,17 @@ mod tests {
 
     #[test]
     fn vnni_scores_have_the_portable_bits() {
-        if !available() {
+        let Some(t) =
+            crate::cpu::token_for_test::<Avx512Vnni>("vnni_scores_have_the_portable_bits")
+        else {
             return;
-        }
-        q8_keys::check_kernel_bits(5, scores_q8::<4>, scores_q8::<3>);
+        };
+        q8_keys::check_kernel_bits(
+            5,
+            // SAFETY: the token proves the kernel's features.
+            &|qq, r, hd, k, jn, bc, s, a| unsafe { scores_q8::<4>(t, qq, r, hd, k, jn, bc, s, a) },
+            // SAFETY: as above.
+            &|qq, r, hd, k, jn, bc, s, a| unsafe { scores_q8::<3>(t, qq, r, hd, k, jn, bc, s, a) },
+        );
     }
 }

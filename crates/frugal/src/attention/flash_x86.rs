@@ -12,6 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
+use crate::cpu::Avx2;
 use crate::kv::{KvType, Q8_0_BLOCK};
 
 use super::flash_span::{
@@ -22,11 +23,9 @@ use super::flash_span::{
 /// twenty-four, sixteen or eight keys by `R` rows in registers: each key vector loaded serves `R`
 /// rows, and each score is one chain of multiply-adds over the dimensions in order.
 /// Columns past `jn` up to the next multiple of 8 are computed on whatever the tile holds there.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn scores<const R: usize>(
+pub(super) fn scores<const R: usize>(
+    _: Avx2,
     q: &[f32],
     kt: &[f32],
     bc: usize,
@@ -129,7 +128,7 @@ impl ColumnHint {
 /// to `s[i * bc ..+8W]`.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `key` reads inside its source, and `q[i * hd + c]` for
+/// `key` reads inside its source, and `q[i * hd + c]` for
 /// `i < R`, `c < hd` and `s[i * bc ..+8W]` lie inside the caller's slices.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -235,11 +234,8 @@ fn exp8s<const N: usize>(x: [__m256; N]) -> [__m256; N] {
 /// maxima (a compare and a blend each, four cycles of latency per score), which at decode cost
 /// as much as the scores themselves; the maximum of a set does not depend on the order it is
 /// taken in, so the value is the same (a zero's sign aside, which changes no `exp` after it).
-///
-/// # Safety
-/// The CPU has AVX2.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn row_max(s: &[f32]) -> f32 {
+pub(super) fn row_max(_: Avx2, s: &[f32]) -> f32 {
     let mut acc = _mm256_set1_ps(f32::NEG_INFINITY);
     let mut chunks = s.chunks_exact(8);
     for c in &mut chunks {
@@ -258,11 +254,8 @@ pub(super) unsafe fn row_max(s: &[f32]) -> f32 {
 
 /// `s[j] = exp(s[j] - max)` for every element; returns their sum (eight partial sums, then
 /// added: a different order from the scalar loop's, within the same few ulps).
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn exp_row(s: &mut [f32], max: f32) -> f32 {
+pub(super) fn exp_row(_: Avx2, s: &mut [f32], max: f32) -> f32 {
     let m = _mm256_set1_ps(max);
     let mut acc = _mm256_setzero_ps();
     let mut chunks = s.chunks_exact_mut(8);
@@ -288,11 +281,9 @@ pub(super) unsafe fn exp_row(s: &mut [f32], max: f32) -> f32 {
 /// [`exp_row`] of `R` rows at once (rows `i * stride + lo..i * stride + hi` of `s`, each less
 /// its own `max[i]`): the rows' exponentials side by side ([`exp8s`]) rather than one row's
 /// chain after another. Each row's values and sum are `exp_row`'s bits.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn exp_rows<const R: usize>(
+pub(super) fn exp_rows<const R: usize>(
+    _: Avx2,
     s: &mut [f32],
     stride: usize,
     lo: usize,
@@ -338,12 +329,10 @@ pub(super) unsafe fn exp_rows<const R: usize>(
 }
 
 /// `exp_approx` of up to eight values in one vector: the same bits, without a chain of thirty
-/// scalar operations per value.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
+/// scalar operations per value. Takes no token: the AVX-512 decode steps call it from their own
+/// target features; callers without them hold an [`Avx2`].
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn exp_lanes<const N: usize>(x: [f32; N]) -> [f32; N] {
+pub(super) fn exp_lanes<const N: usize>(x: [f32; N]) -> [f32; N] {
     const { assert!(N <= 8) };
     let mut lanes = [0f32; 8];
     // `exp_approx` takes `x.min(0.0)` first, which also maps NaN to 0 (`exp8`'s clamp would map
@@ -483,11 +472,9 @@ pub(super) fn reads_in_place(ty: KvType) -> bool {
 /// rows, and each output one chain of multiply-adds over the keys in order. With
 /// `accumulate` the sums continue from `pv`, so a tile taken in several runs (a paged cache's
 /// blocks) gives the same bits as in one.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn weighted_values<const R: usize>(
+pub(super) fn weighted_values<const R: usize>(
+    _: Avx2,
     p: &[f32],
     bc: usize,
     v: &[u8],
@@ -500,7 +487,7 @@ pub(super) unsafe fn weighted_values<const R: usize>(
     ahead: &mut Ahead,
 ) {
     let a = ahead;
-    // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
+    // SAFETY: the token proves `weighted`'s features; it checks the shapes.
     unsafe {
         match ty {
             KvType::F32 => weighted::<F32Lanes, R>(p, bc, v, stride, hd, jn, pv, accumulate, a),
@@ -642,11 +629,9 @@ unsafe fn weigh_pass<L: Lanes, const R: usize, const W: usize>(
 /// a multiple of 8, of 32 for Q8_0) at byte `j * stride` of `src`: the transposed key tile `scores`
 /// reads, filled eight rows by eight columns at a time with in-register 8x8 transposes, straight
 /// from the cache (the scalar twin is the element loop in `flash_span::block_body`).
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn transpose_rows(
+pub(super) fn transpose_rows(
+    _: Avx2,
     src: &[u8],
     stride: usize,
     ty: KvType,
@@ -658,7 +643,7 @@ pub(super) unsafe fn transpose_rows(
     ahead: &mut Ahead,
 ) {
     let a = ahead;
-    // SAFETY: forwarded (the caller has AVX2, FMA and F16C).
+    // SAFETY: the token proves `transpose`'s features; it checks the shapes.
     unsafe {
         match ty {
             KvType::F32 => transpose::<F32Lanes>(src, stride, m, hd, kt, bc, j0, a),

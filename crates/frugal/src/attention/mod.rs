@@ -176,6 +176,7 @@ pub fn causal_attention(
 struct OutPtr(*mut f32);
 // SAFETY: only used to write disjoint ranges from parallel tasks, see `OutPtr::row`.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
@@ -184,6 +185,7 @@ impl OutPtr {
     /// may touch that range.
     #[allow(clippy::mut_from_ref)]
     unsafe fn row(&self, at: usize, len: usize) -> &mut [f32] {
+        // SAFETY: forwarded to the caller (see above).
         unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
     }
 
@@ -191,6 +193,7 @@ impl OutPtr {
     /// `at..at+len` must be inside the slice the pointer came from, and nothing may write that
     /// range while the returned slice lives.
     unsafe fn read(&self, at: usize, len: usize) -> &[f32] {
+        // SAFETY: forwarded to the caller (see above).
         unsafe { std::slice::from_raw_parts(self.0.add(at), len) }
     }
 }

@@ -241,10 +241,10 @@ pub(super) fn scores<const R: usize>(
     }
 }
 
-/// A SIMD kernel of [`scores`]' signature (plus the next tile's prefetches): what
-/// `flash_span::block_body` dispatches to and [`check_kernel_bits`] checks.
-#[cfg(target_arch = "x86_64")]
-pub(super) type ScoresKernel<const R: usize> = unsafe fn(
+/// A SIMD kernel of [`scores`]' signature (plus the next tile's prefetches), with its token:
+/// what `flash_span::block_body` dispatches to and [`check_kernel_bits`] checks.
+#[cfg(all(test, target_arch = "x86_64"))]
+type ScoresKernel<'a> = &'a dyn Fn(
     &QuantQueries,
     usize,
     usize,
@@ -257,10 +257,10 @@ pub(super) type ScoresKernel<const R: usize> = unsafe fn(
 
 /// Random queries and keys (head dims 32 to 192, tiles of several widths, `jn` anywhere in the
 /// tile, large and tiny scales, one key holding both ends of the byte range, -128 included):
-/// `k4` and `k3` (a SIMD kernel for 4 and 3 rows, whose CPU features the caller checked) give
-/// the bits of the portable [`scores`].
+/// `k4` and `k3` (a SIMD kernel for 4 and 3 rows, with its token) give the bits of the portable
+/// [`scores`].
 #[cfg(all(test, target_arch = "x86_64"))]
-pub(super) fn check_kernel_bits(seed: u64, k4: ScoresKernel<4>, k3: ScoresKernel<3>) {
+pub(super) fn check_kernel_bits(seed: u64, k4: ScoresKernel, k3: ScoresKernel) {
     use crate::kv::KvType;
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
@@ -301,12 +301,9 @@ pub(super) fn check_kernel_bits(seed: u64, k4: ScoresKernel<4>, k3: ScoresKernel
                     let mut got = vec![f32::NAN; 4 * bc];
                     let mut got3 = vec![f32::NAN; 3 * bc];
                     scores::<4>(&qq, row0, hd, &keys, jn, bc, &mut want);
-                    // SAFETY: the caller checked the kernels' CPU features.
-                    unsafe {
-                        let ahead = &mut super::ahead::Ahead::default();
-                        k4(&qq, row0, hd, &keys, jn, bc, &mut got, ahead);
-                        k3(&qq, row0, hd, &keys, jn, bc, &mut got3, ahead);
-                    }
+                    let ahead = &mut super::ahead::Ahead::default();
+                    k4(&qq, row0, hd, &keys, jn, bc, &mut got, ahead);
+                    k3(&qq, row0, hd, &keys, jn, bc, &mut got3, ahead);
                     for i in 0..4 {
                         for j in 0..jn {
                             let w = want[i * bc + j].to_bits();

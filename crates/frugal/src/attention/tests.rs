@@ -22,7 +22,16 @@ use rand_chacha::ChaCha8Rng;
 use super::ahead::Ahead;
 use super::flash::flash_with;
 use super::*;
+use crate::cpu::{self, Avx2, Level};
 use crate::kv::{CacheShape, KvFormat, KvPool, KvSequence, KvType};
+
+/// The instruction-set levels attention runs at here, lowest first (AMX adds no attention
+/// kernel to AVX-512 VNNI's); the levels left out are printed.
+fn levels() -> Vec<Level> {
+    let mut v = cpu::levels_for_tests();
+    v.retain(|&l| l != Level::Amx);
+    v
+}
 
 fn random(n: usize, amp: f32, rng: &mut ChaCha8Rng) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-amp..amp)).collect()
@@ -73,7 +82,16 @@ fn compare(c: &Case) -> (f32, f32) {
     let mut got = vec![0f32; c.q.len()];
     flash(c.s, &c.q, k, v, c.pos0, &mut got, &mut ws);
     let mut portable = vec![0f32; c.q.len()];
-    flash_with(c.s, &c.q, k, v, c.pos0, &mut portable, &mut ws, false);
+    flash_with(
+        c.s,
+        &c.q,
+        k,
+        v,
+        c.pos0,
+        &mut portable,
+        &mut ws,
+        Level::Scalar,
+    );
     (
         max_row_rel_err(&got, &want, c.s.head_dim),
         max_row_rel_err(&portable, &want, c.s.head_dim),
@@ -241,12 +259,9 @@ fn simd_flash_loops_match_the_portable_ones() {
 fn simd_loops_match<const R: usize>() {
     use super::flash_span::{exp_row, scores, weighted_values};
     use super::flash_x86;
-    if !(is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c"))
-    {
+    let Some(t) = crate::cpu::token_for_test::<Avx2>("simd_loops_match") else {
         return;
-    }
+    };
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     // For three rows, head widths whose value passes are 32, 32 + 16, 32 + 32 and 32 + 32 + 16
     // wide, and tiles whose keys end in a pass of 24, 16 or 8.
@@ -257,8 +272,8 @@ fn simd_loops_match<const R: usize>() {
         for jn in [1, 7, 8, 9, 17, bc - 1, bc] {
             let (mut a, mut b) = (vec![0f32; R * bc], vec![0f32; R * bc]);
             scores::<R>(&q, &kt, bc, jn, &mut a);
-            // SAFETY: features checked above.
-            unsafe { flash_x86::scores::<R>(&q, &kt, bc, jn, &mut b) };
+            // SAFETY: the token proves the loop's features.
+            unsafe { flash_x86::scores::<R>(t, &q, &kt, bc, jn, &mut b) };
             for i in 0..R {
                 for j in 0..jn {
                     let (x, y) = (a[i * bc + j], b[i * bc + j]);
@@ -274,7 +289,7 @@ fn simd_loops_match<const R: usize>() {
             let (mut e1, mut e2) = (row.clone(), row.clone());
             let s1 = exp_row(&mut e1, 1.5);
             // SAFETY: as above.
-            let s2 = unsafe { flash_x86::exp_row(&mut e2, 1.5) };
+            let s2 = unsafe { flash_x86::exp_row(t, &mut e2, 1.5) };
             assert_eq!(e1, e2);
             assert!((s1 - s2).abs() <= jn as f32 * f32::EPSILON * s1);
             // The rows' exponentials side by side: each row's values and sum are the bits of
@@ -283,11 +298,11 @@ fn simd_loops_match<const R: usize>() {
                 let maxes: [f32; R] = std::array::from_fn(|i| 0.25 * i as f32 - 0.5);
                 let mut together = a.clone();
                 // SAFETY: as above.
-                let sums = unsafe { flash_x86::exp_rows::<R>(&mut together, bc, lo, jn, maxes) };
+                let sums = unsafe { flash_x86::exp_rows::<R>(t, &mut together, bc, lo, jn, maxes) };
                 for (i, &mx) in maxes.iter().enumerate() {
                     let mut alone = a[i * bc..i * bc + bc].to_vec();
                     // SAFETY: as above.
-                    let sum = unsafe { flash_x86::exp_row(&mut alone[lo..jn], mx) };
+                    let sum = unsafe { flash_x86::exp_row(t, &mut alone[lo..jn], mx) };
                     assert_eq!(sums[i].to_bits(), sum.to_bits());
                     assert_eq!(&together[i * bc..i * bc + bc], &alone[..]);
                 }
@@ -296,7 +311,7 @@ fn simd_loops_match<const R: usize>() {
             // them, and -inf for an empty row.
             let fold = |r: &[f32]| r.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
             // SAFETY: as above.
-            let vmax = |r: &[f32]| unsafe { flash_x86::row_max(r) };
+            let vmax = |r: &[f32]| unsafe { flash_x86::row_max(t, r) };
             assert_eq!(vmax(&row).to_bits(), fold(&row).to_bits());
             let mut holes = row.clone();
             for x in holes.iter_mut().step_by(3) {
@@ -311,21 +326,19 @@ fn simd_loops_match<const R: usize>() {
             let (mut pa, mut pb) = (vec![0f32; R * hd], vec![0f32; R * hd]);
             weighted_values::<R>(&p, bc, &v, hd, jn, &mut pa);
             let vb = f32_bytes(&v);
-            // SAFETY: as above.
-            unsafe {
-                flash_x86::weighted_values::<R>(
-                    &p,
-                    bc,
-                    &vb,
-                    4 * hd,
-                    KvType::F32,
-                    hd,
-                    jn,
-                    &mut pb,
-                    false,
-                    &mut Ahead::default(),
-                )
-            };
+            flash_x86::weighted_values::<R>(
+                t,
+                &p,
+                bc,
+                &vb,
+                4 * hd,
+                KvType::F32,
+                hd,
+                jn,
+                &mut pb,
+                false,
+                &mut Ahead::default(),
+            );
             for (x, y) in pa.iter().zip(&pb) {
                 assert!(
                     (x - y).abs() <= jn as f32 * 2.0 * f32::EPSILON,
@@ -343,65 +356,63 @@ fn simd_loops_match<const R: usize>() {
             let split = jn / 2;
             let mut pc = vec![0f32; R * hd];
             let at = |j: usize| &spread[j * stride + 4 * hd..];
-            // SAFETY: as above.
-            unsafe {
-                if split > 0 {
-                    flash_x86::weighted_values::<R>(
-                        &p,
-                        bc,
-                        at(0),
-                        stride,
-                        KvType::F32,
-                        hd,
-                        split,
-                        &mut pc,
-                        false,
-                        &mut Ahead::default(),
-                    );
-                }
+            if split > 0 {
                 flash_x86::weighted_values::<R>(
-                    &p[split..],
+                    t,
+                    &p,
                     bc,
-                    at(split),
+                    at(0),
                     stride,
                     KvType::F32,
                     hd,
-                    jn - split,
+                    split,
                     &mut pc,
-                    split > 0,
+                    false,
                     &mut Ahead::default(),
                 );
             }
+            flash_x86::weighted_values::<R>(
+                t,
+                &p[split..],
+                bc,
+                at(split),
+                stride,
+                KvType::F32,
+                hd,
+                jn - split,
+                &mut pc,
+                split > 0,
+                &mut Ahead::default(),
+            );
             assert_eq!(pb, pc, "values in two strided runs");
             // Keys transposed straight from strided rows, in two runs, against the element loop.
             let mut kt_simd = vec![f32::NAN; hd * bc];
-            // SAFETY: as above.
-            unsafe {
-                if split > 0 {
-                    flash_x86::transpose_rows(
-                        at(0),
-                        stride,
-                        KvType::F32,
-                        split,
-                        hd,
-                        &mut kt_simd,
-                        bc,
-                        0,
-                        &mut Ahead::default(),
-                    );
-                }
+            if split > 0 {
                 flash_x86::transpose_rows(
-                    at(split),
+                    t,
+                    at(0),
                     stride,
                     KvType::F32,
-                    jn - split,
+                    split,
                     hd,
                     &mut kt_simd,
                     bc,
-                    split,
+                    0,
                     &mut Ahead::default(),
                 );
             }
+            flash_x86::transpose_rows(
+                t,
+                at(split),
+                stride,
+                KvType::F32,
+                jn - split,
+                hd,
+                &mut kt_simd,
+                bc,
+                split,
+                &mut Ahead::default(),
+            );
             for j in 0..jn {
                 for c in 0..hd {
                     assert_eq!(kt_simd[c * bc + j], v[j * hd + c], "key {j} dim {c}");
@@ -481,7 +492,7 @@ fn rows_are_independent_of_how_calls_group_them() {
             KvView::from_f32(&c.k, kv_dim),
             KvView::from_f32(&c.v, kv_dim),
         );
-        for simd in [true, false] {
+        for simd in levels() {
             let mut ws = AttnWorkspace::default();
             let mut whole = vec![0f32; c.q.len()];
             flash_with(s, &c.q, k, v, 0, &mut whole, &mut ws, simd);
@@ -541,7 +552,7 @@ fn decode_merged_inside_a_team_gives_the_prefills_bits() {
             0,
             &mut whole,
             &mut AttnWorkspace::default(),
-            true,
+            cpu::level(),
         );
         pool.install(|| {
             crate::team::with_team(|| {
@@ -554,7 +565,7 @@ fn decode_merged_inside_a_team_gives_the_prefills_bits() {
                     );
                     let mut got = vec![0f32; q_dim];
                     let q = &c.q[t * q_dim..(t + 1) * q_dim];
-                    flash_with(s, q, kt, vt, t, &mut got, &mut ws, true);
+                    flash_with(s, q, kt, vt, t, &mut got, &mut ws, cpu::level());
                     let want = &whole[t * q_dim..(t + 1) * q_dim];
                     let same = got
                         .iter()
@@ -601,7 +612,7 @@ fn sixteen_bit_caches_read_in_place_equal_their_decoded_values() {
         let (kb, vb) = (encode(&c.k), encode(&c.v));
         let (kd, vd) = (decode(&kb), decode(&vb));
         let rb = ty.bytes(kv_dim);
-        for simd in [true, false] {
+        for simd in levels() {
             let mut ws = AttnWorkspace::default();
             let mut want = vec![0f32; c.q.len()];
             let (k, v) = (KvView::from_f32(&kd, kv_dim), KvView::from_f32(&vd, kv_dim));
@@ -672,7 +683,7 @@ fn q8_0_rows_are_independent_of_how_calls_group_them() {
         KvView::contiguous(KvType::Q8_0, rb, n, &b[..n * rb])
     }
     let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    for simd in [true, false] {
+    for simd in levels() {
         let mut ws = AttnWorkspace::default();
         let mut whole = vec![0f32; c.q.len()];
         flash_with(
@@ -796,12 +807,11 @@ fn flash_window_matches_naive() {
 #[test]
 fn three_and_four_rows_at_a_time_give_the_same_bits() {
     use super::flash_x86;
-    if !(is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c"))
-    {
+    let Some(t) =
+        crate::cpu::token_for_test::<Avx2>("three_and_four_rows_at_a_time_give_the_same_bits")
+    else {
         return;
-    }
+    };
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     for (hd, bc, jn) in [(64, 64, 57), (32, 64, 64), (48, 40, 33), (128, 32, 1)] {
         let q = random(4 * hd, 1.0, &mut rng);
@@ -813,15 +823,16 @@ fn three_and_four_rows_at_a_time_give_the_same_bits() {
             .collect();
         let (mut s4, mut s3) = (vec![0f32; 4 * bc], vec![0f32; 3 * bc]);
         let (mut o4, mut o3) = (vec![0f32; 4 * hd], vec![0f32; 3 * hd]);
-        // SAFETY: features checked above.
+        // SAFETY: the token proves the score loop's features.
         unsafe {
-            flash_x86::scores::<4>(&q, &kt, bc, jn, &mut s4);
-            flash_x86::scores::<3>(&q[..3 * hd], &kt, bc, jn, &mut s3);
+            flash_x86::scores::<4>(t, &q, &kt, bc, jn, &mut s4);
+            flash_x86::scores::<3>(t, &q[..3 * hd], &kt, bc, jn, &mut s3);
             // A second run of keys continues the sums (a paged cache's next block).
             for accumulate in [false, true] {
                 let ahead = &mut Ahead::default();
                 let f32v = KvType::F32;
                 flash_x86::weighted_values::<4>(
+                    t,
                     &p,
                     bc,
                     &v,
@@ -834,6 +845,7 @@ fn three_and_four_rows_at_a_time_give_the_same_bits() {
                     ahead,
                 );
                 flash_x86::weighted_values::<3>(
+                    t,
                     &p,
                     bc,
                     &v,
@@ -864,10 +876,10 @@ fn three_and_four_rows_at_a_time_give_the_same_bits() {
     }
 }
 
-/// The signature both instruction sets' weighted-value loops share.
+/// The signature both instruction sets' weighted-value loops share (with their tokens).
 #[cfg(target_arch = "x86_64")]
 type WeightedValues =
-    unsafe fn(&[f32], usize, &[u8], usize, KvType, usize, usize, &mut [f32], bool, &mut Ahead);
+    Box<dyn Fn(&[f32], usize, &[u8], usize, KvType, usize, usize, &mut [f32], bool, &mut Ahead)>;
 
 /// Q8_0 values weighed where they lie give the bits of the same loop over the tile decoded to
 /// f32 first (how more rows read them), in one run or two, in the AVX2 and AVX-512 loops.
@@ -876,14 +888,22 @@ type WeightedValues =
 fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
     const R: usize = 3;
     let mut loops: Vec<(&str, WeightedValues)> = Vec::new();
-    if is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-    {
-        loops.push(("avx2", super::flash_x86::weighted_values::<R>));
+    let test = "q8_0_values_in_place_give_the_decoded_tiles_bits";
+    if let Some(t) = crate::cpu::token_for_test::<Avx2>(test) {
+        loops.push((
+            "avx2",
+            Box::new(move |p, bc, v, st, ty, hd, jn, pv, acc, a| {
+                super::flash_x86::weighted_values::<R>(t, p, bc, v, st, ty, hd, jn, pv, acc, a)
+            }),
+        ));
     }
-    if super::flash_avx512::available() {
-        loops.push(("avx512", super::flash_avx512::weighted_values::<R>));
+    if let Some(t) = crate::cpu::token_for_test::<crate::cpu::Avx512>(test) {
+        loops.push((
+            "avx512",
+            Box::new(move |p, bc, v, st, ty, hd, jn, pv, acc, a| {
+                super::flash_avx512::weighted_values::<R>(t, p, bc, v, st, ty, hd, jn, pv, acc, a)
+            }),
+        ));
     }
     let mut rng = ChaCha8Rng::seed_from_u64(12);
     for (hd, bc) in [(64, 64), (128, 32), (32, 128), (96, 40)] {
@@ -906,54 +926,50 @@ fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
             .iter()
             .map(|x| x.abs())
             .collect();
-        for &(name, weighted) in &loops {
+        for (name, weighted) in &loops {
             for jn in [1, 5, 16, 17, bc - 1, bc] {
                 let mut want = vec![0f32; R * hd];
                 let mut got = vec![0f32; R * hd];
                 let split = jn / 2;
-                // SAFETY: the loop's features were checked above; the runs cover keys 0..split
-                // and split..jn of tiles of `bc` rows.
-                unsafe {
+                weighted(
+                    &p,
+                    bc,
+                    &dbytes,
+                    4 * hd,
+                    KvType::F32,
+                    hd,
+                    jn,
+                    &mut want,
+                    false,
+                    &mut Ahead::default(),
+                );
+                if split > 0 {
                     weighted(
                         &p,
                         bc,
-                        &dbytes,
-                        4 * hd,
-                        KvType::F32,
-                        hd,
-                        jn,
-                        &mut want,
-                        false,
-                        &mut Ahead::default(),
-                    );
-                    if split > 0 {
-                        weighted(
-                            &p,
-                            bc,
-                            &v,
-                            stride,
-                            KvType::Q8_0,
-                            hd,
-                            split,
-                            &mut got,
-                            false,
-                            &mut Ahead::default(),
-                        );
-                    }
-                    let rest = &v[split * stride..];
-                    weighted(
-                        &p[split..],
-                        bc,
-                        rest,
+                        &v,
                         stride,
                         KvType::Q8_0,
                         hd,
-                        jn - split,
+                        split,
                         &mut got,
-                        split > 0,
+                        false,
                         &mut Ahead::default(),
                     );
                 }
+                let rest = &v[split * stride..];
+                weighted(
+                    &p[split..],
+                    bc,
+                    rest,
+                    stride,
+                    KvType::Q8_0,
+                    hd,
+                    jn - split,
+                    &mut got,
+                    split > 0,
+                    &mut Ahead::default(),
+                );
                 let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{name}: hd {hd} jn {jn}");
             }
@@ -968,12 +984,10 @@ fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
 #[test]
 fn keys_by_column_give_the_bits_of_keys_by_row() {
     use super::{flash_columns, flash_x86};
-    if !(is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c"))
-    {
+    let Some(t) = crate::cpu::token_for_test::<Avx2>("keys_by_column_give_the_bits_of_keys_by_row")
+    else {
         return;
-    }
+    };
     const R: usize = 3;
     let (hd, bc) = (64, 64);
     let mut rng = ChaCha8Rng::seed_from_u64(11);
@@ -1006,58 +1020,55 @@ fn keys_by_column_give_the_bits_of_keys_by_row() {
                     cols[to..to + es].copy_from_slice(&rows[from..from + es]);
                 }
             }
-            // SAFETY (whole block): features checked above.
             let mut by_rows = vec![f32::NAN; hd * bc];
-            unsafe {
-                flash_x86::transpose_rows(
-                    &rows[ty.bytes(off * hd)..],
-                    ty.bytes(hd),
-                    ty,
-                    m,
-                    hd,
-                    &mut by_rows,
-                    bc,
-                    0,
-                    &mut Ahead::default(),
-                )
-            };
+            flash_x86::transpose_rows(
+                t,
+                &rows[ty.bytes(off * hd)..],
+                ty.bytes(hd),
+                ty,
+                m,
+                hd,
+                &mut by_rows,
+                bc,
+                0,
+                &mut Ahead::default(),
+            );
             let mut by_cols = vec![f32::NAN; hd * bc];
-            unsafe {
-                flash_columns::widen_columns(
-                    &cols,
-                    ty,
-                    bs,
-                    off,
-                    m,
-                    hd,
-                    &mut by_cols,
-                    bc,
-                    0,
-                    &mut Ahead::default(),
-                )
-            };
+            flash_columns::widen_columns(
+                t,
+                &cols,
+                ty,
+                bs,
+                off,
+                m,
+                hd,
+                &mut by_cols,
+                bc,
+                0,
+                &mut Ahead::default(),
+            );
             for c in 0..hd {
                 let (a, b) = (&by_rows[c * bc..][..m], &by_cols[c * bc..][..m]);
                 assert_eq!(a, b, "{ty} bs {bs} off {off} m {m}: column {c} of the tile");
             }
             let mut want = vec![0f32; R * bc];
-            unsafe { flash_x86::scores::<R>(&q, &by_rows, bc, m, &mut want) };
+            // SAFETY: the token proves the loop's features.
+            unsafe { flash_x86::scores::<R>(t, &q, &by_rows, bc, m, &mut want) };
             let mut got = vec![f32::NAN; R * bc];
-            unsafe {
-                flash_columns::scores_columns::<R>(
-                    &q,
-                    &cols,
-                    ty,
-                    bs,
-                    off,
-                    m,
-                    &mut got,
-                    bc,
-                    &mut Ahead::default(),
-                    // Asking for lines (here the block's own) changes no bits.
-                    Some(flash_x86::LineHint::spread(cols.as_ptr(), cols.len(), hd)),
-                )
-            };
+            flash_columns::scores_columns::<R>(
+                t,
+                &q,
+                &cols,
+                ty,
+                bs,
+                off,
+                m,
+                &mut got,
+                bc,
+                &mut Ahead::default(),
+                // Asking for lines (here the block's own) changes no bits.
+                Some(flash_x86::LineHint::spread(cols.as_ptr(), cols.len(), hd)),
+            );
             for i in 0..R {
                 let bits = |s: &[f32]| {
                     s[i * bc..][..m]
@@ -1113,9 +1124,9 @@ fn line_hints_cover_every_line_of_their_bytes() {
 #[test]
 fn exp_lanes_gives_the_scalar_bits() {
     use super::flash_span::exp_approx;
-    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+    let Some(_t) = crate::cpu::token_for_test::<Avx2>("exp_lanes_gives_the_scalar_bits") else {
         return;
-    }
+    };
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let special = [
         f32::NEG_INFINITY,
@@ -1135,7 +1146,7 @@ fn exp_lanes_gives_the_scalar_bits() {
                 -rng.random::<f32>() * 40.0
             }
         });
-        // SAFETY: features checked above.
+        // SAFETY: the token proves AVX2 and FMA.
         let got = unsafe { flash_x86::exp_lanes(x) };
         for (g, &v) in got.iter().zip(&x) {
             assert_eq!(g.to_bits(), exp_approx(v).to_bits(), "exp({v})");

@@ -94,9 +94,9 @@ impl KvType {
             }
             KvType::F16 => {
                 #[cfg(target_arch = "x86_64")]
-                let done = if super::format_x86::available() {
-                    // SAFETY: `available` checked AVX2 and F16C; the lengths are checked there.
-                    unsafe { super::format_x86::encode_f16(src, dst) }
+                let done = if let Some(t) = crate::cpu::Avx2::get() {
+                    // SAFETY: the token proves the encoder's features.
+                    unsafe { super::format_x86::encode_f16(t, src, dst) }
                 } else {
                     0
                 };
@@ -133,14 +133,16 @@ impl KvType {
     #[inline]
     pub fn decode(self, src: &[u8], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if self != KvType::F32 && super::format_x86::available() {
-            // SAFETY: `available` checked AVX2 and F16C; the decoders check the lengths.
+        if self != KvType::F32
+            && let Some(t) = crate::cpu::Avx2::get()
+        {
+            // SAFETY: the token proves the decoders' features.
             let done = unsafe {
                 match self {
-                    KvType::F16 => super::format_x86::decode_f16(src, out),
-                    KvType::Bf16 => super::format_x86::decode_bf16(src, out),
+                    KvType::F16 => super::format_x86::decode_f16(t, src, out),
+                    KvType::Bf16 => super::format_x86::decode_bf16(t, src, out),
                     KvType::Q8_0 => {
-                        super::format_x86::decode_q8_0(src, out);
+                        super::format_x86::decode_q8_0(t, src, out);
                         out.len()
                     }
                     KvType::F32 => unreachable!(),

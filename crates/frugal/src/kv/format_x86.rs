@@ -5,51 +5,33 @@
 
 use std::arch::x86_64::*;
 
-/// Whether the CPU runs these decoders (checked once per process by the standard library's
-/// cached detection).
-#[inline]
-pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
-}
+use crate::cpu::Avx2;
 
 /// Decodes the leading multiple of eight f16 values of `src` into `out`
 /// (`src.len() == 2 * out.len()`) and returns how many it decoded; the caller finishes the
 /// rest with the scalar decoder.
-///
-/// # Safety
-/// The CPU has AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn decode_f16(src: &[u8], out: &mut [f32]) -> usize {
-    // SAFETY: forwarded; the widening is one F16C conversion of eight halves.
-    unsafe { widen_halves(src, out, |h| _mm256_cvtph_ps(h)) }
+pub(super) fn decode_f16(t: Avx2, src: &[u8], out: &mut [f32]) -> usize {
+    widen_halves(t, src, out, |h| _mm256_cvtph_ps(h))
 }
 
 /// [`decode_f16`] for bf16: the top half of an f32, widened by a shift.
-///
-/// # Safety
-/// The CPU has AVX2.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn decode_bf16(src: &[u8], out: &mut [f32]) -> usize {
-    // SAFETY: forwarded; the widening is an integer shift into the top half of each lane.
-    unsafe {
-        widen_halves(src, out, |h| {
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-        })
-    }
+pub(super) fn decode_bf16(t: Avx2, src: &[u8], out: &mut [f32]) -> usize {
+    widen_halves(t, src, out, |h| {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    })
 }
 
 /// Widens eight 16-bit values at a time with `widen` over the whole vectors of `out`; returns
 /// how many values that was.
-///
-/// # Safety
-/// The CPU has AVX2 (and whatever `widen` uses).
 #[inline(always)]
-unsafe fn widen_halves(src: &[u8], out: &mut [f32], widen: impl Fn(__m128i) -> __m256) -> usize {
+fn widen_halves(_: Avx2, src: &[u8], out: &mut [f32], widen: impl Fn(__m128i) -> __m256) -> usize {
     assert_eq!(src.len(), 2 * out.len(), "16-bit decode lengths");
     let whole = out.len() / 8 * 8;
     let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
     // SAFETY: reads 16 bytes at 2i and writes 8 f32s at i with i + 8 <= whole <= out.len(),
-    // inside the checked lengths.
+    // inside the checked lengths; the token proves the AVX store.
     unsafe {
         for i in (0..whole).step_by(8) {
             _mm256_storeu_ps(op.add(i), widen(_mm_loadu_si128(sp.add(2 * i).cast())));
@@ -64,11 +46,8 @@ unsafe fn widen_halves(src: &[u8], out: &mut [f32], widen: impl Fn(__m128i) -> _
 /// stays a NaN of the same sign; its payload may differ). Decode appends every new key and
 /// value of every layer: the scalar conversion took 2.3 µs a layer of SmolLM2 (384 values), on
 /// the thread the others wait for.
-///
-/// # Safety
-/// The CPU has AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn encode_f16(src: &[f32], dst: &mut [u8]) -> usize {
+pub(super) fn encode_f16(_: Avx2, src: &[f32], dst: &mut [u8]) -> usize {
     assert_eq!(dst.len(), 2 * src.len(), "f16 encode lengths");
     let whole = src.len() / 8 * 8;
     let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
@@ -84,11 +63,8 @@ pub(super) unsafe fn encode_f16(src: &[f32], dst: &mut [u8]) -> usize {
 }
 
 /// Q8_0 blocks (an f16 scale, 32 signed bytes) to f32: `d * q` per value.
-///
-/// # Safety
-/// The CPU has AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn decode_q8_0(src: &[u8], out: &mut [f32]) {
+pub(super) fn decode_q8_0(_: Avx2, src: &[u8], out: &mut [f32]) {
     const BLOCK: usize = super::format::Q8_0_BLOCK;
     assert!(
         out.len().is_multiple_of(BLOCK) && src.len() == out.len() / BLOCK * (BLOCK + 2),

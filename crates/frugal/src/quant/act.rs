@@ -112,10 +112,10 @@ impl Q8Acts {
         self.s.resize(x.len() / QK, 0.0);
         self.s16.resize(2 * (x.len() / QK), 0.0);
         #[cfg(target_arch = "x86_64")]
-        if isa != super::kernels::Isa::Scalar {
-            // SAFETY: every level above Scalar implies AVX2 (detected at run time).
+        if let Some(t) = isa.avx2() {
+            // SAFETY: the token proves the kernel's features.
             unsafe {
-                quantize_blocks_avx2(x, &mut self.qs, &mut self.d, &mut self.s, &mut self.s16)
+                quantize_blocks_avx2(t, x, &mut self.qs, &mut self.d, &mut self.s, &mut self.s16)
             };
             return;
         }
@@ -380,12 +380,12 @@ fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, f32, [f32; 2]) {
 /// block's two scalar divisions ended a chain of dependent steps the next block's had to wait
 /// behind: decode's 1,536-wide row took 1,144 TSC ticks in L1 (Zen 4).
 ///
-/// # Safety
-/// The CPU has AVX2; `qs` is as long as `x`, a whole number of blocks, `d` and `s` hold one
-/// value per block and `s16` two.
+/// `qs` is as long as `x`, a whole number of blocks, `d` and `s` hold one value per block and
+/// `s16` two (asserted).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn quantize_blocks_avx2(
+fn quantize_blocks_avx2(
+    _: crate::cpu::Avx2,
     x: &[f32],
     qs: &mut [i8],
     d: &mut [f32],
@@ -411,7 +411,7 @@ unsafe fn quantize_blocks_avx2(
     while b0 < nb {
         let n = (nb - b0).min(8);
         let mut amax = [0f32; 8];
-        // SAFETY (whole loop): block b's 32 floats and 32 bytes lie at 32 b of `x` and `qs`,
+        // SAFETY: (whole loop) block b's 32 floats and 32 bytes lie at 32 b of `x` and `qs`,
         // b < nb (asserted above).
         unsafe {
             for (j, a) in amax.iter_mut().enumerate().take(n) {

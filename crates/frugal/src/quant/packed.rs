@@ -348,7 +348,7 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
         });
     }
     if n >= 2
-        && isa == kernels::Isa::Avx512Vnni
+        && matches!(isa, kernels::Isa::Avx512Vnni(_))
         && w.ty == GgmlType::Q8_0
         && let Some(q) = x.as_wide()
     {

@@ -36,6 +36,7 @@ fn add(n: isize) {
 // SAFETY: every call is forwarded unchanged to the system allocator; only counters are added.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded: the caller keeps `GlobalAlloc`'s contract.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             add(layout.size() as isize);
@@ -44,6 +45,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded: the caller keeps `GlobalAlloc`'s contract.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             add(layout.size() as isize);
@@ -52,11 +54,13 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded: the caller keeps `GlobalAlloc`'s contract.
         unsafe { System.dealloc(ptr, layout) };
         add(-(layout.size() as isize));
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded: the caller keeps `GlobalAlloc`'s contract.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             add(new_size as isize - layout.size() as isize);

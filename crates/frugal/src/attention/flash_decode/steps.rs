@@ -122,8 +122,7 @@ pub(super) fn rebase<const R: usize, const N: usize>(
     for (i, x) in shift.iter_mut().enumerate() {
         *x = m[i] - m_new[i];
     }
-    // SAFETY: the features `exp_lanes` needs are this function's.
-    let corr = unsafe { exp_lanes::<R>(shift) };
+    let corr = exp_lanes::<R>(shift);
     for (ai, &mi) in a.iter_mut().zip(&m_new) {
         let mv = _mm512_set1_ps(mi);
         for aw in ai.iter_mut() {

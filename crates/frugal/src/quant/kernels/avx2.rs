@@ -4,6 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::scalar;
+use crate::cpu::Avx2;
 use crate::quant::GgmlType;
 
 /// How far ahead of the current block to prefetch weights (bytes). The hardware prefetcher alone
@@ -32,9 +33,13 @@ pub(super) fn f16_scalar(b: &[u8]) -> f32 {
 
 /// Accumulates `acc += (q * d + m) . x` for one 32-element 4-bit block: `qs` are the 16 packed
 /// bytes (low nibbles elements 0..16, high nibbles 16..32).
+///
+/// # Safety
+/// `qs` points at 16 readable bytes and `x` at 32 readable floats.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn q4_block(acc: __m256, qs: *const u8, d: __m256, m: __m256, x: *const f32) -> __m256 {
+    // SAFETY: the caller guarantees the 16 bytes at `qs` and the 32 floats at `x`.
     unsafe {
         let bytes = _mm_loadu_si128(qs as *const __m128i);
         let mask = _mm_set1_epi8(0x0f);
@@ -51,11 +56,16 @@ unsafe fn q4_block(acc: __m256, qs: *const u8, d: __m256, m: __m256, x: *const f
     }
 }
 
+/// # Safety
+/// `row` holds `x.len()` elements of `ty` (whole blocks).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+pub unsafe fn dot_row(_: Avx2, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     let k = x.len();
     let xp = x.as_ptr();
     let rp = row.as_ptr();
+    // SAFETY: block b of the row lies at b * block_bytes of `row` (which holds `x.len()`
+    // elements of `ty`, the caller's contract), its elements at b * block_size of `x`; every read
+    // stays inside a block, and prefetches never fault.
     unsafe {
         let mut acc = _mm256_setzero_ps();
         match ty {
@@ -171,12 +181,14 @@ pub unsafe fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
 /// Register-blocked f32 tile product: 2 weight rows x 4 tokens per step, 8 accumulators, so
 /// each loaded vector is used 2 or 4 times.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn gemm_f32(w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
+pub fn gemm_f32(_: Avx2, w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
     let rows = w.len() / k;
     let n = x.len() / k;
     let k8 = k / 8 * 8;
     let tail =
         |a: &[f32], b: &[f32]| -> f32 { a[k8..k].iter().zip(&b[k8..k]).map(|(p, q)| p * q).sum() };
+    // SAFETY: rows r, r + 1 < rows = w.len() / k of `w` and tokens t..t + 4 <= n = x.len() / k
+    // of `x` are read at offsets below k8 <= k; `dot_f32` gets slices of equal length.
     unsafe {
         let mut r = 0;
         while r + 2 <= rows {
@@ -221,10 +233,13 @@ pub unsafe fn gemm_f32(w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
     }
 }
 
+/// # Safety
+/// `b` is at least as long as `a`.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let k = a.len();
     let k8 = k / 8 * 8;
+    // SAFETY: the reads are a[i..i + 8] and b[i..i + 8] with i + 8 <= k8 <= a.len() <= b.len().
     unsafe {
         let mut acc = _mm256_setzero_ps();
         let mut i = 0;

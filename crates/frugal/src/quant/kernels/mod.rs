@@ -23,46 +23,47 @@ use super::GgmlType;
 use super::act::{PairRow, Q8Row, WidePairRow, WideRow};
 use super::packed::{self, GROUP};
 use super::sparse_matrix::{self, SparseMatrix};
+use crate::cpu;
 
-/// The instruction set the kernels run with.
+/// The instruction set the kernels run with: a [`cpu`] level with the token that proves it, so
+/// a value of `Isa` is itself the proof its kernels may run.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Isa {
     Scalar,
     /// AVX2 + FMA + F16C.
-    Avx2,
+    Avx2(cpu::Avx2),
     /// AVX2 plus AVX-512 VNNI (with VL) for the integer dot products.
-    Avx512Vnni,
+    Avx512Vnni(cpu::Avx512Vnni),
 }
 
-/// The best instruction set this CPU supports (cached by std's feature detection). Setting
-/// `FRUGAL_ISA=scalar` forces the reference kernels and `FRUGAL_ISA=avx2` caps the level, to
-/// compare them on a real model.
+impl Isa {
+    /// The kernels' instruction set at a [`cpu::Level`] (VNNI's for `avx512-vnni` and above,
+    /// AVX2's for `avx2` and `avx512`), where it runs here.
+    pub fn at(level: cpu::Level) -> Isa {
+        if let Some(t) = level.avx512_vnni() {
+            Isa::Avx512Vnni(t)
+        } else if let Some(t) = level.avx2() {
+            Isa::Avx2(t)
+        } else {
+            Isa::Scalar
+        }
+    }
+
+    /// The AVX2 token every level above `Scalar` holds.
+    #[inline]
+    pub fn avx2(self) -> Option<cpu::Avx2> {
+        match self {
+            Isa::Scalar => None,
+            Isa::Avx2(t) => Some(t),
+            Isa::Avx512Vnni(t) => Some(t.avx2()),
+        }
+    }
+}
+
+/// The best instruction set this CPU supports, capped by `FRUGAL_ISA` (see [`cpu`]; cached).
 pub fn detect() -> Isa {
     static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-    *ISA.get_or_init(|| {
-        if std::env::var("FRUGAL_ISA").is_ok_and(|v| v.eq_ignore_ascii_case("scalar")) {
-            return Isa::Scalar;
-        }
-        let wanted = std::env::var("FRUGAL_ISA")
-            .unwrap_or_default()
-            .to_ascii_lowercase();
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            if wanted != "avx2"
-                && is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512vnni")
-            {
-                return Isa::Avx512Vnni;
-            }
-            return Isa::Avx2;
-        }
-        let _ = wanted;
-        Isa::Scalar
-    })
+    *ISA.get_or_init(|| Isa::at(cpu::level()))
 }
 
 /// Whether the AVX-512 VNNI products hint the weights' cache lines ahead of their reads: on
@@ -75,32 +76,18 @@ pub fn hint_weights() -> bool {
     *HINTS.get_or_init(|| match std::env::var("FRUGAL_PREFETCH").as_deref() {
         Ok("0") => false,
         Ok("1") => true,
-        _ => cpu_vendor_is_intel(),
+        _ => cpu::vendor_is_intel(),
     })
-}
-
-fn cpu_vendor_is_intel() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let r = std::arch::x86_64::__cpuid(0);
-        let mut v = [0u8; 12];
-        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
-        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
-        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
-        &v == b"GenuineIntel"
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// `sum_i w[i] * x[i]` where `w` is one row of `x.len()` elements stored as `ty`.
 /// The caller guarantees `ty` is supported and `row` has the right length.
 #[inline]
 pub fn dot_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    match isa {
+    match isa.avx2() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: both levels are only produced after detecting avx2, fma and f16c.
-        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::dot_row(ty, row, x) },
+        // SAFETY: the token proves the kernel's features; the caller guarantees the row.
+        Some(t) => unsafe { avx2::dot_row(t, ty, row, x) },
         _ => scalar::dot_row(ty, row, x),
     }
 }
@@ -109,10 +96,10 @@ pub fn dot_row(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
 /// `n` activation rows of length `k` (token-major output).
 #[inline]
 pub fn gemm_f32(isa: Isa, w: &[f32], x: &[f32], k: usize, out: &mut [f32]) {
-    match isa {
+    match isa.avx2() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: both levels are only produced after detecting avx2 and fma.
-        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2::gemm_f32(w, x, k, out) },
+        // SAFETY: the token proves the kernel's features.
+        Some(t) => unsafe { avx2::gemm_f32(t, w, x, k, out) },
         _ => scalar::gemm_f32(w, x, k, out),
     }
 }
@@ -141,11 +128,11 @@ pub fn dot_packed<const T: usize>(
     );
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: produced only after detecting avx2, fma and f16c; sizes checked above.
-        Isa::Avx2 => unsafe { x86_int8::dot_packed_avx2::<T>(ty, group, xs, out) },
+        // SAFETY: the token proves the kernel's features; sizes checked above.
+        Isa::Avx2(t) => unsafe { x86_int8::dot_packed_avx2::<T>(t, ty, group, xs, out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: produced only after detecting those plus avx512f, avx512vl and avx512vnni.
-        Isa::Avx512Vnni => unsafe { x86_int8::dot_packed_vnni::<T>(ty, group, xs, out) },
+        // SAFETY: as above.
+        Isa::Avx512Vnni(t) => unsafe { x86_int8::dot_packed_vnni::<T>(t, ty, group, xs, out) },
         _ => {
             for (x, o) in xs.iter().zip(out.iter_mut()) {
                 packed::dot_group_scalar(ty, group, *x, o);
@@ -158,16 +145,14 @@ pub fn dot_packed<const T: usize>(
 /// VNNI level). Without one, compressed 2:4 matrices are expanded to their dense twin at load,
 /// which computes the same values at the dense speed.
 pub fn sparse_available(isa: Isa) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        isa == Isa::Avx512Vnni
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vbmi2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = isa;
-        false
+    sparse_token(isa).is_some()
+}
+
+/// The token [`dot_sparse`]'s SIMD kernel needs, where `isa` has it.
+fn sparse_token(isa: Isa) -> Option<cpu::Vbmi2> {
+    match isa {
+        Isa::Avx512Vnni(_) if cfg!(target_arch = "x86_64") => cpu::Vbmi2::get(),
+        _ => None,
     }
 }
 
@@ -191,15 +176,16 @@ pub fn dot_sparse<const T: usize>(
             .all(|(x, b)| x.qs.len() == cols && b.len() == cols && x.d.len() == cols / 32),
         "dot_sparse: the activations do not match the matrix"
     );
-    if sparse_available(isa) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the VBMI2 level was detected; a SparseMatrix's groups are whole groups of its
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = sparse_token(isa) {
+        // SAFETY: the token proves the kernel's features; a SparseMatrix's groups are whole groups of its
         // columns with their column table (built by `SparseMatrix::pack`, never modified), and
         // `group_padded` adds the readable bytes after the group that whole-vector loads need;
         // the activations' lengths were checked above.
         unsafe {
             let d: [&[f32]; T] = std::array::from_fn(|t| xs[t].d);
             return x86_sparse::dot_sparse_vbmi2::<T>(
+                t,
                 w.values,
                 w.group_padded(g),
                 w.column_starts(g),
@@ -218,7 +204,7 @@ pub fn dot_sparse<const T: usize>(
 pub fn pairs_available(isa: Isa, ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        isa == Isa::Avx512Vnni && x86_pairs::pairs_supported(ty)
+        matches!(isa, Isa::Avx512Vnni(_)) && x86_pairs::pairs_supported(ty)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -255,9 +241,9 @@ pub fn dot_pairs<const P: usize>(
         "dot_pairs: group does not match the activations, or no pair kernel for {ty}"
     );
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `pairs_available` implies the VNNI level was detected; sizes checked above.
-    unsafe {
-        x86_pairs::dot_pairs_vnni::<P>(ty, group, xs, out, tail)
+    if let Isa::Avx512Vnni(t) = isa {
+        // SAFETY: the token proves the kernel's features; sizes checked above.
+        unsafe { x86_pairs::dot_pairs_vnni::<P>(t, ty, group, xs, out, tail) }
     }
 }
 
@@ -273,7 +259,7 @@ pub fn dot_wide_pairs<const P: usize>(
 ) {
     let cols = xs[0].hi.len() / 2;
     assert!(
-        isa == Isa::Avx512Vnni
+        matches!(isa, Isa::Avx512Vnni(_))
             && cols.is_multiple_of(32)
             && xs.iter().all(|x| {
                 x.hi.len() == 2 * cols
@@ -291,9 +277,9 @@ pub fn dot_wide_pairs<const P: usize>(
         "dot_wide_pairs: group does not match the activations, or no AVX-512 VNNI"
     );
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the VNNI level was detected (checked above); sizes checked above.
-    unsafe {
-        x86_pairs::dot_wide_pairs_vnni::<P>(group, xs, out, tail)
+    if let Isa::Avx512Vnni(t) = isa {
+        // SAFETY: the token proves the kernel's features; sizes checked above.
+        unsafe { x86_pairs::dot_wide_pairs_vnni::<P>(t, group, xs, out, tail) }
     }
 }
 
@@ -319,11 +305,11 @@ pub fn dot_packed_wide<const T: usize>(
     );
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: produced only after detecting avx2, fma and f16c; sizes checked above.
-        Isa::Avx2 => unsafe { x86_int8::dot_wide_avx2::<T>(group, xs, out) },
+        // SAFETY: the token proves the kernel's features; sizes checked above.
+        Isa::Avx2(t) => unsafe { x86_int8::dot_wide_avx2::<T>(t, group, xs, out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: produced only after detecting those plus avx512f, avx512vl and avx512vnni.
-        Isa::Avx512Vnni => unsafe { x86_int8::dot_wide_vnni::<T>(group, xs, out) },
+        // SAFETY: as above.
+        Isa::Avx512Vnni(t) => unsafe { x86_int8::dot_wide_vnni::<T>(t, group, xs, out) },
         _ => {
             for (x, o) in xs.iter().zip(out.iter_mut()) {
                 packed::dot_group_wide_scalar(group, *x, o);
@@ -342,24 +328,10 @@ mod tests {
         crate::quant::quantize(ty, w).expect("a format with a reference encoder")
     }
 
-    /// Every level this CPU can run.
+    /// Every kernel level this CPU can run (the CPU levels that differ in their kernels).
     fn levels() -> Vec<Isa> {
-        let mut v = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-            {
-                v.push(Isa::Avx2);
-                if is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512vl")
-                    && is_x86_feature_detected!("avx512vnni")
-                {
-                    v.push(Isa::Avx512Vnni);
-                }
-            }
-        }
+        let mut v: Vec<Isa> = cpu::levels_for_tests().into_iter().map(Isa::at).collect();
+        v.dedup();
         v
     }
 

@@ -259,6 +259,7 @@ macro_rules! dot_packed_kernel {
         $inner:ident,
         $wide:ident,
         $features:literal,
+        $token:ty,
         $udot:ident,
         $biased:literal,
         $prefetch:literal
@@ -271,10 +272,10 @@ macro_rules! dot_packed_kernel {
         ///
         /// # Safety
         /// `group` holds a whole packed Q8_0 group covering `xs[t].hi.len()` elements (equal for
-        /// all t, a multiple of 32; `lo` and `d` to match), and the CPU has the features this
-        /// kernel is compiled for.
+        /// all t, a multiple of 32; `lo` and `d` to match).
         #[target_feature(enable = $features)]
         pub unsafe fn $wide<const T: usize>(
+            _: $token,
             group: &[u8],
             xs: &[WideRow; T],
             out: &mut [[f32; GROUP]; T],
@@ -284,7 +285,7 @@ macro_rules! dot_packed_kernel {
             let ncols = xs[0].hi.len() / 32;
             debug_assert!(group.len() >= ncols * col);
             let mut acc = [_mm256_setzero_ps(); T];
-            // SAFETY (whole body): column c spans base + c*col .. base + (c+1)*col inside
+            // SAFETY: (whole body) column c spans base + c*col .. base + (c+1)*col inside
             // `group`; activation block c spans 32 elements at 32c of each `hi`, `lo` and
             // `words`, and `d` and `qsum` hold ncols entries.
             unsafe {
@@ -373,10 +374,10 @@ macro_rules! dot_packed_kernel {
         ///
         /// # Safety
         /// `group` holds a whole packed group of `ty` covering `xs[t].qs.len()` elements (equal
-        /// for all t, a multiple of the layout's span), and the CPU has the features this kernel
-        /// is compiled for.
+        /// for all t, a multiple of the layout's span).
         #[target_feature(enable = $features)]
         pub unsafe fn $name<const T: usize>(
+            _: $token,
             ty: GgmlType,
             group: &[u8],
             xs: &[Q8Row; T],
@@ -453,7 +454,7 @@ macro_rules! dot_packed_kernel {
             });
             let mut acc = [_mm256_setzero_ps(); T];
             let mut offset = [_mm256_setzero_ps(); T];
-            // SAFETY (whole body): column c spans base + c*col .. base + (c+1)*col inside
+            // SAFETY: (whole body) column c spans base + c*col .. base + (c+1)*col inside
             // `group`, its header the first l.head bytes and unit u the l.unit bytes at
             // l.head + u*l.unit; activation block b spans 32 bytes at 32b inside each
             // `xs[t].qs`, whose `d` and `s` hold ncols * units entries and `s16` twice that.
@@ -613,6 +614,7 @@ dot_packed_kernel!(
     avx2_kind,
     dot_wide_avx2,
     "avx2,fma,f16c",
+    crate::cpu::Avx2,
     udot_avx2,
     false,
     true
@@ -622,6 +624,7 @@ dot_packed_kernel!(
     vnni_kind,
     dot_wide_vnni,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    crate::cpu::Avx512Vnni,
     udot_vnni,
     true,
     false

@@ -6,6 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::x86_int8::{add_fifth_bits, byte_scales, halves, nibbles};
+use crate::cpu::Avx512Vnni;
 use crate::quant::GgmlType;
 use crate::quant::act::{PairRow, Q8Row, WidePairRow, WideRow};
 use crate::quant::packed::{GROUP, layout};
@@ -32,9 +33,10 @@ pub fn pairs_supported(ty: GgmlType) -> bool {
 /// # Safety
 /// `group` holds a whole packed group of `ty` (one of [`pairs_supported`]) covering the
 /// pairs' `qs.len() / 2` elements, which equal the tail's `qs.len()` (the same for all pairs, a
-/// multiple of the layout's span), and the CPU has AVX2, FMA, F16C and AVX-512 F, VL and VNNI.
+/// multiple of the layout's span).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub unsafe fn dot_pairs_vnni<const P: usize>(
+    _: Avx512Vnni,
     ty: GgmlType,
     group: &[u8],
     xs: &[PairRow; P],
@@ -87,7 +89,7 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
     let mut offset = [_mm512_setzero_ps(); P];
     // The odd token's accumulators (the one-token kernel's, on the unwidened weights).
     let (mut acc1, mut offset1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    // SAFETY (whole body): as in the one-token kernel; activation block b of a pair spans 64
+    // SAFETY: (whole body) as in the one-token kernel; activation block b of a pair spans 64
     // bytes at 64b of its `qs`, and its `d` and `s` hold two entries per block; the odd
     // token's block b spans 32 bytes at 32b of its `qs`, with one `d` and `s` per block.
     unsafe {
@@ -186,9 +188,10 @@ unsafe fn pairs_inner<const P: usize, const K: usize>(
 ///
 /// # Safety
 /// `group` holds a whole packed Q8_0 group covering the pairs' `hi.len() / 2` elements, which
-/// equal the tail's `hi.len()` (the same for all pairs, a multiple of 32), and the CPU has AVX2, FMA, F16C and AVX-512 F, VL, VNNI.
+/// equal the tail's `hi.len()` (the same for all pairs, a multiple of 32).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
+    _: Avx512Vnni,
     group: &[u8],
     xs: &[WidePairRow; P],
     out: &mut [[[f32; GROUP]; 2]; P],
@@ -201,7 +204,7 @@ pub unsafe fn dot_wide_pairs_vnni<const P: usize>(
     let dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     let mut acc = [_mm512_setzero_ps(); P];
     let mut acc1 = _mm256_setzero_ps();
-    // SAFETY (whole body): column c spans base + c*col inside `group`; activation block c of
+    // SAFETY: (whole body) column c spans base + c*col inside `group`; activation block c of
     // a pair spans 64 bytes at 64c of `hi` and `lo`, and `d` and `qsum` hold two entries per
     // block; the odd token's block c spans 32 bytes at 32c, one `d` and `qsum` per block.
     unsafe {

@@ -15,6 +15,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::cpu::Vbmi2;
 use crate::quant::sparse_matrix::{HEAD, ROWS, Values};
 
 const BITMAP: u8 = 0;
@@ -28,10 +29,10 @@ const AHEAD: usize = 1024;
 /// # Safety
 /// `group` holds a whole sparse group of `d[t].len() * 32` columns laid out as `values` says,
 /// and then at least 64 more bytes (`SparseMatrix::group_padded`); for `Int8`, `columns` holds
-/// each column's start within it. Every `xs[t]` holds `32 * d[t].len()` biased codes. The CPU
-/// has the features below.
+/// each column's start within it. Every `xs[t]` holds `32 * d[t].len()` biased codes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi2")]
 pub unsafe fn dot_sparse_vbmi2<const T: usize>(
+    _: Vbmi2,
     values: Values,
     group: &[u8],
     columns: &[u32],
@@ -68,7 +69,7 @@ unsafe fn inner<const T: usize, const V: u8>(
     // A fixed-size column's bytes (for the bitmap, about a half-full one's).
     let stride = HEAD + if V == HALF || V == BITMAP { 256 } else { 128 };
     let mut acc = [_mm512_setzero_ps(); T];
-    // SAFETY (whole body): the caller guarantees the group's layout, so every column's header
+    // SAFETY: (whole body) the caller guarantees the group's layout, so every column's header
     // (HEAD bytes) and values lie inside `group`, and each whole-vector load (at most 64 bytes
     // from where a vector's values start) inside it or its 64 bytes of padding; activation
     // block c spans 32 bytes at 32c of each `xs[t]`, whose `d[t]` holds ncols entries.
