@@ -108,11 +108,16 @@ proptest! {
         let wm = WeightMatrix::new(ty, rows, cols, &data).unwrap();
         let s = SparseMatrix::pack(&wm).unwrap();
         let a = acts(n, cols, seed);
-        let want = dense_product(ty, &data, rows, cols, &a);
-        let mut y = vec![0f32; n * rows];
-        matmul_sparse(&s, &a, &mut y);
-        for (i, (g, w)) in y.iter().zip(&want).enumerate() {
-            prop_assert_eq!(g.to_bits(), w.to_bits(), "{} entry {}: {} vs {}", ty, i, g, w);
+        // The bit-for-bit promise is the SIMD kernels' (the model takes the sparse layout only
+        // where they run; elsewhere it multiplies the dense twin): the scalar twins below sum
+        // in another order than the dense scalar kernel.
+        if kernels::sparse_available(kernels::detect()) {
+            let want = dense_product(ty, &data, rows, cols, &a);
+            let mut y = vec![0f32; n * rows];
+            matmul_sparse(&s, &a, &mut y);
+            for (i, (g, w)) in y.iter().zip(&want).enumerate() {
+                prop_assert_eq!(g.to_bits(), w.to_bits(), "{} entry {}: {} vs {}", ty, i, g, w);
+            }
         }
         // Each level on its own, against the scalar twin.
         for isa in levels() {
