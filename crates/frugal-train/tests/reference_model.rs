@@ -7,6 +7,46 @@ use frugal_train::Params;
 use frugal_train::gemm::Precision;
 use frugal_train::model::Batch;
 
+/// The training forward's and the inference engine's f32 logits of every position of the
+/// prompt, on `model`'s weights decoded to f32; `bos` says whether the prompt starts with BOS.
+fn both_logits(model: &Model, bos: bool) -> (Vec<f32>, Vec<f32>) {
+    let tok = frugal::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
+    let ids = tok
+        .encode(
+            "The capital of France is Paris, and the capital of Italy is",
+            bos,
+        )
+        .unwrap();
+    let p = Params::from_model(model).unwrap();
+    let mine = p.logits(
+        &Batch {
+            tokens: &ids,
+            batch: 1,
+            seq: ids.len(),
+        },
+        Precision::F32,
+    );
+    drop(p);
+    let mut kv = model.new_cache(ids.len()).unwrap();
+    let mut s = Scratch::default();
+    let theirs = model
+        .forward(&ids, &mut kv as &mut dyn KvSequence, &mut s, Logits::All)
+        .unwrap()
+        .to_vec();
+    assert_eq!(mine.len(), theirs.len());
+    (mine, theirs)
+}
+
+/// The largest |difference| between two logit sets, and the largest |logit| of the second.
+fn max_diff_and_scale(mine: &[f32], theirs: &[f32]) -> (f32, f32) {
+    let max_diff = mine
+        .iter()
+        .zip(theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    (max_diff, theirs.iter().fold(0f32, |m, v| m.max(v.abs())))
+}
+
 /// The training forward's logits equal the inference engine's exact f32 logits (both on the
 /// Q4_1 file's dequantized weights). Both compute in f32 with f64 norm statistics; they differ
 /// only in the order of the f32 sums inside products and softmaxes, which moves logits by a few
@@ -18,34 +58,8 @@ fn training_forward_equals_inference_logits() {
         return;
     };
     let model = Model::load(&path).unwrap();
-    let tok = frugal::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
-    let ids = tok
-        .encode(
-            "The capital of France is Paris, and the capital of Italy is",
-            false,
-        )
-        .unwrap();
-    let p = Params::from_model(&model).unwrap();
-    let mine = p.logits(
-        &Batch {
-            tokens: &ids,
-            batch: 1,
-            seq: ids.len(),
-        },
-        Precision::F32,
-    );
-    let mut kv = model.new_cache(ids.len()).unwrap();
-    let mut s = Scratch::default();
-    let theirs = model
-        .forward(&ids, &mut kv as &mut dyn KvSequence, &mut s, Logits::All)
-        .unwrap();
-    assert_eq!(mine.len(), theirs.len());
-    let max_diff = mine
-        .iter()
-        .zip(theirs)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    let scale = theirs.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (mine, theirs) = both_logits(&model, false);
+    let (max_diff, scale) = max_diff_and_scale(&mine, &theirs);
     eprintln!("max |logit difference| {max_diff:.3e} (logit scale {scale:.1})");
     assert!(
         max_diff < 2e-3,
@@ -181,34 +195,8 @@ fn gemma3_training_forward_equals_inference_logits() {
         return;
     };
     let model = Model::load(&path).unwrap();
-    let tok = frugal::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
-    let ids = tok
-        .encode(
-            "The capital of France is Paris, and the capital of Italy is",
-            true,
-        )
-        .unwrap();
-    let p = Params::from_model(&model).unwrap();
-    let mine = p.logits(
-        &Batch {
-            tokens: &ids,
-            batch: 1,
-            seq: ids.len(),
-        },
-        Precision::F32,
-    );
-    drop(p);
-    let mut kv = model.new_cache(ids.len()).unwrap();
-    let mut s = Scratch::default();
-    let theirs = model
-        .forward(&ids, &mut kv as &mut dyn KvSequence, &mut s, Logits::All)
-        .unwrap();
-    let max_diff = mine
-        .iter()
-        .zip(theirs)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    let scale = theirs.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (mine, theirs) = both_logits(&model, true);
+    let (max_diff, scale) = max_diff_and_scale(&mine, &theirs);
     eprintln!("gemma3: max |logit difference| {max_diff:.3e} (logit scale {scale:.1})");
     assert!(
         max_diff < 1e-4 * scale,

@@ -6,8 +6,9 @@
 //!
 //! Without a model argument it uses the reference model that `frugal fetch` puts in the cache.
 
+mod common;
+
 use std::io::Write;
-use std::path::PathBuf;
 
 use frugal::chat::{ChatTemplate, Message};
 use frugal::generate::{GenerateOptions, Session};
@@ -17,7 +18,7 @@ use frugal::sample::SamplerParams;
 use frugal::tokenizer::Tokenizer;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = model_path();
+    let path = common::model_path();
     let prompt = std::env::args()
         .nth(2)
         .unwrap_or_else(|| "Write a haiku about caches.".into());
@@ -61,20 +62,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         s.kv_cache_bytes / 1024
     );
     Ok(())
-}
-
-/// The first argument (a path, or a known model's name), else the fetched reference model.
-fn model_path() -> PathBuf {
-    let path = match std::env::args_os().nth(1) {
-        Some(arg) => frugal::fetch::resolve_model_arg(arg.as_ref()),
-        None => frugal::fetch::default_model_path(),
-    };
-    if !path.exists() {
-        eprintln!(
-            "{} not found: pass a GGUF path, or run `frugal fetch` first",
-            path.display()
-        );
-        std::process::exit(2);
-    }
-    path
 }

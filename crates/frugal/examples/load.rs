@@ -6,13 +6,13 @@
 //!
 //! Without an argument it opens the reference model that `frugal fetch` puts in the cache.
 
-use std::path::PathBuf;
+mod common;
 
 use frugal::model::Model;
 use frugal::tokenizer::Tokenizer;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = model_path();
+    let path = common::model_path();
     // Validates the file, reads the configuration from its metadata and maps the weights.
     let model = Model::load(&path)?;
     let c = &model.config;
@@ -43,20 +43,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ids = tok.encode("The capital of France is", false)?;
     println!("\"The capital of France is\" -> {ids:?}");
     Ok(())
-}
-
-/// The first argument (a path, or a known model's name), else the fetched reference model.
-fn model_path() -> PathBuf {
-    let path = match std::env::args_os().nth(1) {
-        Some(arg) => frugal::fetch::resolve_model_arg(arg.as_ref()),
-        None => frugal::fetch::default_model_path(),
-    };
-    if !path.exists() {
-        eprintln!(
-            "{} not found: pass a GGUF path, or run `frugal fetch` first",
-            path.display()
-        );
-        std::process::exit(2);
-    }
-    path
 }

@@ -9,7 +9,7 @@
 //! (`/usr/share/common-licenses/GPL-3`). The CLI equivalent is
 //! `frugal eval perplexity --text FILE --kv-type q8_0 --kld`.
 
-use std::path::PathBuf;
+mod common;
 
 use frugal::eval::{self, EvalOptions};
 use frugal::kv::{KvFormat, KvOptions, KvType};
@@ -20,7 +20,7 @@ use frugal::tokenizer::Tokenizer;
 const CTX: usize = 512;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = model_path();
+    let path = common::model_path();
     let text_path = std::env::args()
         .nth(2)
         .unwrap_or_else(|| "/usr/share/common-licenses/GPL-3".into());
@@ -65,20 +65,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         100.0 * c.top1_agreement
     );
     Ok(())
-}
-
-/// The first argument (a path, or a known model's name), else the fetched reference model.
-fn model_path() -> PathBuf {
-    let path = match std::env::args_os().nth(1) {
-        Some(arg) => frugal::fetch::resolve_model_arg(arg.as_ref()),
-        None => frugal::fetch::default_model_path(),
-    };
-    if !path.exists() {
-        eprintln!(
-            "{} not found: pass a GGUF path, or run `frugal fetch` first",
-            path.display()
-        );
-        std::process::exit(2);
-    }
-    path
 }

@@ -9,7 +9,7 @@
 //! With OUT the file is also written (a standard GGUF that llama.cpp runs). The CLI equivalent
 //! is `frugal quantize IN OUT --type TYPE --keep 'blk.*.ffn_down.weight=q8_0'`.
 
-use std::path::PathBuf;
+mod common;
 
 use frugal::convert::{self, Action, Policy, Rule, Target};
 use frugal::eval;
@@ -21,7 +21,7 @@ use frugal::tokenizer::Tokenizer;
 const CTX: usize = 256;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = model_path();
+    let path = common::model_path();
     let target: Target = std::env::args()
         .nth(2)
         .unwrap_or_else(|| "q4_k".into())
@@ -82,19 +82,3 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 const SAMPLE: &str = "The cache holds the keys and values of every earlier position, so a \
     decode step runs one token through the weights and attention reads what is cached. ";
-
-/// The first argument (a path, or a known model's name), else the fetched reference model.
-fn model_path() -> PathBuf {
-    let path = match std::env::args_os().nth(1) {
-        Some(arg) => frugal::fetch::resolve_model_arg(arg.as_ref()),
-        None => frugal::fetch::default_model_path(),
-    };
-    if !path.exists() {
-        eprintln!(
-            "{} not found: pass a GGUF path, or run `frugal fetch` first",
-            path.display()
-        );
-        std::process::exit(2);
-    }
-    path
-}

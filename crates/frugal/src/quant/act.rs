@@ -105,12 +105,7 @@ impl Q8Acts {
             "Q8Acts::quantize: {} values are not rows of {k} (a multiple of {QK})",
             x.len()
         );
-        self.k = k;
-        self.n = x.len() / k;
-        self.qs.resize(x.len(), 0);
-        self.d.resize(x.len() / QK, 0.0);
-        self.s.resize(x.len() / QK, 0.0);
-        self.s16.resize(2 * (x.len() / QK), 0.0);
+        self.shape_for(x.len(), k);
         #[cfg(target_arch = "x86_64")]
         if let Some(t) = isa.avx2() {
             // SAFETY: the token proves the kernel's features.
@@ -144,12 +139,7 @@ impl Q8Acts {
             "Q8Acts::quantize_super_blocks: {} values are not rows of {k} (a multiple of {QK_K})",
             x.len()
         );
-        self.k = k;
-        self.n = x.len() / k;
-        self.qs.resize(x.len(), 0);
-        self.d.resize(x.len() / QK, 0.0);
-        self.s.resize(x.len() / QK, 0.0);
-        self.s16.resize(2 * (x.len() / QK), 0.0);
+        self.shape_for(x.len(), k);
         const PER: usize = QK_K / QK;
         let supers = x
             .chunks_exact(QK_K)
@@ -184,6 +174,16 @@ impl Q8Acts {
                 *b = scale * q32.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
             }
         }
+    }
+
+    /// Sizes the buffers for `len` values in rows of `k`.
+    fn shape_for(&mut self, len: usize, k: usize) {
+        self.k = k;
+        self.n = len / k;
+        self.qs.resize(len, 0);
+        self.d.resize(len / QK, 0.0);
+        self.s.resize(len / QK, 0.0);
+        self.s16.resize(2 * (len / QK), 0.0);
     }
 
     pub fn row(&self, t: usize) -> Q8Row<'_> {
