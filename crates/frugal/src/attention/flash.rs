@@ -53,8 +53,8 @@ const MIN_SPLIT_KEYS: usize = 256;
 pub(super) const MAX_KEY_TILE: usize = 256;
 
 /// Keys per tile: 64 for head_dim 64, 32 for head_dim 128, 16 for MLA's 192-value rows; always
-/// a multiple of 8, the width the SIMD kernels transpose and weigh keys in (a tile of 21 keys
-/// for 192-wide rows sent every step down the scalar path: 2.2x slower decode, measured).
+/// a multiple of 8, the width the SIMD kernels transpose and weigh keys in (any other width
+/// would send every step down the scalar path).
 pub fn key_tile(head_dim: usize) -> usize {
     (KV_TILE_BYTES / (8 * head_dim.max(1)) / 8 * 8).clamp(8, MAX_KEY_TILE)
 }
@@ -187,11 +187,8 @@ pub(super) fn flash_paths(
     // Flash-decoding: a few query rows over several key chunks compute the chunks in parallel
     // and merge them in order (the result is the same as the tiled path's, see `key_chunk`).
     // Each KV head's rows are merged by the thread that finishes the head's last chunk, inside
-    // the parallel section, so the first heads merge while the other thread still computes.
-    // Merged after the section, one thread merged every row while the others waited: at depth
-    // 4,096, 7-14k TSC ticks a layer, reading the other core's chunks. Same-process A/Bs,
-    // SmolLM2, two threads, decode at depth 4,096: f32 cache 1.8% and 1.7% faster a token (12
-    // of 12 and 9 of 12 pairs); f16 2.9%, 1.5%, 0.4%, -0.7% in four runs; depth 1,024 0.8%.
+    // the parallel section, so the first heads merge while the other thread still computes
+    // (merged after the section, one thread would merge every row while the others wait).
     if n <= br && nchunks - c0 >= 2 {
         let nchunks = nchunks - c0;
         let rows = n * group;
@@ -310,9 +307,8 @@ pub(super) fn flash_paths(
     };
     if nqb == 1 {
         // One query block (decode short of two key chunks): a task per KV head, all the same
-        // length, through the forward pass's team. Through rayon, whose jobs a team's helper
-        // only looks for between polls, the owner ran most of them itself while the helper
-        // waited: decode at depth 0-250, same-process A/B, 0.7-3.4% faster a token.
+        // length, through the forward pass's team (rayon's jobs a team's helper only looks for
+        // between polls, so there the owner would run most of them itself).
         crate::team::for_each(s.n_head_kv, task);
     } else {
         (0..s.n_head_kv * nqb).into_par_iter().for_each(task);

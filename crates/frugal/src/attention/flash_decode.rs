@@ -203,20 +203,12 @@ impl ChunkParts {
 /// the weighted values. `q` holds the rows' queries, scaled (`R x hd`); `s` and `p` are
 /// scratch for `R x bc` scores and weights. `keys` and `values` are the two views' types.
 ///
-/// In one thread with a tile in L1 (f16, 64 keys, three rows, Zen 4) a tile takes about 1,670
-/// TSC ticks: scores 690, weighted values 700, softmax 250 (360 with the exponentials one
-/// vector after another rather than side by side, `exp16_grid`).
-///
 /// The next tile's scores are computed before this tile's weighted sum: the softmax is a chain
 /// of dependent steps (maximum, correction, exponentials, sums) that the weighted sum waits
 /// for, and the next tile's multiply-adds, which depend on none of it, fill the wait. The
 /// scores go to `s` once the softmax has read it; the weighted sum reads `p`. Same operations
-/// on the same values, so the same bits. Same-process A/B, f16, depth 4,096: attention alone
-/// 5.21 -> 4.86 ms a step on one thread, 2.85 -> 2.72 on two; whole decode 2.4-3.7% faster a
-/// token on two threads, 2.5% on one. (An earlier A/B found this order 10% slower from
-/// memory. Its harness was most likely built with the default 16 codegen units, and there the
-/// closures in these kernels are not inlined, which makes them 30-45% slower; the
-/// workspace builds with 4.) For tiles of 64 keys and heads of 64 dimensions the softmax
+/// on the same values, so the same bits. (The closures in these kernels must be inlined, which
+/// the workspace's 4 codegen units do; with the default 16 they are not.) For tiles of 64 keys and heads of 64 dimensions the softmax
 /// itself runs inside that loop too, a segment at a time ([`step`]).
 ///
 /// # Safety
@@ -381,13 +373,7 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
 /// keys at a time, each computed half a segment before its keys are weighed. Work done in one
 /// block between the loads stops the loads for its length, and from memory a stop costs more
 /// than its own time: the loads that follow it start behind, with nothing in flight. Spread
-/// through the loop, the same work hides behind the loads. Same-process A/Bs at depth 4,096,
-/// attention alone, against the softmax as one block before the loop: f32 cache 12-14% less
-/// time a step on one thread (16 of 16 pairs, twice), 2-4% on two; f16 7% less on one thread
-/// and 6% on two (40 of 40), measured with runs over several chunks; bf16 the same time.
-/// (An earlier f16 A/B on two threads, before runs crossed chunks, found the spread 15%
-/// slower; a later one with a call per chunk found it 4% faster.) Skipped altogether, a wrong
-/// result kept only as a bound, the softmax would save another 3%.
+/// through the loop, the same work hides behind the loads.
 ///
 /// Every value has the operations and order of the separate steps, so the same bits: each
 /// score the chain over the columns in order ([`steps::scores`]), each output the chain over

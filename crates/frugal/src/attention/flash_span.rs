@@ -61,8 +61,7 @@ pub(super) fn block(
     let rows = (span.t1 - span.t0) * (job.s.n_head / job.s.n_head_kv);
     // Three rows at a time when four would pad the block by more than a tenth: a decode step
     // (or a short verification) of a GQA model whose KV heads serve three query heads each
-    // (SmolLM2) would otherwise compute a fourth, empty row beside every three. Measured at
-    // depth 4,096 with an f16 cache: +10% decode (median of three same-run A/B pairs). Long
+    // (SmolLM2) would otherwise compute a fourth, empty row beside every three. Long
     // blocks keep four, which shares each key and value load more widely.
     if rows.is_multiple_of(3) && 10 * (rows.next_multiple_of(R) - rows) > rows {
         block_rows::<3>(job, span, acc, m, l, t)
@@ -76,9 +75,7 @@ pub(super) fn block(
 /// as [`block`] leaves them). A one-token decode whose every key the rows see takes them in one
 /// fused run (`flash_decode`): each chunk's result is the one it has alone, but the loads run on
 /// from one chunk into the next without the stop of a call apiece (a call's setup, its first
-/// tile's keys and last tile's values each read alone, the exit). Same-process A/Bs at depth
-/// 4,096, attention alone against a call per chunk: f32 cache 4-6% less time a step on one
-/// thread, 2-5% on two; f16 7% on one, 3% on two. Otherwise chunk by chunk through
+/// tile's keys and last tile's values each read alone, the exit). Otherwise chunk by chunk through
 /// [`block`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn chunk_run(
@@ -246,8 +243,7 @@ fn block_body<const R: usize>(
     // a run of consecutive chunks of one KV head (the team claims runs, `crate::team`), so
     // that is most often the first tile of its next chunk, which would otherwise start cold.
     // A fused run asks for each next tile's lines from the one before, past the end of its
-    // chunk into the next one, so the first tile's were asked for then (without this request:
-    // 0.079 -> 0.077 ms a layer in L3, the same from memory).
+    // chunk into the next one, so the first tile's were asked for then.
     for kv in [&job.k, &job.v].into_iter().filter(|_| !skip_first) {
         if j0 < kv.len() {
             kv.prefetch_head(span.kvh, hd, j0, (kv.len() - j0).min(bc));

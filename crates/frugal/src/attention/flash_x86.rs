@@ -531,9 +531,8 @@ unsafe fn weighted<L: Lanes, const R: usize>(
             // Twenty-four outputs a pass for three rows or fewer: nine independent chains of
             // multiply-adds, where sixteen outputs by three rows (decode of a GQA group of
             // three) gave six that waited on their latency. Thirty-two (twelve sums, three
-            // weights and a value: all sixteen registers) left the compiler two sums short, and
-            // their spill and reload at every key put a store in two chains: attention's
-            // arithmetic at depth 4,096 took 23% longer (Zen 2, one thread, cache in L3).
+            // weights and a value: all sixteen registers) leave the compiler two sums short, and
+            // their spill and reload at every key puts a store in two chains.
             // Sixteen otherwise and for what is left, eight for a last odd vector; Q8_0 keeps
             // sixteen, which share a block scale.
             if R <= 3 && !L::PAIRED && d0 + 24 <= hd {
