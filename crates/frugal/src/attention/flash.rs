@@ -23,8 +23,9 @@
 //! merged afterwards, in the same order with the same arithmetic: a row's output is the same
 //! bits whichever path computed it and whatever rows it was computed with.
 //!
-//! This file is the driver: which spans of rows and keys run where, and how their results merge.
-//! One span's tile loop is `flash_span`. Its inner loops are written so the compiler vectorizes
+//! This file is the driver: the call's plan, chosen once ([`plan`]: query blocks for prefill,
+//! key chunks split across threads for decode, fused where AVX-512 allows), which spans of
+//! rows and keys run where, and how their results merge. One span's tile loop is `flash_span`. Its inner loops are written so the compiler vectorizes
 //! them (scores are computed against a transposed key tile: no horizontal sums); on x86-64 the
 //! same code is also compiled for AVX2+FMA and picked at run time. The portable build of the
 //! same source is the scalar twin.
@@ -33,6 +34,8 @@ use std::sync::atomic::Ordering;
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+pub(super) use super::flash_decode::Fused;
 use super::flash_span::{TILES, block, chunk_run, exp_approx, grow};
 use super::q8_keys::QuantQueries;
 use super::{AttnShape, AttnWorkspace, OutPtr};
@@ -95,6 +98,36 @@ pub(super) struct Span {
     pub(super) hi: usize,
 }
 
+/// Off x86-64 there is no fused decode pass: [`Plan::Fused`] is never chosen.
+#[cfg(not(target_arch = "x86_64"))]
+#[derive(Copy, Clone)]
+pub(super) enum Fused<'a> {
+    Never(std::convert::Infallible, std::marker::PhantomData<&'a ()>),
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl<'a> Fused<'a> {
+    fn plan(_: &Job<'a>, _: usize, _: usize) -> Option<Self> {
+        None
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run(
+        &self,
+        _: &Job,
+        _: usize,
+        _: std::ops::Range<usize>,
+        _: usize,
+        _: &mut [f32],
+        _: usize,
+        _: &mut super::flash_span::Tiles,
+    ) {
+        match *self {
+            Self::Never(never, _) => match never {},
+        }
+    }
+}
+
 /// Flash attention; see [`super::attend`] for the argument layout.
 pub fn flash(
     s: AttnShape,
@@ -141,8 +174,6 @@ pub(super) fn flash_paths(
     let hd = s.head_dim;
     let q_dim = s.n_head * hd;
     let n = q.len() / q_dim;
-    let len = pos0 + n;
-    let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let AttnWorkspace {
         partials,
@@ -174,89 +205,153 @@ pub(super) fn flash_paths(
             .avx512()
             .filter(|_| fused && cfg!(target_arch = "x86_64")),
     };
-    let simd = job.simd;
-    let br = query_block(hd, group);
-    let chunk = key_chunk(hd);
     let optr = OutPtr(out.as_mut_ptr());
-    let nchunks = len.div_ceil(chunk);
+    match plan(&job, n) {
+        Plan::Blocks => blocks(&job, n, optr),
+        Plan::SplitKv { c0, nchunks } => split_kv(&job, n, c0, nchunks, None, partials, done, optr),
+        Plan::Fused { c0, nchunks, fused } => {
+            split_kv(&job, n, c0, nchunks, Some(&fused), partials, done, optr)
+        }
+    }
+}
+
+/// How one call runs, chosen once by [`plan`]. Every plan computes the same chunks with the
+/// same arithmetic and merges them in the same order (see [`key_chunk`]), so the choice
+/// changes no bit.
+enum Plan<'a> {
+    /// Prefill, and decode short of two key chunks: FlashAttention-2 over (KV head, query
+    /// block), each block running its key chunks one after another ([`blocks`]).
+    Blocks,
+    /// Decode across key chunks (flash-decoding): chunks `c0..c0 + nchunks` in parallel, each
+    /// through the tile loop, merged in order ([`split_kv`]).
+    SplitKv { c0: usize, nchunks: usize },
+    /// [`Plan::SplitKv`] with each thread's run of chunks read in one fused AVX-512 pass
+    /// (`flash_decode`).
+    Fused {
+        c0: usize,
+        nchunks: usize,
+        fused: Fused<'a>,
+    },
+}
+
+/// The plan for `n` query tokens of `job`: a few query rows over two or more visible key
+/// chunks split the keys across threads (fused where [`Fused::plan`] allows); anything else
+/// runs by query block.
+fn plan<'a>(job: &Job<'a>, n: usize) -> Plan<'a> {
+    let s = job.s;
+    let (hd, group) = (s.head_dim, s.n_head / s.n_head_kv);
+    let chunk = key_chunk(hd);
+    let nchunks = (job.pos0 + n).div_ceil(chunk);
     // Under a sliding window, chunks wholly before the first query's window are skipped: no
     // row sees them, and merging a chunk a row does not see changes nothing, so the result is
     // the same bits as computing them.
-    let c0 = s.first_visible(pos0) / chunk;
-
-    // Flash-decoding: a few query rows over several key chunks compute the chunks in parallel
-    // and merge them in order (the result is the same as the tiled path's, see `key_chunk`).
-    // Each KV head's rows are merged by the thread that finishes the head's last chunk, inside
-    // the parallel section, so the first heads merge while the other thread still computes
-    // (merged after the section, one thread would merge every row while the others wait).
-    if n <= br && nchunks - c0 >= 2 {
-        let nchunks = nchunks - c0;
-        let rows = n * group;
-        let stride = rows * (hd + 2);
-        let per_head = nchunks * stride;
-        let total = s.n_head_kv * per_head;
-        if partials.len() < total {
-            partials.resize(total, 0.0);
-        }
-        if done.len() < s.n_head_kv {
-            done.resize_with(s.n_head_kv, Default::default);
-        }
-        let done = &done[..s.n_head_kv];
-        for d in done {
-            d.store(0, Ordering::Relaxed);
-        }
-        let parts = OutPtr(partials[..total].as_mut_ptr());
-        // Each thread takes runs of consecutive chunks (`for_each_run`), and a run's chunks of
-        // one KV head are read in one pass (`chunk_run`).
-        crate::team::for_each_run(s.n_head_kv * nchunks, |run| {
-            let mut i = run.start;
-            while i < run.end {
-                let kvh = i / nchunks;
-                let end = run.end.min((kvh + 1) * nchunks);
-                let count = end - i;
-                {
-                    // SAFETY: chunks i..end's parts are partials[i * stride..end * stride],
-                    // inside `total`, and this run is their only user until their count below
-                    // is released.
-                    let parts = unsafe { parts.row(i * stride, count * stride) };
-                    let cs = c0 + i % nchunks..c0 + i % nchunks + count;
-                    TILES.with_borrow_mut(|t| chunk_run(&job, kvh, n, cs, chunk, parts, stride, t));
-                }
-                i = end;
-                // Every chunk's writes come before its count (release); the last count
-                // (acquire) sees them all.
-                if done[kvh].fetch_add(count, Ordering::AcqRel) + count < nchunks {
-                    continue;
-                }
-                // SAFETY: every chunk of head kvh is done and none is written any more; the
-                // head's parts are inside `total`.
-                let head = unsafe { parts.read(kvh * per_head, per_head) };
-                // Merge each row's chunks in order, then normalize.
-                for first in (0..rows).step_by(MERGE_LANES) {
-                    let width = (rows - first).min(MERGE_LANES);
-                    merge_chunks(
-                        head,
-                        nchunks,
-                        stride,
-                        rows,
-                        hd,
-                        first..first + width,
-                        simd,
-                        |r| {
-                            let (tok, h) = (r / group, kvh * group + r % group);
-                            // SAFETY: row (tok, h) is inside `out`, and each row of the call is
-                            // merged once, by the run that finished its head's last chunk.
-                            unsafe { optr.row(tok * q_dim + h * hd, hd) }
-                        },
-                    );
-                }
-            }
-        });
-        return;
+    let c0 = s.first_visible(job.pos0) / chunk;
+    if n > query_block(hd, group) || nchunks - c0 < 2 {
+        return Plan::Blocks;
     }
+    let nchunks = nchunks - c0;
+    match Fused::plan(job, n, chunk) {
+        Some(fused) => Plan::Fused { c0, nchunks, fused },
+        None => Plan::SplitKv { c0, nchunks },
+    }
+}
 
-    // FlashAttention-2: parallel over (KV head, query block), the longest blocks first. Each
-    // block runs its key chunks one after another, merging each into the running result.
+/// Flash-decoding: a few query rows over key chunks `c0..c0 + nchunks` compute the chunks in
+/// parallel and merge them in order (the result is the same as [`blocks`]', see
+/// [`key_chunk`]). Each KV head's rows are merged by the thread that finishes the head's last
+/// chunk, inside the parallel section, so the first heads merge while the other thread still
+/// computes (merged after the section, one thread would merge every row while the others
+/// wait).
+#[allow(clippy::too_many_arguments)]
+fn split_kv(
+    job: &Job,
+    n: usize,
+    c0: usize,
+    nchunks: usize,
+    fused: Option<&Fused>,
+    partials: &mut Vec<f32>,
+    done: &mut Vec<std::sync::atomic::AtomicUsize>,
+    optr: OutPtr,
+) {
+    let s = job.s;
+    let (hd, group) = (s.head_dim, s.n_head / s.n_head_kv);
+    let q_dim = s.n_head * hd;
+    let chunk = key_chunk(hd);
+    let simd = job.simd;
+    let rows = n * group;
+    let stride = rows * (hd + 2);
+    let per_head = nchunks * stride;
+    let total = s.n_head_kv * per_head;
+    if partials.len() < total {
+        partials.resize(total, 0.0);
+    }
+    if done.len() < s.n_head_kv {
+        done.resize_with(s.n_head_kv, Default::default);
+    }
+    let done = &done[..s.n_head_kv];
+    for d in done {
+        d.store(0, Ordering::Relaxed);
+    }
+    let parts = OutPtr(partials[..total].as_mut_ptr());
+    // Each thread takes runs of consecutive chunks (`for_each_run`), and a run's chunks of
+    // one KV head are read in one pass (`chunk_run`).
+    crate::team::for_each_run(s.n_head_kv * nchunks, |run| {
+        let mut i = run.start;
+        while i < run.end {
+            let kvh = i / nchunks;
+            let end = run.end.min((kvh + 1) * nchunks);
+            let count = end - i;
+            {
+                // SAFETY: chunks i..end's parts are partials[i * stride..end * stride],
+                // inside `total`, and this run is their only user until their count below
+                // is released.
+                let parts = unsafe { parts.row(i * stride, count * stride) };
+                let cs = c0 + i % nchunks..c0 + i % nchunks + count;
+                TILES.with_borrow_mut(|t| {
+                    chunk_run(job, fused, kvh, n, cs, chunk, parts, stride, t)
+                });
+            }
+            i = end;
+            // Every chunk's writes come before its count (release); the last count
+            // (acquire) sees them all.
+            if done[kvh].fetch_add(count, Ordering::AcqRel) + count < nchunks {
+                continue;
+            }
+            // SAFETY: every chunk of head kvh is done and none is written any more; the
+            // head's parts are inside `total`.
+            let head = unsafe { parts.read(kvh * per_head, per_head) };
+            // Merge each row's chunks in order, then normalize.
+            for first in (0..rows).step_by(MERGE_LANES) {
+                let width = (rows - first).min(MERGE_LANES);
+                merge_chunks(
+                    head,
+                    nchunks,
+                    stride,
+                    rows,
+                    hd,
+                    first..first + width,
+                    simd,
+                    |r| {
+                        let (tok, h) = (r / group, kvh * group + r % group);
+                        // SAFETY: row (tok, h) is inside `out`, and each row of the call is
+                        // merged once, by the run that finished its head's last chunk.
+                        unsafe { optr.row(tok * q_dim + h * hd, hd) }
+                    },
+                );
+            }
+        }
+    });
+}
+
+/// FlashAttention-2: parallel over (KV head, query block), the longest blocks first. Each
+/// block runs its key chunks one after another, merging each into the running result.
+fn blocks(job: &Job, n: usize, optr: OutPtr) {
+    let s = job.s;
+    let (hd, group) = (s.head_dim, s.n_head / s.n_head_kv);
+    let q_dim = s.n_head * hd;
+    let (pos0, len) = (job.pos0, job.pos0 + n);
+    let br = query_block(hd, group);
+    let chunk = key_chunk(hd);
     let nqb = n.div_ceil(br);
     let task = |i: usize| {
         let (qb, kvh) = (nqb - 1 - i / s.n_head_kv, i % s.n_head_kv);
@@ -285,9 +380,9 @@ pub(super) fn flash_paths(
                 lo: c * chunk,
                 hi: ((c + 1) * chunk).min(len),
             };
-            block(&job, span(first), acc, m, l, t);
+            block(job, span(first), acc, m, l, t);
             for c in first + 1..hi.div_ceil(chunk) {
-                block(&job, span(c), acc_c, m_c, l_c, t);
+                block(job, span(c), acc_c, m_c, l_c, t);
                 for r in 0..rows {
                     let (ar, ac) = (&mut acc[r * hd..(r + 1) * hd], &acc_c[r * hd..(r + 1) * hd]);
                     merge_partial(ar, &mut m[r], &mut l[r], ac, m_c[r], l_c[r]);

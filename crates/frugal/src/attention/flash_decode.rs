@@ -454,6 +454,54 @@ unsafe fn step<LK: Lanes16, LV: Lanes16, const R: usize>(
     }
 }
 
+/// One call's fused split-KV decode ([`super::flash::Plan::Fused`]): the kernel for its rows
+/// and where its keys and values lie.
+#[derive(Copy, Clone)]
+pub(super) struct Fused<'a> {
+    w: Avx512,
+    run: FusedChunks,
+    ka: HeadAddr<'a>,
+    va: HeadAddr<'a>,
+}
+
+impl<'a> Fused<'a> {
+    /// The fused pass for a split-KV decode of `n` tokens over chunks of `chunk` keys, where
+    /// it applies: one token whose three or four query rows (its heads of a KV head) take whole
+    /// tiles of a multiple of sixteen keys from f32, f16 or bf16 keys kept by column
+    /// ([`fused_views`]), with AVX-512 allowed (`job.fused`).
+    pub(super) fn plan(job: &Job<'a>, n: usize, chunk: usize) -> Option<Self> {
+        let s = job.s;
+        let w = job.fused.filter(|_| n == 1)?;
+        if !job.bc.is_multiple_of(16) || !chunk.is_multiple_of(job.bc) {
+            return None;
+        }
+        let run: FusedChunks = match s.n_head / s.n_head_kv {
+            3 => fused_chunks::<3>,
+            4 => fused_chunks::<4>,
+            _ => return None,
+        };
+        let (ka, va) = fused_views(&job.k, &job.v, s.head_dim, job.bc)?;
+        Some(Self { w, run, ka, va })
+    }
+
+    /// [`fused_chunks`] over keys `keys` (from a chunk's start) of KV head `kvh`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run(
+        &self,
+        job: &Job,
+        kvh: usize,
+        keys: std::ops::Range<usize>,
+        chunk: usize,
+        parts: &mut [f32],
+        stride: usize,
+        t: &mut Tiles,
+    ) {
+        (self.run)(
+            self.w, job, kvh, &self.ka, &self.va, keys, chunk, parts, stride, t,
+        )
+    }
+}
+
 /// [`fused_chunks`] for a number of rows.
 pub(super) type FusedChunks = fn(
     Avx512,

@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 
 use super::ahead::Ahead;
-use super::flash::{Job, Span};
+use super::flash::{Fused, Job, Span};
 use super::q8_keys::{self, KeyRows, QuantQueries};
 use crate::cpu::Avx2;
 use crate::kv::KvType;
@@ -72,14 +72,15 @@ pub(super) fn block(
 
 /// Key chunks `cs` (of `chunk` keys) of KV head `kvh` for the call's `n` query tokens, chunk
 /// `i` of them leaving its result in `parts[i * stride..]` (outputs, maxima, sums of its rows,
-/// as [`block`] leaves them). A one-token decode whose every key the rows see takes them in one
-/// fused run (`flash_decode`): each chunk's result is the one it has alone, but the loads run on
+/// as [`block`] leaves them). Under [`super::flash::Plan::Fused`] (`fused`), a run whose every
+/// key the rows see is taken in one fused pass (`flash_decode`): each chunk's result is the one it has alone, but the loads run on
 /// from one chunk into the next without the stop of a call apiece (a call's setup, its first
 /// tile's keys and last tile's values each read alone, the exit). Otherwise chunk by chunk through
 /// [`block`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn chunk_run(
     job: &Job,
+    fused: Option<&Fused>,
     kvh: usize,
     n: usize,
     cs: std::ops::Range<usize>,
@@ -92,24 +93,13 @@ pub(super) fn chunk_run(
     let (hd, group) = (s.head_dim, s.n_head / s.n_head_kv);
     let rows = n * group;
     let (lo, hi) = (cs.start * chunk, (cs.end * chunk).min(job.k.len()));
-    #[cfg(target_arch = "x86_64")]
-    if n == 1
-        && let Some(w) = job.fused
-        && job.bc.is_multiple_of(16)
-        && chunk.is_multiple_of(job.bc)
+    // A run whose first chunk starts before the window's first key goes chunk by chunk.
+    if let Some(f) = fused
         && s.first_visible(job.pos0) <= lo
         && job.pos0 + 1 >= hi
         && lo < hi
-        && let Some((ka, va)) = super::flash_decode::fused_views(&job.k, &job.v, hd, job.bc)
     {
-        let fused: Option<super::flash_decode::FusedChunks> = match rows {
-            3 => Some(super::flash_decode::fused_chunks::<3>),
-            4 => Some(super::flash_decode::fused_chunks::<4>),
-            _ => None,
-        };
-        if let Some(f) = fused {
-            return f(w, job, kvh, &ka, &va, lo..hi, chunk, parts, stride, t);
-        }
+        return f.run(job, kvh, lo..hi, chunk, parts, stride, t);
     }
     for (i, c) in cs.enumerate() {
         let (acc, ml) = parts[i * stride..][..stride].split_at_mut(rows * hd);
