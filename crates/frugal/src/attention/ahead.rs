@@ -111,7 +111,7 @@ impl Ahead {
     /// weighted sum reads a tile's rows in a fraction of the tile's time, so the lines for its
     /// second half were asked for just before they were read. Keys kept by column therefore
     /// also ask for the values of the keys they score, spread over the scores' columns
-    /// (`flash_columns`): the lines arrive during the scores and the exponentials. (With the
+    /// (`kernels_columns`): the lines arrive during the scores and the exponentials. (With the
     /// cache in L3 instead, a case decode never meets, the early lines crowd L1.)
     pub fn leads(&self) -> [usize; 2] {
         self.leads

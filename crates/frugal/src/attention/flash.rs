@@ -25,19 +25,27 @@
 //!
 //! This file is the driver: the call's plan, chosen once ([`plan`]: query blocks for prefill,
 //! key chunks split across threads for decode, fused where AVX-512 allows), which spans of
-//! rows and keys run where, and how their results merge. One span's tile loop is `flash_span`. Its inner loops are written so the compiler vectorizes
-//! them (scores are computed against a transposed key tile: no horizontal sums); on x86-64 the
+//! rows and keys run where, and how their results merge. The files under it, by role:
+//!
+//! - `decode_split`: decode across key chunks and their merge; `decode_fused`: its fused
+//!   AVX-512 pass over whole tiles (f32, f16, bf16 keys by column).
+//! - `tile_loop`: one span's tile loop (prefill's query blocks, and decode's chunks where the
+//!   fused pass does not apply).
+//! - `kernels_avx2`, `kernels_avx512`, `kernels_columns` (keys kept by column),
+//!   `kernels_vnni` and `kernels_q8_avx2` (Q8_0 keys), `q8_keys` (their portable twin): the
+//!   instruction-set leaves. `ahead`: the next tile's prefetches.
+//!
+//! The tile loop's inner loops are written so the compiler vectorizes them (scores are computed against a transposed key tile: no horizontal sums); on x86-64 the
 //! same code is also compiled for AVX2+FMA and picked at run time. The portable build of the
 //! same source is the scalar twin.
-
-use std::sync::atomic::Ordering;
 
 use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use super::flash_decode::Fused;
-use super::flash_span::{TILES, block, chunk_run, exp_approx, grow};
+pub(super) use super::decode_fused::Fused;
+use super::decode_split::split_kv;
 use super::q8_keys::QuantQueries;
+use super::tile_loop::{TILES, block, exp_approx, grow};
 use super::{AttnShape, AttnWorkspace, OutPtr};
 use crate::cpu::{self, Avx2, Avx512, Avx512Vnni, Level};
 use crate::kv::{KvType, KvView};
@@ -120,7 +128,7 @@ impl<'a> Fused<'a> {
         _: usize,
         _: &mut [f32],
         _: usize,
-        _: &mut super::flash_span::Tiles,
+        _: &mut super::tile_loop::Tiles,
     ) {
         match *self {
             Self::Never(never, _) => match never {},
@@ -157,7 +165,7 @@ pub(super) fn flash_with(
     flash_paths(s, q, k, v, pos0, out, ws, level, true);
 }
 
-/// `flash_with`, and whether decode's whole tiles may take the fused pass (`flash_decode`;
+/// `flash_with`, and whether decode's whole tiles may take the fused pass (`decode_fused`;
 /// tests compare it with the general tile loop).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_paths(
@@ -226,7 +234,7 @@ enum Plan<'a> {
     /// through the tile loop, merged in order ([`split_kv`]).
     SplitKv { c0: usize, nchunks: usize },
     /// [`Plan::SplitKv`] with each thread's run of chunks read in one fused AVX-512 pass
-    /// (`flash_decode`).
+    /// (`decode_fused`).
     Fused {
         c0: usize,
         nchunks: usize,
@@ -254,93 +262,6 @@ fn plan<'a>(job: &Job<'a>, n: usize) -> Plan<'a> {
         Some(fused) => Plan::Fused { c0, nchunks, fused },
         None => Plan::SplitKv { c0, nchunks },
     }
-}
-
-/// Flash-decoding: a few query rows over key chunks `c0..c0 + nchunks` compute the chunks in
-/// parallel and merge them in order (the result is the same as [`blocks`]', see
-/// [`key_chunk`]). Each KV head's rows are merged by the thread that finishes the head's last
-/// chunk, inside the parallel section, so the first heads merge while the other thread still
-/// computes (merged after the section, one thread would merge every row while the others
-/// wait).
-#[allow(clippy::too_many_arguments)]
-fn split_kv(
-    job: &Job,
-    n: usize,
-    c0: usize,
-    nchunks: usize,
-    fused: Option<&Fused>,
-    partials: &mut Vec<f32>,
-    done: &mut Vec<std::sync::atomic::AtomicUsize>,
-    optr: OutPtr,
-) {
-    let s = job.s;
-    let (hd, group) = (s.head_dim, s.n_head / s.n_head_kv);
-    let q_dim = s.n_head * hd;
-    let chunk = key_chunk(hd);
-    let simd = job.simd;
-    let rows = n * group;
-    let stride = rows * (hd + 2);
-    let per_head = nchunks * stride;
-    let total = s.n_head_kv * per_head;
-    if partials.len() < total {
-        partials.resize(total, 0.0);
-    }
-    if done.len() < s.n_head_kv {
-        done.resize_with(s.n_head_kv, Default::default);
-    }
-    let done = &done[..s.n_head_kv];
-    for d in done {
-        d.store(0, Ordering::Relaxed);
-    }
-    let parts = OutPtr(partials[..total].as_mut_ptr());
-    // Each thread takes runs of consecutive chunks (`for_each_run`), and a run's chunks of
-    // one KV head are read in one pass (`chunk_run`).
-    crate::team::for_each_run(s.n_head_kv * nchunks, |run| {
-        let mut i = run.start;
-        while i < run.end {
-            let kvh = i / nchunks;
-            let end = run.end.min((kvh + 1) * nchunks);
-            let count = end - i;
-            {
-                // SAFETY: chunks i..end's parts are partials[i * stride..end * stride],
-                // inside `total`, and this run is their only user until their count below
-                // is released.
-                let parts = unsafe { parts.row(i * stride, count * stride) };
-                let cs = c0 + i % nchunks..c0 + i % nchunks + count;
-                TILES.with_borrow_mut(|t| {
-                    chunk_run(job, fused, kvh, n, cs, chunk, parts, stride, t)
-                });
-            }
-            i = end;
-            // Every chunk's writes come before its count (release); the last count
-            // (acquire) sees them all.
-            if done[kvh].fetch_add(count, Ordering::AcqRel) + count < nchunks {
-                continue;
-            }
-            // SAFETY: every chunk of head kvh is done and none is written any more; the
-            // head's parts are inside `total`.
-            let head = unsafe { parts.read(kvh * per_head, per_head) };
-            // Merge each row's chunks in order, then normalize.
-            for first in (0..rows).step_by(MERGE_LANES) {
-                let width = (rows - first).min(MERGE_LANES);
-                merge_chunks(
-                    head,
-                    nchunks,
-                    stride,
-                    rows,
-                    hd,
-                    first..first + width,
-                    simd,
-                    |r| {
-                        let (tok, h) = (r / group, kvh * group + r % group);
-                        // SAFETY: row (tok, h) is inside `out`, and each row of the call is
-                        // merged once, by the run that finished its head's last chunk.
-                        unsafe { optr.row(tok * q_dim + h * hd, hd) }
-                    },
-                );
-            }
-        }
-    });
 }
 
 /// FlashAttention-2: parallel over (KV head, query block), the longest blocks first. Each
@@ -422,18 +343,18 @@ pub fn key_chunk(head_dim: usize) -> usize {
 }
 
 /// Rows merged side by side: one vector of eight exponentials a side per chunk.
-const MERGE_LANES: usize = 8;
+pub(super) const MERGE_LANES: usize = 8;
 
 /// Flash-decoding's merge for rows `rows` of the call's (KV head, row) pairs (at most
 /// [`MERGE_LANES`]): each row's chunk results `0..nchunks` merged in order as
 /// [`merge_partial`] merges them, into the output row `out(row)`, then normalized. The rows'
 /// rescaling factors are taken side by side, eight exponentials in one vector
-/// (`flash_x86::exp_lanes`, the scalar bits): one row's merges are a chain of two scalar
+/// (`kernels_avx2::exp_lanes`, the scalar bits): one row's merges are a chain of two scalar
 /// exponentials a chunk, and row after row the chains ran one after another on the thread
 /// that merges while the others waited (at depth 4,096, a twentieth of the step's serial
 /// work).
 #[allow(clippy::too_many_arguments)]
-fn merge_chunks<'o>(
+pub(super) fn merge_chunks<'o>(
     parts: &[f32],
     nchunks: usize,
     stride: usize,
@@ -498,7 +419,7 @@ fn exp_batch(x: [f32; MERGE_LANES], simd: Option<Avx2>) -> [f32; MERGE_LANES] {
     #[cfg(target_arch = "x86_64")]
     if simd.is_some() {
         // SAFETY: the token proves AVX2 and FMA.
-        return unsafe { super::flash_x86::exp_lanes(x) };
+        return unsafe { super::kernels_avx2::exp_lanes(x) };
     }
     let _ = simd;
     x.map(exp_approx)

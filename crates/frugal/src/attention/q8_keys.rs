@@ -15,7 +15,7 @@
 //! (finer than an f16 query). llama.cpp quantizes the query to plain Q8_0 (`hi` alone),
 //! which raises the q8_0 cache's KL divergence by about 40%; the second part removes for one more multiply per four dimensions. The f32 arithmetic after the
 //! integer dots is the same operations in the same order on every path (this portable twin,
-//! the VNNI kernel in `flash_vnni`, and naive attention), so a row's scores have the same bits
+//! the VNNI kernel in `kernels_vnni`, and naive attention), so a row's scores have the same bits
 //! whichever computes them.
 
 use std::marker::PhantomData;
@@ -219,7 +219,7 @@ impl<'a> KeyRows<'a> {
 }
 
 /// `s[i][j] = score(query i, key j)` for `R` quantized rows (from row `row0` of `qq`) and keys
-/// `0..jn` of `keys`, into `s` (`R x bc`): the portable twin of `flash_vnni::scores_q8`.
+/// `0..jn` of `keys`, into `s` (`R x bc`): the portable twin of `kernels_vnni::scores_q8`.
 pub(super) fn scores<const R: usize>(
     qq: &QuantQueries,
     row0: usize,
@@ -241,7 +241,7 @@ pub(super) fn scores<const R: usize>(
 }
 
 /// A SIMD kernel of [`scores`]' signature (plus the next tile's prefetches), with its token:
-/// what `flash_span::block_body` dispatches to and [`check_kernel_bits`] checks.
+/// what `tile_loop::block_body` dispatches to and [`check_kernel_bits`] checks.
 #[cfg(all(test, target_arch = "x86_64"))]
 type ScoresKernel<'a> = &'a dyn Fn(
     &QuantQueries,

@@ -7,7 +7,7 @@
 //! attention call at 63 cached positions, three KV heads, f16, one thread: 3.6 us, against
 //! 2.6 at 64), and every call at a depth short of one tile took it alone.
 //!
-//! The general tile loop (`flash_span`) runs the same steps as separate kernels: scores stored,
+//! The general tile loop (`tile_loop`) runs the same steps as separate kernels: scores stored,
 //! then read back for the maximum, again for the exponentials, and each kernel locates its own
 //! keys and values and plans the next tile's lines through `Ahead`. With the cache in L3 that
 //! bookkeeping was a seventh of decode attention, and a kernel's entry and exit a sixth.
@@ -22,8 +22,8 @@
 use std::arch::x86_64::*;
 
 use super::flash::Job;
-use super::flash_avx512::{Bf16Lanes, F16Lanes, F32Lanes, Lanes16, Q8Lanes};
-use super::flash_span::{Tiles, grow};
+use super::kernels_avx512::{Bf16Lanes, F16Lanes, F32Lanes, Lanes16, Q8Lanes};
+use super::tile_loop::{Tiles, grow};
 use crate::cpu::Avx512;
 use crate::kv::{HeadAddr, KvType, KvView};
 
@@ -516,10 +516,10 @@ pub(super) type FusedChunks = fn(
     &mut Tiles,
 );
 
-/// [`super::flash_span::chunk_run`]'s fused run for `R` rows (one token's query heads of KV
+/// [`super::tile_loop::chunk_run`]'s fused run for `R` rows (one token's query heads of KV
 /// head `kvh`) over `keys` (from a chunk's start): the whole tiles as one run, then the cache's
 /// last keys, when they end inside a tile, as a run of one tile of the segments that hold them
-/// (as [`super::flash_span::block`] takes them).
+/// (as [`super::tile_loop::block`] takes them).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn fused_chunks<const R: usize>(
     w: Avx512,

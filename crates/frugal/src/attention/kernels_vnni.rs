@@ -101,7 +101,7 @@ pub(super) fn scores_q8<const R: usize>(
     );
     // The next tile's keys, a tile on where it continues this one (`Ahead::leads`): each
     // round asks for its keys' lines that far ahead, into L2, as the column scores do
-    // (`flash_columns::score_segments`); the hardware prefetchers alone fall behind from
+    // (`kernels_columns::score_segments`); the hardware prefetchers alone fall behind from
     // memory.
     let lead = ahead.leads()[0];
     let mut j = 0;
@@ -115,7 +115,7 @@ pub(super) fn scores_q8<const R: usize>(
                 std::array::from_fn(|t| keys.ptr(if j + t < jn { j + t } else { j }));
             ahead.advance(16.min(jn - j));
             if lead > 0 {
-                super::flash_x86::hint_lines::<_MM_HINT_T1>(
+                super::kernels_avx2::hint_lines::<_MM_HINT_T1>(
                     ptrs[0].wrapping_add(lead),
                     16.min(jn - j) * keys.head_bytes(),
                 );

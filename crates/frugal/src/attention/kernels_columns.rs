@@ -1,17 +1,17 @@
 //! Keys kept by column (a paged pool's f32, f16 and bf16 key blocks, see
 //! `KvView::with_columns`): scored where they lie for decode's few query rows, or widened into
-//! the transposed tile that `flash_x86::scores` reads for many rows. Either way the key tile
+//! the transposed tile that `kernels_avx2::scores` reads for many rows. Either way the key tile
 //! holds the values a transpose of the same keys kept by rows would give, so the bits are the
 //! same (`tests::keys_by_column_give_the_bits_of_keys_by_row`).
 
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
-use super::flash_x86::{Bf16Lanes, ColumnHint, F16Lanes, F32Lanes, Lanes, LineHint, score_keys};
+use super::kernels_avx2::{Bf16Lanes, ColumnHint, F16Lanes, F32Lanes, Lanes, LineHint, score_keys};
 use crate::cpu::{Avx2, Avx512};
 use crate::kv::{KvType, KvView};
 
-/// `flash_x86::scores` for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
+/// `kernels_avx2::scores` for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
 /// positions `off..off + m` of one block (`bs` values of type `ty` per column, f32, f16 or
 /// bf16), read where they lie and widened as loaded; row `i`'s scores at `s[i * bc + j]`. Each
 /// score is the same chain of multiply-adds over the dimensions in order as `scores` computes
@@ -259,7 +259,7 @@ pub(super) unsafe fn score_segments<const R: usize>(
     s: &mut [f32],
     bc: usize,
 ) {
-    use super::flash_avx512::{Bf16Lanes, F16Lanes, F32Lanes};
+    use super::kernels_avx512::{Bf16Lanes, F16Lanes, F32Lanes};
     let n = segs.len();
     assert!(
         (1..=MAX_SEGMENTS).contains(&n) && 16 * n <= bc && s.len() >= (R - 1) * bc + 16 * n,
@@ -287,7 +287,7 @@ pub(super) unsafe fn score_segments<const R: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn score_segs<L: super::flash_avx512::Lanes16, const R: usize, const N: usize>(
+unsafe fn score_segs<L: super::kernels_avx512::Lanes16, const R: usize, const N: usize>(
     q: &[f32],
     segs: &[Segment],
     column: usize,
