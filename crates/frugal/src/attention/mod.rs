@@ -26,6 +26,7 @@ mod ahead;
 mod decode_fused;
 mod decode_split;
 mod flash;
+mod kernel;
 #[cfg(target_arch = "x86_64")]
 mod kernels_avx2;
 #[cfg(target_arch = "x86_64")]

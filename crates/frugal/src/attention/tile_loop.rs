@@ -10,6 +10,7 @@ use std::cell::RefCell;
 
 use super::ahead::Ahead;
 use super::flash::{Job, Span};
+use super::kernel::{Portable, TileKernel};
 use super::q8_keys::{self, KeyRows, QuantQueries};
 use crate::cpu::Avx2;
 use crate::kv::KvType;
@@ -309,11 +310,7 @@ fn block_body<const R: usize>(
                     &mut t.ahead,
                 );
             } else {
-                for j in 0..nb {
-                    for c in 0..hd {
-                        t.kt[c * bc + j] = t.kraw[j * hd + c];
-                    }
-                }
+                Portable.transpose_keys(&t.kraw[..nb * hd], nb, hd, &mut t.kt, bc);
             }
         }
         // Values in place only for a few rows (decode): more rows re-read the tile once per
@@ -445,7 +442,7 @@ fn block_body<const R: usize>(
                     unsafe { super::kernels_avx2::scores::<R>(a, qb, &t.kt, bc, jmax, sb) }
                 }
             } else {
-                scores::<R>(qb, &t.kt, bc, jmax, sb);
+                Portable.scores::<R>(qb, &t.kt, bc, jmax, sb);
             }
             let mut corr = [0f32; R];
             // Every row seeing the same keys of the tile (a decode step's rows: one token's
@@ -498,9 +495,7 @@ fn block_body<const R: usize>(
                     #[cfg(not(target_arch = "x86_64"))]
                     unreachable!("{a:?}")
                 } else {
-                    sr[j_s..n_i]
-                        .iter()
-                        .fold(f32::NEG_INFINITY, |a, &x| a.max(x))
+                    Portable.row_max(&sr[j_s..n_i])
                 };
                 let m_new = m[r].max(tile_max);
                 // exp(-inf) ~ 0 on the first tile: nothing accumulated yet to rescale.
@@ -517,7 +512,7 @@ fn block_body<const R: usize>(
                     #[cfg(not(target_arch = "x86_64"))]
                     unreachable!("{a:?}")
                 } else {
-                    exp_row(&mut sr[j_s..n_i], m_new)
+                    Portable.exp_row(&mut sr[j_s..n_i], m_new)
                 };
                 // Keys outside the row's view weigh 0: adding 0 x v changes no bits.
                 sr[..j_s].fill(0.0);
@@ -585,7 +580,7 @@ fn block_body<const R: usize>(
                     false
                 );
             } else {
-                weighted_values::<R>(sb, bc, &t.vt, hd, jmax, pv);
+                Portable.weighted_values::<R>(sb, bc, &t.vt, hd, jmax, pv);
             }
             for (i, &n_i) in jn.iter().enumerate() {
                 if n_i == 0 {
