@@ -4,17 +4,15 @@
 //! tile `t + 1` with the arithmetic of tile `t`. Asked for all at once, a tile's lines (136 for
 //! 64 keys of a 64-wide Q8_0 head, keys and values) are more than a core keeps in flight (a Zen
 //! 2 core tracks about two dozen misses): the prefetch instructions past that wait for a free
-//! miss buffer and nothing is computed meanwhile. On Zen 2, 7% of a decode step at depth 4,096
-//! sat on those instructions. Here the kernels report the keys they finish and each report
+//! miss buffer and nothing is computed meanwhile. Here the kernels report the keys they finish and each report
 //! requests its share of the lines: the next keys' lines while this tile's scores are computed,
 //! the next values' while its values are weighed. Only the first tile of a chunk is asked for at
 //! once, before there is work to hide it behind. Same bits: prefetches change no value.
 //!
 //! Lines that continue the run the previous plan ended on are left to the hardware: a
 //! sequence's blocks taken one after another sit back to back in each head's region, and on
-//! huge pages the core's own stream prefetchers follow them. Asking for them too cost
-//! attention 8-9% at depth 4,096 on Zen 2 (the requests hold the miss buffers the streams
-//! would use). A run that starts anywhere else (the next block of a sequence whose blocks are
+//! huge pages the core's own stream prefetchers follow them; requests for them would hold the
+//! miss buffers the streams use. A run that starts anywhere else (the next block of a sequence whose blocks are
 //! scattered through a server's pool, which only the block table knows) is requested.
 
 use std::ops::Range;
@@ -105,20 +103,16 @@ impl Ahead {
     /// buffer. The core's own stream prefetchers run only a few lines ahead while the tile's
     /// arithmetic slows the loads, so without this a Zen 2 core kept about half the misses in
     /// flight that a plain read keeps. Keys a whole tile ahead, values half a tile: with both
-    /// a whole tile ahead the two tiles in use and the two requested fill the 32 KiB L1
-    /// (decode at depth 4,096, f16: 89.8-92.0 tok/s against 94.3-94.4; half a tile for both
-    /// 84.6-90.2, none 82.0-89.6, same binary, Zen 2). Where the next tile lies elsewhere,
+    /// a whole tile ahead the two tiles in use and the two requested fill the 32 KiB L1.
+    /// Where the next tile lies elsewhere,
     /// the plan requests its lines from the block table.
     ///
     /// The values a half tile ahead reach only the next tile's first half in time: the
     /// weighted sum reads a tile's rows in a fraction of the tile's time, so the lines for its
     /// second half were asked for just before they were read. Keys kept by column therefore
     /// also ask for the values of the keys they score, spread over the scores' columns
-    /// (`flash_columns`): the lines arrive during the scores and the exponentials. Attention
-    /// alone at depth 4,096 from memory, two threads: f16 5.87 -> 5.67 ms, f32 9.98 -> 9.31
-    /// ms; decode 94-97 -> 97-103 tok/s (f16) and 67-68 -> 71-72 (f32), Zen 2. With the cache
-    /// in L3 instead (one layer's cache read thirty times, a case decode never meets) the
-    /// early lines crowd L1 and cost 10%.
+    /// (`kernels_columns`): the lines arrive during the scores and the exponentials. (With the
+    /// cache in L3 instead, a case decode never meets, the early lines crowd L1.)
     pub fn leads(&self) -> [usize; 2] {
         self.leads
     }

@@ -23,18 +23,29 @@
 //! merged afterwards, in the same order with the same arithmetic: a row's output is the same
 //! bits whichever path computed it and whatever rows it was computed with.
 //!
-//! This file is the driver: which spans of rows and keys run where, and how their results merge.
-//! One span's tile loop is `flash_span`. Its inner loops are written so the compiler vectorizes
-//! them (scores are computed against a transposed key tile: no horizontal sums); on x86-64 the
+//! This file is the driver: the call's plan, chosen once ([`plan`]: query blocks for prefill,
+//! key chunks split across threads for decode, fused where AVX-512 allows), which spans of
+//! rows and keys run where, and how their results merge. The files under it, by role:
+//!
+//! - `decode_split`: decode across key chunks and their merge; `decode_fused`: its fused
+//!   AVX-512 pass over whole tiles (f32, f16, bf16 keys by column).
+//! - `tile_loop`: one span's tile loop (prefill's query blocks, and decode's chunks where the
+//!   fused pass does not apply).
+//! - `kernels_avx2`, `kernels_avx512`, `kernels_columns` (keys kept by column),
+//!   `kernels_vnni` and `kernels_q8_avx2` (Q8_0 keys), `q8_keys` (their portable twin): the
+//!   instruction-set leaves. `ahead`: the next tile's prefetches.
+//!
+//! The tile loop's inner loops are written so the compiler vectorizes them (scores are computed against a transposed key tile: no horizontal sums); on x86-64 the
 //! same code is also compiled for AVX2+FMA and picked at run time. The portable build of the
 //! same source is the scalar twin.
 
-use std::sync::atomic::Ordering;
-
 use rayon::prelude::*;
 
-use super::flash_span::{TILES, block, chunk_run, exp_approx, grow};
+#[cfg(target_arch = "x86_64")]
+pub(super) use super::decode_fused::Fused;
+use super::decode_split::split_kv;
 use super::q8_keys::QuantQueries;
+use super::tile_loop::{TILES, block, exp_approx, grow};
 use super::{AttnShape, AttnWorkspace, OutPtr};
 use crate::cpu::{self, Avx2, Avx512, Avx512Vnni, Level};
 use crate::kv::{KvType, KvView};
@@ -53,8 +64,8 @@ const MIN_SPLIT_KEYS: usize = 256;
 pub(super) const MAX_KEY_TILE: usize = 256;
 
 /// Keys per tile: 64 for head_dim 64, 32 for head_dim 128, 16 for MLA's 192-value rows; always
-/// a multiple of 8, the width the SIMD kernels transpose and weigh keys in (a tile of 21 keys
-/// for 192-wide rows sent every step down the scalar path: 2.2x slower decode, measured).
+/// a multiple of 8, the width the SIMD kernels transpose and weigh keys in (any other width
+/// would send every step down the scalar path).
 pub fn key_tile(head_dim: usize) -> usize {
     (KV_TILE_BYTES / (8 * head_dim.max(1)) / 8 * 8).clamp(8, MAX_KEY_TILE)
 }
@@ -95,6 +106,37 @@ pub(super) struct Span {
     pub(super) hi: usize,
 }
 
+/// Off x86-64 there is no fused decode pass: [`Plan::Fused`] is never chosen.
+#[cfg(not(target_arch = "x86_64"))]
+#[derive(Copy, Clone)]
+pub(super) enum Fused<'a> {
+    #[allow(dead_code)] // never constructed: the type only stands in for the x86-64 one
+    Never(std::convert::Infallible, std::marker::PhantomData<&'a ()>),
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl<'a> Fused<'a> {
+    fn plan(_: &Job<'a>, _: usize, _: usize) -> Option<Self> {
+        None
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run(
+        &self,
+        _: &Job,
+        _: usize,
+        _: std::ops::Range<usize>,
+        _: usize,
+        _: &mut [f32],
+        _: usize,
+        _: &mut super::tile_loop::Tiles,
+    ) {
+        match *self {
+            Self::Never(never, _) => match never {},
+        }
+    }
+}
+
 /// Flash attention; see [`super::attend`] for the argument layout.
 pub fn flash(
     s: AttnShape,
@@ -124,7 +166,7 @@ pub(super) fn flash_with(
     flash_paths(s, q, k, v, pos0, out, ws, level, true);
 }
 
-/// `flash_with`, and whether decode's whole tiles may take the fused pass (`flash_decode`;
+/// `flash_with`, and whether decode's whole tiles may take the fused pass (`decode_fused`;
 /// tests compare it with the general tile loop).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_paths(
@@ -141,8 +183,6 @@ pub(super) fn flash_paths(
     let hd = s.head_dim;
     let q_dim = s.n_head * hd;
     let n = q.len() / q_dim;
-    let len = pos0 + n;
-    let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
     let AttnWorkspace {
         partials,
@@ -174,92 +214,66 @@ pub(super) fn flash_paths(
             .avx512()
             .filter(|_| fused && cfg!(target_arch = "x86_64")),
     };
-    let simd = job.simd;
-    let br = query_block(hd, group);
-    let chunk = key_chunk(hd);
     let optr = OutPtr(out.as_mut_ptr());
-    let nchunks = len.div_ceil(chunk);
+    match plan(&job, n) {
+        Plan::Blocks => blocks(&job, n, optr),
+        Plan::SplitKv { c0, nchunks } => split_kv(&job, n, c0, nchunks, None, partials, done, optr),
+        Plan::Fused { c0, nchunks, fused } => {
+            split_kv(&job, n, c0, nchunks, Some(&fused), partials, done, optr)
+        }
+    }
+}
+
+/// How one call runs, chosen once by [`plan`]. Every plan computes the same chunks with the
+/// same arithmetic and merges them in the same order (see [`key_chunk`]), so the choice
+/// changes no bit.
+enum Plan<'a> {
+    /// Prefill, and decode short of two key chunks: FlashAttention-2 over (KV head, query
+    /// block), each block running its key chunks one after another ([`blocks`]).
+    Blocks,
+    /// Decode across key chunks (flash-decoding): chunks `c0..c0 + nchunks` in parallel, each
+    /// through the tile loop, merged in order ([`split_kv`]).
+    SplitKv { c0: usize, nchunks: usize },
+    /// [`Plan::SplitKv`] with each thread's run of chunks read in one fused AVX-512 pass
+    /// (`decode_fused`).
+    Fused {
+        c0: usize,
+        nchunks: usize,
+        fused: Fused<'a>,
+    },
+}
+
+/// The plan for `n` query tokens of `job`: a few query rows over two or more visible key
+/// chunks split the keys across threads (fused where [`Fused::plan`] allows); anything else
+/// runs by query block.
+fn plan<'a>(job: &Job<'a>, n: usize) -> Plan<'a> {
+    let s = job.s;
+    let (hd, group) = (s.head_dim, s.n_head / s.n_head_kv);
+    let chunk = key_chunk(hd);
+    let nchunks = (job.pos0 + n).div_ceil(chunk);
     // Under a sliding window, chunks wholly before the first query's window are skipped: no
     // row sees them, and merging a chunk a row does not see changes nothing, so the result is
     // the same bits as computing them.
-    let c0 = s.first_visible(pos0) / chunk;
-
-    // Flash-decoding: a few query rows over several key chunks compute the chunks in parallel
-    // and merge them in order (the result is the same as the tiled path's, see `key_chunk`).
-    // Each KV head's rows are merged by the thread that finishes the head's last chunk, inside
-    // the parallel section, so the first heads merge while the other thread still computes.
-    // Merged after the section, one thread merged every row while the others waited: at depth
-    // 4,096, 7-14k TSC ticks a layer, reading the other core's chunks. Same-process A/Bs,
-    // SmolLM2, two threads, decode at depth 4,096: f32 cache 1.8% and 1.7% faster a token (12
-    // of 12 and 9 of 12 pairs); f16 2.9%, 1.5%, 0.4%, -0.7% in four runs; depth 1,024 0.8%.
-    if n <= br && nchunks - c0 >= 2 {
-        let nchunks = nchunks - c0;
-        let rows = n * group;
-        let stride = rows * (hd + 2);
-        let per_head = nchunks * stride;
-        let total = s.n_head_kv * per_head;
-        if partials.len() < total {
-            partials.resize(total, 0.0);
-        }
-        if done.len() < s.n_head_kv {
-            done.resize_with(s.n_head_kv, Default::default);
-        }
-        let done = &done[..s.n_head_kv];
-        for d in done {
-            d.store(0, Ordering::Relaxed);
-        }
-        let parts = OutPtr(partials[..total].as_mut_ptr());
-        // Each thread takes runs of consecutive chunks (`for_each_run`), and a run's chunks of
-        // one KV head are read in one pass (`chunk_run`).
-        crate::team::for_each_run(s.n_head_kv * nchunks, |run| {
-            let mut i = run.start;
-            while i < run.end {
-                let kvh = i / nchunks;
-                let end = run.end.min((kvh + 1) * nchunks);
-                let count = end - i;
-                {
-                    // SAFETY: chunks i..end's parts are partials[i * stride..end * stride],
-                    // inside `total`, and this run is their only user until their count below
-                    // is released.
-                    let parts = unsafe { parts.row(i * stride, count * stride) };
-                    let cs = c0 + i % nchunks..c0 + i % nchunks + count;
-                    TILES.with_borrow_mut(|t| chunk_run(&job, kvh, n, cs, chunk, parts, stride, t));
-                }
-                i = end;
-                // Every chunk's writes come before its count (release); the last count
-                // (acquire) sees them all.
-                if done[kvh].fetch_add(count, Ordering::AcqRel) + count < nchunks {
-                    continue;
-                }
-                // SAFETY: every chunk of head kvh is done and none is written any more; the
-                // head's parts are inside `total`.
-                let head = unsafe { parts.read(kvh * per_head, per_head) };
-                // Merge each row's chunks in order, then normalize.
-                for first in (0..rows).step_by(MERGE_LANES) {
-                    let width = (rows - first).min(MERGE_LANES);
-                    merge_chunks(
-                        head,
-                        nchunks,
-                        stride,
-                        rows,
-                        hd,
-                        first..first + width,
-                        simd,
-                        |r| {
-                            let (tok, h) = (r / group, kvh * group + r % group);
-                            // SAFETY: row (tok, h) is inside `out`, and each row of the call is
-                            // merged once, by the run that finished its head's last chunk.
-                            unsafe { optr.row(tok * q_dim + h * hd, hd) }
-                        },
-                    );
-                }
-            }
-        });
-        return;
+    let c0 = s.first_visible(job.pos0) / chunk;
+    if n > query_block(hd, group) || nchunks - c0 < 2 {
+        return Plan::Blocks;
     }
+    let nchunks = nchunks - c0;
+    match Fused::plan(job, n, chunk) {
+        Some(fused) => Plan::Fused { c0, nchunks, fused },
+        None => Plan::SplitKv { c0, nchunks },
+    }
+}
 
-    // FlashAttention-2: parallel over (KV head, query block), the longest blocks first. Each
-    // block runs its key chunks one after another, merging each into the running result.
+/// FlashAttention-2: parallel over (KV head, query block), the longest blocks first. Each
+/// block runs its key chunks one after another, merging each into the running result.
+fn blocks(job: &Job, n: usize, optr: OutPtr) {
+    let s = job.s;
+    let (hd, group) = (s.head_dim, s.n_head / s.n_head_kv);
+    let q_dim = s.n_head * hd;
+    let (pos0, len) = (job.pos0, job.pos0 + n);
+    let br = query_block(hd, group);
+    let chunk = key_chunk(hd);
     let nqb = n.div_ceil(br);
     let task = |i: usize| {
         let (qb, kvh) = (nqb - 1 - i / s.n_head_kv, i % s.n_head_kv);
@@ -288,9 +302,9 @@ pub(super) fn flash_paths(
                 lo: c * chunk,
                 hi: ((c + 1) * chunk).min(len),
             };
-            block(&job, span(first), acc, m, l, t);
+            block(job, span(first), acc, m, l, t);
             for c in first + 1..hi.div_ceil(chunk) {
-                block(&job, span(c), acc_c, m_c, l_c, t);
+                block(job, span(c), acc_c, m_c, l_c, t);
                 for r in 0..rows {
                     let (ar, ac) = (&mut acc[r * hd..(r + 1) * hd], &acc_c[r * hd..(r + 1) * hd]);
                     merge_partial(ar, &mut m[r], &mut l[r], ac, m_c[r], l_c[r]);
@@ -310,9 +324,8 @@ pub(super) fn flash_paths(
     };
     if nqb == 1 {
         // One query block (decode short of two key chunks): a task per KV head, all the same
-        // length, through the forward pass's team. Through rayon, whose jobs a team's helper
-        // only looks for between polls, the owner ran most of them itself while the helper
-        // waited: decode at depth 0-250, same-process A/B, 0.7-3.4% faster a token.
+        // length, through the forward pass's team (rayon's jobs a team's helper only looks for
+        // between polls, so there the owner would run most of them itself).
         crate::team::for_each(s.n_head_kv, task);
     } else {
         (0..s.n_head_kv * nqb).into_par_iter().for_each(task);
@@ -331,18 +344,18 @@ pub fn key_chunk(head_dim: usize) -> usize {
 }
 
 /// Rows merged side by side: one vector of eight exponentials a side per chunk.
-const MERGE_LANES: usize = 8;
+pub(super) const MERGE_LANES: usize = 8;
 
 /// Flash-decoding's merge for rows `rows` of the call's (KV head, row) pairs (at most
 /// [`MERGE_LANES`]): each row's chunk results `0..nchunks` merged in order as
 /// [`merge_partial`] merges them, into the output row `out(row)`, then normalized. The rows'
 /// rescaling factors are taken side by side, eight exponentials in one vector
-/// (`flash_x86::exp_lanes`, the scalar bits): one row's merges are a chain of two scalar
+/// (`kernels_avx2::exp_lanes`, the scalar bits): one row's merges are a chain of two scalar
 /// exponentials a chunk, and row after row the chains ran one after another on the thread
 /// that merges while the others waited (at depth 4,096, a twentieth of the step's serial
 /// work).
 #[allow(clippy::too_many_arguments)]
-fn merge_chunks<'o>(
+pub(super) fn merge_chunks<'o>(
     parts: &[f32],
     nchunks: usize,
     stride: usize,
@@ -407,7 +420,7 @@ fn exp_batch(x: [f32; MERGE_LANES], simd: Option<Avx2>) -> [f32; MERGE_LANES] {
     #[cfg(target_arch = "x86_64")]
     if simd.is_some() {
         // SAFETY: the token proves AVX2 and FMA.
-        return unsafe { super::flash_x86::exp_lanes(x) };
+        return unsafe { super::kernels_avx2::exp_lanes(x) };
     }
     let _ = simd;
     x.map(exp_approx)

@@ -22,22 +22,24 @@
 //! such a cache cheap to read at long context.
 
 mod ahead;
+#[cfg(target_arch = "x86_64")]
+mod decode_fused;
+mod decode_split;
 mod flash;
+mod kernel;
 #[cfg(target_arch = "x86_64")]
-mod flash_avx512;
+mod kernels_avx2;
 #[cfg(target_arch = "x86_64")]
-mod flash_columns;
+mod kernels_avx512;
 #[cfg(target_arch = "x86_64")]
-mod flash_decode;
+mod kernels_columns;
 #[cfg(target_arch = "x86_64")]
-mod flash_q8_avx2;
-mod flash_span;
+mod kernels_q8_avx2;
 #[cfg(target_arch = "x86_64")]
-mod flash_vnni;
-#[cfg(target_arch = "x86_64")]
-mod flash_x86;
+mod kernels_vnni;
 mod naive;
 mod q8_keys;
+mod tile_loop;
 
 use std::str::FromStr;
 

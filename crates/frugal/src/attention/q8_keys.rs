@@ -12,11 +12,10 @@
 //!
 //! with the blocks added in order from zero. The integer dots are exact, so the only error
 //! beyond the stored key's is the query's remainder rounding, at most 1/256 of a Q8_0 step
-//! (finer than an f16 query). llama.cpp quantizes the query to plain Q8_0 (`hi` alone);
-//! measured here that raised the q8_0 cache's KL divergence by about 40%, which the second
-//! part removes for one more multiply per four dimensions. The f32 arithmetic after the
+//! (finer than an f16 query). llama.cpp quantizes the query to plain Q8_0 (`hi` alone),
+//! which raises the q8_0 cache's KL divergence by about 40%; the second part removes for one more multiply per four dimensions. The f32 arithmetic after the
 //! integer dots is the same operations in the same order on every path (this portable twin,
-//! the VNNI kernel in `flash_vnni`, and naive attention), so a row's scores have the same bits
+//! the VNNI kernel in `kernels_vnni`, and naive attention), so a row's scores have the same bits
 //! whichever computes them.
 
 use std::marker::PhantomData;
@@ -159,7 +158,7 @@ pub(super) fn score(hi: &[i8], lo: &[i8], scales: &[f32], key: &[u8]) -> f32 {
 
 /// Where a tile's keys lie: one pointer per key to its whole stored head (`head_bytes`),
 /// checked once per run of keys as the run is added, so the kernels read a key without a check
-/// of their own (a per-key slice check cost a sixth of the VNNI kernel's time, measured).
+/// of their own (a per-key slice check would cost a sixth of the VNNI kernel's time).
 pub(super) struct KeyRows<'a> {
     ptrs: [*const u8; MAX_KEY_TILE],
     len: usize,
@@ -220,7 +219,7 @@ impl<'a> KeyRows<'a> {
 }
 
 /// `s[i][j] = score(query i, key j)` for `R` quantized rows (from row `row0` of `qq`) and keys
-/// `0..jn` of `keys`, into `s` (`R x bc`): the portable twin of `flash_vnni::scores_q8`.
+/// `0..jn` of `keys`, into `s` (`R x bc`): the portable twin of `kernels_vnni::scores_q8`.
 pub(super) fn scores<const R: usize>(
     qq: &QuantQueries,
     row0: usize,
@@ -242,7 +241,7 @@ pub(super) fn scores<const R: usize>(
 }
 
 /// A SIMD kernel of [`scores`]' signature (plus the next tile's prefetches), with its token:
-/// what `flash_span::block_body` dispatches to and [`check_kernel_bits`] checks.
+/// what `tile_loop::block_body` dispatches to and [`check_kernel_bits`] checks.
 #[cfg(all(test, target_arch = "x86_64"))]
 type ScoresKernel<'a> = &'a dyn Fn(
     &QuantQueries,

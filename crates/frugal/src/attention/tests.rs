@@ -230,13 +230,13 @@ fn exp_approx_is_within_two_ulp_of_exp() {
     let mut worst = 0f32;
     for i in 0..=(87 * 4096) {
         let x = -(i as f32) / 4096.0;
-        let (a, b) = (super::flash_span::exp_approx(x), x.exp());
+        let (a, b) = (super::tile_loop::exp_approx(x), x.exp());
         let ulps = (a - b).abs() / (b * f32::EPSILON);
         worst = worst.max(ulps);
     }
     assert!(worst <= 2.0, "worst error {worst} ulp");
-    assert_eq!(super::flash_span::exp_approx(0.0), 1.0);
-    assert!(super::flash_span::exp_approx(f32::NEG_INFINITY) < 2e-38);
+    assert_eq!(super::tile_loop::exp_approx(0.0), 1.0);
+    assert!(super::tile_loop::exp_approx(f32::NEG_INFINITY) < 2e-38);
 }
 
 /// The bytes of `v`, as a cache stores f32 rows.
@@ -257,8 +257,8 @@ fn simd_flash_loops_match_the_portable_ones() {
 
 #[cfg(target_arch = "x86_64")]
 fn simd_loops_match<const R: usize>() {
-    use super::flash_span::{exp_row, scores, weighted_values};
-    use super::flash_x86;
+    use super::kernels_avx2;
+    use super::tile_loop::{exp_row, scores, weighted_values};
     let Some(t) = crate::cpu::token_for_test::<Avx2>("simd_loops_match") else {
         return;
     };
@@ -273,7 +273,7 @@ fn simd_loops_match<const R: usize>() {
             let (mut a, mut b) = (vec![0f32; R * bc], vec![0f32; R * bc]);
             scores::<R>(&q, &kt, bc, jn, &mut a);
             // SAFETY: the token proves the loop's features.
-            unsafe { flash_x86::scores::<R>(t, &q, &kt, bc, jn, &mut b) };
+            unsafe { kernels_avx2::scores::<R>(t, &q, &kt, bc, jn, &mut b) };
             for i in 0..R {
                 for j in 0..jn {
                     let (x, y) = (a[i * bc + j], b[i * bc + j]);
@@ -289,7 +289,7 @@ fn simd_loops_match<const R: usize>() {
             let (mut e1, mut e2) = (row.clone(), row.clone());
             let s1 = exp_row(&mut e1, 1.5);
             // SAFETY: as above.
-            let s2 = unsafe { flash_x86::exp_row(t, &mut e2, 1.5) };
+            let s2 = unsafe { kernels_avx2::exp_row(t, &mut e2, 1.5) };
             assert_eq!(e1, e2);
             assert!((s1 - s2).abs() <= jn as f32 * f32::EPSILON * s1);
             // The rows' exponentials side by side: each row's values and sum are the bits of
@@ -298,11 +298,12 @@ fn simd_loops_match<const R: usize>() {
                 let maxes: [f32; R] = std::array::from_fn(|i| 0.25 * i as f32 - 0.5);
                 let mut together = a.clone();
                 // SAFETY: as above.
-                let sums = unsafe { flash_x86::exp_rows::<R>(t, &mut together, bc, lo, jn, maxes) };
+                let sums =
+                    unsafe { kernels_avx2::exp_rows::<R>(t, &mut together, bc, lo, jn, maxes) };
                 for (i, &mx) in maxes.iter().enumerate() {
                     let mut alone = a[i * bc..i * bc + bc].to_vec();
                     // SAFETY: as above.
-                    let sum = unsafe { flash_x86::exp_row(t, &mut alone[lo..jn], mx) };
+                    let sum = unsafe { kernels_avx2::exp_row(t, &mut alone[lo..jn], mx) };
                     assert_eq!(sums[i].to_bits(), sum.to_bits());
                     assert_eq!(&together[i * bc..i * bc + bc], &alone[..]);
                 }
@@ -311,7 +312,7 @@ fn simd_loops_match<const R: usize>() {
             // them, and -inf for an empty row.
             let fold = |r: &[f32]| r.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
             // SAFETY: as above.
-            let vmax = |r: &[f32]| unsafe { flash_x86::row_max(t, r) };
+            let vmax = |r: &[f32]| unsafe { kernels_avx2::row_max(t, r) };
             assert_eq!(vmax(&row).to_bits(), fold(&row).to_bits());
             let mut holes = row.clone();
             for x in holes.iter_mut().step_by(3) {
@@ -326,7 +327,7 @@ fn simd_loops_match<const R: usize>() {
             let (mut pa, mut pb) = (vec![0f32; R * hd], vec![0f32; R * hd]);
             weighted_values::<R>(&p, bc, &v, hd, jn, &mut pa);
             let vb = f32_bytes(&v);
-            flash_x86::weighted_values::<R>(
+            kernels_avx2::weighted_values::<R>(
                 t,
                 &p,
                 bc,
@@ -357,7 +358,7 @@ fn simd_loops_match<const R: usize>() {
             let mut pc = vec![0f32; R * hd];
             let at = |j: usize| &spread[j * stride + 4 * hd..];
             if split > 0 {
-                flash_x86::weighted_values::<R>(
+                kernels_avx2::weighted_values::<R>(
                     t,
                     &p,
                     bc,
@@ -371,7 +372,7 @@ fn simd_loops_match<const R: usize>() {
                     &mut Ahead::default(),
                 );
             }
-            flash_x86::weighted_values::<R>(
+            kernels_avx2::weighted_values::<R>(
                 t,
                 &p[split..],
                 bc,
@@ -388,7 +389,7 @@ fn simd_loops_match<const R: usize>() {
             // Keys transposed straight from strided rows, in two runs, against the element loop.
             let mut kt_simd = vec![f32::NAN; hd * bc];
             if split > 0 {
-                flash_x86::transpose_rows(
+                kernels_avx2::transpose_rows(
                     t,
                     at(0),
                     stride,
@@ -401,7 +402,7 @@ fn simd_loops_match<const R: usize>() {
                     &mut Ahead::default(),
                 );
             }
-            flash_x86::transpose_rows(
+            kernels_avx2::transpose_rows(
                 t,
                 at(split),
                 stride,
@@ -800,13 +801,13 @@ fn flash_window_matches_naive() {
 
 /// Rows computed three at a time (GQA groups of three) get the same bits as when computed
 /// four at a time: each row's sums run in the same order whatever the row count, so the
-/// choice in `flash_span::block` changes speed only. Up to three rows weigh values 32 dimensions a
+/// choice in `tile_loop::block` changes speed only. Up to three rows weigh values 32 dimensions a
 /// pass where four take 16, so this also holds the wide pass to the narrow one's bits (head
 /// dimension 48 takes the narrow pass for both).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn three_and_four_rows_at_a_time_give_the_same_bits() {
-    use super::flash_x86;
+    use super::kernels_avx2;
     let Some(t) =
         crate::cpu::token_for_test::<Avx2>("three_and_four_rows_at_a_time_give_the_same_bits")
     else {
@@ -825,13 +826,13 @@ fn three_and_four_rows_at_a_time_give_the_same_bits() {
         let (mut o4, mut o3) = (vec![0f32; 4 * hd], vec![0f32; 3 * hd]);
         // SAFETY: the token proves the score loop's features.
         unsafe {
-            flash_x86::scores::<4>(t, &q, &kt, bc, jn, &mut s4);
-            flash_x86::scores::<3>(t, &q[..3 * hd], &kt, bc, jn, &mut s3);
+            kernels_avx2::scores::<4>(t, &q, &kt, bc, jn, &mut s4);
+            kernels_avx2::scores::<3>(t, &q[..3 * hd], &kt, bc, jn, &mut s3);
             // A second run of keys continues the sums (a paged cache's next block).
             for accumulate in [false, true] {
                 let ahead = &mut Ahead::default();
                 let f32v = KvType::F32;
-                flash_x86::weighted_values::<4>(
+                kernels_avx2::weighted_values::<4>(
                     t,
                     &p,
                     bc,
@@ -844,7 +845,7 @@ fn three_and_four_rows_at_a_time_give_the_same_bits() {
                     accumulate,
                     ahead,
                 );
-                flash_x86::weighted_values::<3>(
+                kernels_avx2::weighted_values::<3>(
                     t,
                     &p,
                     bc,
@@ -893,7 +894,7 @@ fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
         loops.push((
             "avx2",
             Box::new(move |p, bc, v, st, ty, hd, jn, pv, acc, a| {
-                super::flash_x86::weighted_values::<R>(t, p, bc, v, st, ty, hd, jn, pv, acc, a)
+                super::kernels_avx2::weighted_values::<R>(t, p, bc, v, st, ty, hd, jn, pv, acc, a)
             }),
         ));
     }
@@ -901,7 +902,7 @@ fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
         loops.push((
             "avx512",
             Box::new(move |p, bc, v, st, ty, hd, jn, pv, acc, a| {
-                super::flash_avx512::weighted_values::<R>(t, p, bc, v, st, ty, hd, jn, pv, acc, a)
+                super::kernels_avx512::weighted_values::<R>(t, p, bc, v, st, ty, hd, jn, pv, acc, a)
             }),
         ));
     }
@@ -983,7 +984,7 @@ fn q8_0_values_in_place_give_the_decoded_tiles_bits() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn keys_by_column_give_the_bits_of_keys_by_row() {
-    use super::{flash_columns, flash_x86};
+    use super::{kernels_avx2, kernels_columns};
     let Some(t) = crate::cpu::token_for_test::<Avx2>("keys_by_column_give_the_bits_of_keys_by_row")
     else {
         return;
@@ -1021,7 +1022,7 @@ fn keys_by_column_give_the_bits_of_keys_by_row() {
                 }
             }
             let mut by_rows = vec![f32::NAN; hd * bc];
-            flash_x86::transpose_rows(
+            kernels_avx2::transpose_rows(
                 t,
                 &rows[ty.bytes(off * hd)..],
                 ty.bytes(hd),
@@ -1034,7 +1035,7 @@ fn keys_by_column_give_the_bits_of_keys_by_row() {
                 &mut Ahead::default(),
             );
             let mut by_cols = vec![f32::NAN; hd * bc];
-            flash_columns::widen_columns(
+            kernels_columns::widen_columns(
                 t,
                 &cols,
                 ty,
@@ -1053,9 +1054,9 @@ fn keys_by_column_give_the_bits_of_keys_by_row() {
             }
             let mut want = vec![0f32; R * bc];
             // SAFETY: the token proves the loop's features.
-            unsafe { flash_x86::scores::<R>(t, &q, &by_rows, bc, m, &mut want) };
+            unsafe { kernels_avx2::scores::<R>(t, &q, &by_rows, bc, m, &mut want) };
             let mut got = vec![f32::NAN; R * bc];
-            flash_columns::scores_columns::<R>(
+            kernels_columns::scores_columns::<R>(
                 t,
                 &q,
                 &cols,
@@ -1067,7 +1068,11 @@ fn keys_by_column_give_the_bits_of_keys_by_row() {
                 bc,
                 &mut Ahead::default(),
                 // Asking for lines (here the block's own) changes no bits.
-                Some(flash_x86::LineHint::spread(cols.as_ptr(), cols.len(), hd)),
+                Some(kernels_avx2::LineHint::spread(
+                    cols.as_ptr(),
+                    cols.len(),
+                    hd,
+                )),
             );
             for i in 0..R {
                 let bits = |s: &[f32]| {
@@ -1102,7 +1107,7 @@ fn line_hints_cover_every_line_of_their_bytes() {
                         continue; // shares longer than a line: only their first lines
                     }
                     let at = std::ptr::without_provenance::<u8>(start);
-                    let lines = flash_x86::LineHint::spread(at, len, hd).requested(hd);
+                    let lines = kernels_avx2::LineHint::spread(at, len, hd).requested(hd);
                     let (first, end) = (start / 64, (start + len).div_ceil(64));
                     let mut got = lines.clone();
                     got.dedup();
@@ -1123,7 +1128,7 @@ fn line_hints_cover_every_line_of_their_bytes() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn exp_lanes_gives_the_scalar_bits() {
-    use super::flash_span::exp_approx;
+    use super::tile_loop::exp_approx;
     let Some(_t) = crate::cpu::token_for_test::<Avx2>("exp_lanes_gives_the_scalar_bits") else {
         return;
     };
@@ -1147,13 +1152,13 @@ fn exp_lanes_gives_the_scalar_bits() {
             }
         });
         // SAFETY: the token proves AVX2 and FMA.
-        let got = unsafe { flash_x86::exp_lanes(x) };
+        let got = unsafe { kernels_avx2::exp_lanes(x) };
         for (g, &v) in got.iter().zip(&x) {
             assert_eq!(g.to_bits(), exp_approx(v).to_bits(), "exp({v})");
         }
     }
     // SAFETY: as above.
-    let eight = unsafe { flash_x86::exp_lanes([-0.5f32; 8]) };
+    let eight = unsafe { kernels_avx2::exp_lanes([-0.5f32; 8]) };
     assert!(
         eight
             .iter()

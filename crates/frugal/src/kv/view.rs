@@ -282,7 +282,7 @@ impl<'a> KvView<'a> {
 
     /// Where head `head` of each position lies ([`HeadAddr::at`]), with the layout's parts
     /// taken out once: for a paged view in per-head regions, no ring, blocks of a power of two
-    /// positions. Decode's fused tiles (`attention::flash_decode`) find sixteen keys' keys and
+    /// positions. Decode's fused tiles (`attention::decode_fused`) find sixteen keys' keys and
     /// values this way twice a tile each (through `head_start`, a division by the block size
     /// and the layout's match each time, it cost a twentieth of decode attention).
     pub fn head_addr(&self, head_dim: usize) -> Option<HeadAddr<'a>> {

@@ -7,7 +7,7 @@
 //! attention call at 63 cached positions, three KV heads, f16, one thread: 3.6 us, against
 //! 2.6 at 64), and every call at a depth short of one tile took it alone.
 //!
-//! The general tile loop (`flash_span`) runs the same steps as separate kernels: scores stored,
+//! The general tile loop (`tile_loop`) runs the same steps as separate kernels: scores stored,
 //! then read back for the maximum, again for the exponentials, and each kernel locates its own
 //! keys and values and plans the next tile's lines through `Ahead`. With the cache in L3 that
 //! bookkeeping was a seventh of decode attention, and a kernel's entry and exit a sixth.
@@ -22,8 +22,8 @@
 use std::arch::x86_64::*;
 
 use super::flash::Job;
-use super::flash_avx512::{Bf16Lanes, F16Lanes, F32Lanes, Lanes16, Q8Lanes};
-use super::flash_span::{Tiles, grow};
+use super::kernels_avx512::{Bf16Lanes, F16Lanes, F32Lanes, Lanes16, Q8Lanes};
+use super::tile_loop::{Tiles, grow};
 use crate::cpu::Avx512;
 use crate::kv::{HeadAddr, KvType, KvView};
 
@@ -203,20 +203,12 @@ impl ChunkParts {
 /// the weighted values. `q` holds the rows' queries, scaled (`R x hd`); `s` and `p` are
 /// scratch for `R x bc` scores and weights. `keys` and `values` are the two views' types.
 ///
-/// In one thread with a tile in L1 (f16, 64 keys, three rows, Zen 4) a tile takes about 1,670
-/// TSC ticks: scores 690, weighted values 700, softmax 250 (360 with the exponentials one
-/// vector after another rather than side by side, `exp16_grid`).
-///
 /// The next tile's scores are computed before this tile's weighted sum: the softmax is a chain
 /// of dependent steps (maximum, correction, exponentials, sums) that the weighted sum waits
 /// for, and the next tile's multiply-adds, which depend on none of it, fill the wait. The
 /// scores go to `s` once the softmax has read it; the weighted sum reads `p`. Same operations
-/// on the same values, so the same bits. Same-process A/B, f16, depth 4,096: attention alone
-/// 5.21 -> 4.86 ms a step on one thread, 2.85 -> 2.72 on two; whole decode 2.4-3.7% faster a
-/// token on two threads, 2.5% on one. (An earlier A/B found this order 10% slower from
-/// memory. Its harness was most likely built with the default 16 codegen units, and there the
-/// closures in these kernels are not inlined, which makes them 30-45% slower; the
-/// workspace builds with 4.) For tiles of 64 keys and heads of 64 dimensions the softmax
+/// on the same values, so the same bits. (The closures in these kernels must be inlined, which
+/// the workspace's 4 codegen units do; with the default 16 they are not.) For tiles of 64 keys and heads of 64 dimensions the softmax
 /// itself runs inside that loop too, a segment at a time ([`step`]).
 ///
 /// # Safety
@@ -381,13 +373,7 @@ unsafe fn tiles_n<LK: Lanes16, LV: Lanes16, const R: usize, const N: usize>(
 /// keys at a time, each computed half a segment before its keys are weighed. Work done in one
 /// block between the loads stops the loads for its length, and from memory a stop costs more
 /// than its own time: the loads that follow it start behind, with nothing in flight. Spread
-/// through the loop, the same work hides behind the loads. Same-process A/Bs at depth 4,096,
-/// attention alone, against the softmax as one block before the loop: f32 cache 12-14% less
-/// time a step on one thread (16 of 16 pairs, twice), 2-4% on two; f16 7% less on one thread
-/// and 6% on two (40 of 40), measured with runs over several chunks; bf16 the same time.
-/// (An earlier f16 A/B on two threads, before runs crossed chunks, found the spread 15%
-/// slower; a later one with a call per chunk found it 4% faster.) Skipped altogether, a wrong
-/// result kept only as a bound, the softmax would save another 3%.
+/// through the loop, the same work hides behind the loads.
 ///
 /// Every value has the operations and order of the separate steps, so the same bits: each
 /// score the chain over the columns in order ([`steps::scores`]), each output the chain over
@@ -468,6 +454,54 @@ unsafe fn step<LK: Lanes16, LV: Lanes16, const R: usize>(
     }
 }
 
+/// One call's fused split-KV decode ([`super::flash::Plan::Fused`]): the kernel for its rows
+/// and where its keys and values lie.
+#[derive(Copy, Clone)]
+pub(super) struct Fused<'a> {
+    w: Avx512,
+    run: FusedChunks,
+    ka: HeadAddr<'a>,
+    va: HeadAddr<'a>,
+}
+
+impl<'a> Fused<'a> {
+    /// The fused pass for a split-KV decode of `n` tokens over chunks of `chunk` keys, where
+    /// it applies: one token whose three or four query rows (its heads of a KV head) take whole
+    /// tiles of a multiple of sixteen keys from f32, f16 or bf16 keys kept by column
+    /// ([`fused_views`]), with AVX-512 allowed (`job.fused`).
+    pub(super) fn plan(job: &Job<'a>, n: usize, chunk: usize) -> Option<Self> {
+        let s = job.s;
+        let w = job.fused.filter(|_| n == 1)?;
+        if !job.bc.is_multiple_of(16) || !chunk.is_multiple_of(job.bc) {
+            return None;
+        }
+        let run: FusedChunks = match s.n_head / s.n_head_kv {
+            3 => fused_chunks::<3>,
+            4 => fused_chunks::<4>,
+            _ => return None,
+        };
+        let (ka, va) = fused_views(&job.k, &job.v, s.head_dim, job.bc)?;
+        Some(Self { w, run, ka, va })
+    }
+
+    /// [`fused_chunks`] over keys `keys` (from a chunk's start) of KV head `kvh`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run(
+        &self,
+        job: &Job,
+        kvh: usize,
+        keys: std::ops::Range<usize>,
+        chunk: usize,
+        parts: &mut [f32],
+        stride: usize,
+        t: &mut Tiles,
+    ) {
+        (self.run)(
+            self.w, job, kvh, &self.ka, &self.va, keys, chunk, parts, stride, t,
+        )
+    }
+}
+
 /// [`fused_chunks`] for a number of rows.
 pub(super) type FusedChunks = fn(
     Avx512,
@@ -482,10 +516,10 @@ pub(super) type FusedChunks = fn(
     &mut Tiles,
 );
 
-/// [`super::flash_span::chunk_run`]'s fused run for `R` rows (one token's query heads of KV
+/// [`super::tile_loop::chunk_run`]'s fused run for `R` rows (one token's query heads of KV
 /// head `kvh`) over `keys` (from a chunk's start): the whole tiles as one run, then the cache's
 /// last keys, when they end inside a tile, as a run of one tile of the segments that hold them
-/// (as [`super::flash_span::block`] takes them).
+/// (as [`super::tile_loop::block`] takes them).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn fused_chunks<const R: usize>(
     w: Avx512,

@@ -15,7 +15,7 @@ use super::ahead::Ahead;
 use crate::cpu::Avx2;
 use crate::kv::{KvType, Q8_0_BLOCK};
 
-use super::flash_span::{
+use super::tile_loop::{
     EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx,
 };
 
@@ -459,7 +459,7 @@ pub(super) fn hint_lines<const HINT: i32>(at: *const u8, len: usize) {
 }
 
 /// Whether the key transpose reads a cache of type `ty` in place (every format but Q8_0, whose
-/// keys are scored in integers instead, see `flash_q8_avx2`). The weighted values read every
+/// keys are scored in integers instead, see `kernels_q8_avx2`). The weighted values read every
 /// format in place.
 pub(super) fn reads_in_place(ty: KvType) -> bool {
     matches!(ty, KvType::F32 | KvType::F16 | KvType::Bf16)
@@ -531,9 +531,8 @@ unsafe fn weighted<L: Lanes, const R: usize>(
             // Twenty-four outputs a pass for three rows or fewer: nine independent chains of
             // multiply-adds, where sixteen outputs by three rows (decode of a GQA group of
             // three) gave six that waited on their latency. Thirty-two (twelve sums, three
-            // weights and a value: all sixteen registers) left the compiler two sums short, and
-            // their spill and reload at every key put a store in two chains: attention's
-            // arithmetic at depth 4,096 took 23% longer (Zen 2, one thread, cache in L3).
+            // weights and a value: all sixteen registers) leave the compiler two sums short, and
+            // their spill and reload at every key puts a store in two chains.
             // Sixteen otherwise and for what is left, eight for a last odd vector; Q8_0 keeps
             // sixteen, which share a block scale.
             if R <= 3 && !L::PAIRED && d0 + 24 <= hd {
@@ -628,7 +627,7 @@ unsafe fn weigh_pass<L: Lanes, const R: usize, const W: usize>(
 /// `kt[c * bc + j0 + j] = row_j[c]` for `m` rows of `hd` values of type `ty` (any format; `hd`
 /// a multiple of 8, of 32 for Q8_0) at byte `j * stride` of `src`: the transposed key tile `scores`
 /// reads, filled eight rows by eight columns at a time with in-register 8x8 transposes, straight
-/// from the cache (the scalar twin is the element loop in `flash_span::block_body`).
+/// from the cache (the scalar twin is the element loop in `tile_loop::block_body`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn transpose_rows(
     _: Avx2,

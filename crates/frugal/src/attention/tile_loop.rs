@@ -3,13 +3,14 @@
 //! softmax that `flash` (the driver: which spans run where, and how their results merge)
 //! describes. `block` picks how many rows share each key and value load; `block_body` is the
 //! tile loop, written once and compiled both portably (the scalar twin) and for AVX2, with
-//! explicit AVX2 / AVX-512 inner loops (`flash_x86`, `flash_columns`, `flash_avx512`,
+//! explicit AVX2 / AVX-512 inner loops (`kernels_avx2`, `kernels_columns`, `kernels_avx512`,
 //! `q8_keys`) where the shapes allow and the portable loops below where they do not.
 
 use std::cell::RefCell;
 
 use super::ahead::Ahead;
 use super::flash::{Job, Span};
+use super::kernel::{Portable, TileKernel};
 use super::q8_keys::{self, KeyRows, QuantQueries};
 use crate::cpu::Avx2;
 use crate::kv::KvType;
@@ -61,70 +62,12 @@ pub(super) fn block(
     let rows = (span.t1 - span.t0) * (job.s.n_head / job.s.n_head_kv);
     // Three rows at a time when four would pad the block by more than a tenth: a decode step
     // (or a short verification) of a GQA model whose KV heads serve three query heads each
-    // (SmolLM2) would otherwise compute a fourth, empty row beside every three. Measured at
-    // depth 4,096 with an f16 cache: +10% decode (median of three same-run A/B pairs). Long
+    // (SmolLM2) would otherwise compute a fourth, empty row beside every three. Long
     // blocks keep four, which shares each key and value load more widely.
     if rows.is_multiple_of(3) && 10 * (rows.next_multiple_of(R) - rows) > rows {
         block_rows::<3>(job, span, acc, m, l, t)
     } else {
         block_rows::<R>(job, span, acc, m, l, t)
-    }
-}
-
-/// Key chunks `cs` (of `chunk` keys) of KV head `kvh` for the call's `n` query tokens, chunk
-/// `i` of them leaving its result in `parts[i * stride..]` (outputs, maxima, sums of its rows,
-/// as [`block`] leaves them). A one-token decode whose every key the rows see takes them in one
-/// fused run (`flash_decode`): each chunk's result is the one it has alone, but the loads run on
-/// from one chunk into the next without the stop of a call apiece (a call's setup, its first
-/// tile's keys and last tile's values each read alone, the exit). Same-process A/Bs at depth
-/// 4,096, attention alone against a call per chunk: f32 cache 4-6% less time a step on one
-/// thread, 2-5% on two; f16 7% on one, 3% on two. Otherwise chunk by chunk through
-/// [`block`].
-#[allow(clippy::too_many_arguments)]
-pub(super) fn chunk_run(
-    job: &Job,
-    kvh: usize,
-    n: usize,
-    cs: std::ops::Range<usize>,
-    chunk: usize,
-    parts: &mut [f32],
-    stride: usize,
-    t: &mut Tiles,
-) {
-    let s = job.s;
-    let (hd, group) = (s.head_dim, s.n_head / s.n_head_kv);
-    let rows = n * group;
-    let (lo, hi) = (cs.start * chunk, (cs.end * chunk).min(job.k.len()));
-    #[cfg(target_arch = "x86_64")]
-    if n == 1
-        && let Some(w) = job.fused
-        && job.bc.is_multiple_of(16)
-        && chunk.is_multiple_of(job.bc)
-        && s.first_visible(job.pos0) <= lo
-        && job.pos0 + 1 >= hi
-        && lo < hi
-        && let Some((ka, va)) = super::flash_decode::fused_views(&job.k, &job.v, hd, job.bc)
-    {
-        let fused: Option<super::flash_decode::FusedChunks> = match rows {
-            3 => Some(super::flash_decode::fused_chunks::<3>),
-            4 => Some(super::flash_decode::fused_chunks::<4>),
-            _ => None,
-        };
-        if let Some(f) = fused {
-            return f(w, job, kvh, &ka, &va, lo..hi, chunk, parts, stride, t);
-        }
-    }
-    for (i, c) in cs.enumerate() {
-        let (acc, ml) = parts[i * stride..][..stride].split_at_mut(rows * hd);
-        let (m, l) = ml.split_at_mut(rows);
-        let span = Span {
-            kvh,
-            t0: 0,
-            t1: n,
-            lo: c * chunk,
-            hi: ((c + 1) * chunk).min(job.k.len()),
-        };
-        block(job, span, acc, m, l, t);
     }
 }
 
@@ -226,14 +169,14 @@ fn block_body<const R: usize>(
     // stay at the same absolute offsets from the chunk start).
     let first = s.first_visible(job.pos0 + span.t0);
     let mut j0 = span.lo + first.saturating_sub(span.lo) / bc * bc;
-    // Decode's whole tiles over keys by column in one pass (`flash_decode`): the block's rows
+    // Decode's whole tiles over keys by column in one pass (`decode_fused`): the block's rows
     // are one query block of exactly `R` rows.
     #[cfg(target_arch = "x86_64")]
     let fused = if fast.is_some()
         && let Some(w) = job.fused
         && rows == R
     {
-        super::flash_decode::fused_views(&job.k, &job.v, hd, bc).map(|views| (w, views))
+        super::decode_fused::fused_views(&job.k, &job.v, hd, bc).map(|views| (w, views))
     } else {
         None
     };
@@ -246,8 +189,7 @@ fn block_body<const R: usize>(
     // a run of consecutive chunks of one KV head (the team claims runs, `crate::team`), so
     // that is most often the first tile of its next chunk, which would otherwise start cold.
     // A fused run asks for each next tile's lines from the one before, past the end of its
-    // chunk into the next one, so the first tile's were asked for then (without this request:
-    // 0.079 -> 0.077 ms a layer in L3, the same from memory).
+    // chunk into the next one, so the first tile's were asked for then.
     for kv in [&job.k, &job.v].into_iter().filter(|_| !skip_first) {
         if j0 < kv.len() {
             kv.prefetch_head(span.kvh, hd, j0, (kv.len() - j0).min(bc));
@@ -269,7 +211,7 @@ fn block_body<const R: usize>(
             } else {
                 (1, nb.next_multiple_of(16), nb)
             };
-            let run = super::flash_decode::Run::new(
+            let run = super::decode_fused::Run::new(
                 job,
                 ka,
                 va,
@@ -282,7 +224,7 @@ fn block_body<const R: usize>(
             // (`j0 + tiles * bc <= hi <= len`; `j0` a multiple of the tile, itself of sixteen),
             // or it is one tile whose `valid` keys end the cache, in segments of blocks the
             // cache holds (blocks are whole segments, `fused_views`).
-            unsafe { super::flash_decode::tiles_in::<R>(*w, job, &run, t, acc, m, l) };
+            unsafe { super::decode_fused::tiles_in::<R>(*w, job, &run, t, acc, m, l) };
             j0 += (run.tiles - 1) * bc + run.valid;
             continue;
         }
@@ -292,7 +234,7 @@ fn block_body<const R: usize>(
         // format weighted where they lie, widened as they are loaded.
         #[cfg(target_arch = "x86_64")]
         let (k_in_place, v_fmt_in_place) = (
-            fast.filter(|_| super::flash_x86::reads_in_place(job.k.ty())),
+            fast.filter(|_| super::kernels_avx2::reads_in_place(job.k.ty())),
             fast,
         );
         #[cfg(not(target_arch = "x86_64"))]
@@ -316,7 +258,7 @@ fn block_body<const R: usize>(
             while j < nb {
                 let (bytes, bs, off, m) = job.k.head_block(span.kvh, hd, j0 + j, nb - j);
                 #[cfg(target_arch = "x86_64")]
-                super::flash_columns::widen_columns(
+                super::kernels_columns::widen_columns(
                     a,
                     bytes,
                     job.k.ty(),
@@ -336,7 +278,7 @@ fn block_body<const R: usize>(
             while j < nb {
                 let (bytes, stride, m) = job.k.head_run(span.kvh, hd, j0 + j, nb - j);
                 #[cfg(target_arch = "x86_64")]
-                super::flash_x86::transpose_rows(
+                super::kernels_avx2::transpose_rows(
                     a,
                     bytes,
                     stride,
@@ -355,7 +297,7 @@ fn block_body<const R: usize>(
                 .decode_head(span.kvh, hd, j0, nb, &mut t.kraw[..nb * hd]);
             if let Some(a) = fast {
                 #[cfg(target_arch = "x86_64")]
-                super::flash_x86::transpose_rows(
+                super::kernels_avx2::transpose_rows(
                     a,
                     f32_bytes(&t.kraw[..nb * hd]),
                     4 * hd,
@@ -368,11 +310,7 @@ fn block_body<const R: usize>(
                     &mut t.ahead,
                 );
             } else {
-                for j in 0..nb {
-                    for c in 0..hd {
-                        t.kt[c * bc + j] = t.kraw[j * hd + c];
-                    }
-                }
+                Portable.transpose_keys(&t.kraw[..nb * hd], nb, hd, &mut t.kt, bc);
             }
         }
         // Values in place only for a few rows (decode): more rows re-read the tile once per
@@ -405,7 +343,7 @@ fn block_body<const R: usize>(
                 if let Some(v) = job.vnni {
                     // SAFETY: the token proves the kernel's features.
                     unsafe {
-                        super::flash_vnni::scores_q8::<R>(
+                        super::kernels_vnni::scores_q8::<R>(
                             v,
                             &t.qq,
                             rb,
@@ -418,11 +356,11 @@ fn block_body<const R: usize>(
                         )
                     }
                 } else if let Some(a) = fast
-                    && hd <= super::flash_q8_avx2::MAX_BLOCKS * crate::kv::Q8_0_BLOCK
+                    && hd <= super::kernels_q8_avx2::MAX_BLOCKS * crate::kv::Q8_0_BLOCK
                 {
                     // SAFETY: the token proves the kernel's features.
                     unsafe {
-                        super::flash_q8_avx2::scores_q8::<R>(
+                        super::kernels_q8_avx2::scores_q8::<R>(
                             a,
                             &t.qq,
                             rb,
@@ -446,7 +384,7 @@ fn block_body<const R: usize>(
                 // SAFETY: keys kept by column are f32, f16 or bf16 (`direct`), values by row;
                 // `qb` is R x hd, `sb` R x bc, and jmax <= bc.
                 unsafe {
-                    super::flash_columns::tile_scores_wide::<R>(
+                    super::kernels_columns::tile_scores_wide::<R>(
                         w,
                         qb,
                         &job.k,
@@ -473,13 +411,13 @@ fn block_body<const R: usize>(
                     let (v_bytes, v_stride, v_rows) = v_run;
                     let rows_here = m.min(v_at + v_rows - j);
                     #[cfg(target_arch = "x86_64")]
-                    let values = Some(super::flash_x86::LineHint::spread(
+                    let values = Some(super::kernels_avx2::LineHint::spread(
                         v_bytes[(j - v_at) * v_stride..].as_ptr(),
                         rows_here * v_stride,
                         hd,
                     ));
                     #[cfg(target_arch = "x86_64")]
-                    super::flash_columns::scores_columns::<R>(
+                    super::kernels_columns::scores_columns::<R>(
                         a,
                         qb,
                         bytes,
@@ -498,13 +436,13 @@ fn block_body<const R: usize>(
                 #[cfg(target_arch = "x86_64")]
                 if let Some(w) = job.wide {
                     // SAFETY: the token proves the loop's features.
-                    unsafe { super::flash_avx512::scores::<R>(w, qb, &t.kt, bc, jmax, sb) }
+                    unsafe { super::kernels_avx512::scores::<R>(w, qb, &t.kt, bc, jmax, sb) }
                 } else {
                     // SAFETY: the token proves the loop's features.
-                    unsafe { super::flash_x86::scores::<R>(a, qb, &t.kt, bc, jmax, sb) }
+                    unsafe { super::kernels_avx2::scores::<R>(a, qb, &t.kt, bc, jmax, sb) }
                 }
             } else {
-                scores::<R>(qb, &t.kt, bc, jmax, sb);
+                Portable.scores::<R>(qb, &t.kt, bc, jmax, sb);
             }
             let mut corr = [0f32; R];
             // Every row seeing the same keys of the tile (a decode step's rows: one token's
@@ -518,16 +456,18 @@ fn block_body<const R: usize>(
                 let (j_s, mut m_new) = (js[0], [0f32; R]);
                 for (i, mi) in m_new.iter_mut().enumerate() {
                     // SAFETY: the token proves the loop's features.
-                    let tile_max =
-                        unsafe { super::flash_x86::row_max(a, &sb[i * bc + j_s..][..jmax - j_s]) };
+                    let tile_max = unsafe {
+                        super::kernels_avx2::row_max(a, &sb[i * bc + j_s..][..jmax - j_s])
+                    };
                     *mi = m[rb + i].max(tile_max);
                 }
                 // SAFETY: as above.
                 corr = unsafe {
-                    super::flash_x86::exp_lanes(std::array::from_fn(|i| m[rb + i] - m_new[i]))
+                    super::kernels_avx2::exp_lanes(std::array::from_fn(|i| m[rb + i] - m_new[i]))
                 };
                 // SAFETY: as above.
-                let sums = unsafe { super::flash_x86::exp_rows::<R>(a, sb, bc, j_s, jmax, m_new) };
+                let sums =
+                    unsafe { super::kernels_avx2::exp_rows::<R>(a, sb, bc, j_s, jmax, m_new) };
                 for i in 0..R {
                     sb[i * bc..i * bc + j_s].fill(0.0);
                     let r = rb + i;
@@ -547,17 +487,15 @@ fn block_body<const R: usize>(
                     #[cfg(target_arch = "x86_64")]
                     if let Some(w) = job.wide {
                         // SAFETY: the token proves the loop's features.
-                        unsafe { super::flash_avx512::row_max(w, &sr[j_s..n_i]) }
+                        unsafe { super::kernels_avx512::row_max(w, &sr[j_s..n_i]) }
                     } else {
                         // SAFETY: the token proves the loop's features.
-                        unsafe { super::flash_x86::row_max(a, &sr[j_s..n_i]) }
+                        unsafe { super::kernels_avx2::row_max(a, &sr[j_s..n_i]) }
                     }
                     #[cfg(not(target_arch = "x86_64"))]
                     unreachable!("{a:?}")
                 } else {
-                    sr[j_s..n_i]
-                        .iter()
-                        .fold(f32::NEG_INFINITY, |a, &x| a.max(x))
+                    Portable.row_max(&sr[j_s..n_i])
                 };
                 let m_new = m[r].max(tile_max);
                 // exp(-inf) ~ 0 on the first tile: nothing accumulated yet to rescale.
@@ -566,15 +504,15 @@ fn block_body<const R: usize>(
                     #[cfg(target_arch = "x86_64")]
                     if let Some(w) = job.wide {
                         // SAFETY: the token proves the loop's features.
-                        unsafe { super::flash_avx512::exp_row(w, &mut sr[j_s..n_i], m_new) }
+                        unsafe { super::kernels_avx512::exp_row(w, &mut sr[j_s..n_i], m_new) }
                     } else {
                         // SAFETY: the token proves the loop's features.
-                        unsafe { super::flash_x86::exp_row(a, &mut sr[j_s..n_i], m_new) }
+                        unsafe { super::kernels_avx2::exp_row(a, &mut sr[j_s..n_i], m_new) }
                     }
                     #[cfg(not(target_arch = "x86_64"))]
                     unreachable!("{a:?}")
                 } else {
-                    exp_row(&mut sr[j_s..n_i], m_new)
+                    Portable.exp_row(&mut sr[j_s..n_i], m_new)
                 };
                 // Keys outside the row's view weigh 0: adding 0 x v changes no bits.
                 sr[..j_s].fill(0.0);
@@ -586,12 +524,12 @@ fn block_body<const R: usize>(
             // rounding error growing with (tile + tiles) rather than with every key.
             let pv = &mut t.pv[..R * hd];
             // The SIMD weighted values at the widest level the job has (a macro, not a
-            // closure: see `flash_columns::tile_scores_wide`).
+            // closure: see `kernels_columns::tile_scores_wide`).
             #[cfg(target_arch = "x86_64")]
             macro_rules! weighted {
                 ($a:expr, $p:expr, $v:expr, $stride:expr, $ty:expr, $jn:expr, $acc:expr) => {
                     if let Some(w) = job.wide {
-                        super::flash_avx512::weighted_values::<R>(
+                        super::kernels_avx512::weighted_values::<R>(
                             w,
                             $p,
                             bc,
@@ -605,7 +543,7 @@ fn block_body<const R: usize>(
                             &mut t.ahead,
                         )
                     } else {
-                        super::flash_x86::weighted_values::<R>(
+                        super::kernels_avx2::weighted_values::<R>(
                             $a,
                             $p,
                             bc,
@@ -642,7 +580,7 @@ fn block_body<const R: usize>(
                     false
                 );
             } else {
-                weighted_values::<R>(sb, bc, &t.vt, hd, jmax, pv);
+                Portable.weighted_values::<R>(sb, bc, &t.vt, hd, jmax, pv);
             }
             for (i, &n_i) in jn.iter().enumerate() {
                 if n_i == 0 {
@@ -659,7 +597,7 @@ fn block_body<const R: usize>(
     }
 }
 
-/// `s[j] = exp(s[j] - max)`; returns their sum (the scalar twin of `flash_x86::exp_row`).
+/// `s[j] = exp(s[j] - max)`; returns their sum (the scalar twin of `kernels_avx2::exp_row`).
 #[inline(always)]
 pub(super) fn exp_row(s: &mut [f32], max: f32) -> f32 {
     let mut sum = 0f32;

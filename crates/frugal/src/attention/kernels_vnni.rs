@@ -101,9 +101,8 @@ pub(super) fn scores_q8<const R: usize>(
     );
     // The next tile's keys, a tile on where it continues this one (`Ahead::leads`): each
     // round asks for its keys' lines that far ahead, into L2, as the column scores do
-    // (`flash_columns::score_segments`). Left to the hardware, decode attention at depth 4,096
-    // over a Q8_0 cache took 4.2 ms for the thirty layers from memory, 3.45 ms with them (two
-    // threads, Zen 4, in one process); with the cache in L3, no change.
+    // (`kernels_columns::score_segments`); the hardware prefetchers alone fall behind from
+    // memory.
     let lead = ahead.leads()[0];
     let mut j = 0;
     // SAFETY: every key pointer is one of keys 0..jn, each a whole stored head; query
@@ -116,7 +115,7 @@ pub(super) fn scores_q8<const R: usize>(
                 std::array::from_fn(|t| keys.ptr(if j + t < jn { j + t } else { j }));
             ahead.advance(16.min(jn - j));
             if lead > 0 {
-                super::flash_x86::hint_lines::<_MM_HINT_T1>(
+                super::kernels_avx2::hint_lines::<_MM_HINT_T1>(
                     ptrs[0].wrapping_add(lead),
                     16.min(jn - j) * keys.head_bytes(),
                 );

@@ -1,5 +1,5 @@
 //! AVX-512 versions of flash attention's score, row-maximum, exponential and weighted-value
-//! loops: the arithmetic of the AVX2 loops in `flash_x86`, sixteen lanes at a time instead of
+//! loops: the arithmetic of the AVX2 loops in `kernels_avx2`, sixteen lanes at a time instead of
 //! eight. Every output is summed in the same order as there (the scores over the head
 //! dimensions, the weighted values over the keys, the exponentials' sum over eight partial
 //! lanes), so the bits are those of the AVX2 loops, tested against them; only the count of
@@ -17,7 +17,7 @@ use super::ahead::Ahead;
 use crate::cpu::Avx512;
 use crate::kv::KvType;
 
-use super::flash_span::{
+use super::tile_loop::{
     EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx,
 };
 
@@ -29,7 +29,7 @@ fn lanes_mask(j: usize, bc: usize) -> __mmask16 {
 }
 
 /// `s[i][j] = q_i . k_j` for `R` rows and keys `0..jn` of a transposed tile (`kt[c * bc + j]`),
-/// as `flash_x86::scores` computes it (each score a chain of fused multiply-adds over the head
+/// as `kernels_avx2::scores` computes it (each score a chain of fused multiply-adds over the head
 /// dimensions in order, from zero), sixty-four, thirty-two or sixteen keys by `R` rows in
 /// registers. Columns past `jn` up to the next multiple of 16 (or the tile's end) are computed
 /// on whatever the tile holds there.
@@ -115,7 +115,7 @@ unsafe fn scores_w<const R: usize, const W: usize>(
     }
 }
 
-/// Sixteen lanes of `exp_approx`, operation for operation as `flash_x86::exp8` (no fused
+/// Sixteen lanes of `exp_approx`, operation for operation as `kernels_avx2::exp8` (no fused
 /// multiply-adds), so all three give the same bits.
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -221,7 +221,7 @@ pub(super) fn exp16_grid<const R: usize, const N: usize>(x: [[__m512; N]; R]) ->
     e
 }
 
-/// The largest element of `s` (`-inf` when empty), NaNs ignored: `flash_x86::row_max`'s value
+/// The largest element of `s` (`-inf` when empty), NaNs ignored: `kernels_avx2::row_max`'s value
 /// (a maximum does not depend on the order it is taken in), sixteen lanes at a time.
 #[target_feature(enable = "avx512f")]
 pub(super) fn row_max(_: Avx512, s: &[f32]) -> f32 {
@@ -242,7 +242,7 @@ pub(super) fn row_max(_: Avx512, s: &[f32]) -> f32 {
 }
 
 /// `s[j] = exp(s[j] - max)` for every element; returns their sum, with the bits of
-/// `flash_x86::exp_row`: its eight partial sums take elements `i, i + 8, i + 16, ...` in
+/// `kernels_avx2::exp_row`: its eight partial sums take elements `i, i + 8, i + 16, ...` in
 /// order, so each sixteen-lane exponential is added to them as its lower half, then its
 /// upper half; a last group of eight is one half-used vector, and the remainder goes one by
 /// one after the partial sums are added, as there.
@@ -349,7 +349,7 @@ impl Lanes16 for Q8Lanes {
     }
 }
 
-/// `pv[i] (+)= sum_j p[i][j] * v_j`, as `flash_x86::weighted_values` computes it (each output
+/// `pv[i] (+)= sum_j p[i][j] * v_j`, as `kernels_avx2::weighted_values` computes it (each output
 /// a chain of fused multiply-adds over the keys in order), with the same arguments: `p` is
 /// `R x bc`, value row `j` is `hd` values of type `ty` (`hd` a multiple of 16) at byte
 /// `j * stride` of `v`. Up to sixty-four outputs by `R` rows in registers, so a 64-wide head
@@ -463,7 +463,7 @@ unsafe fn weighted_w<L: Lanes16, const R: usize, const W: usize>(
             if d0 == 0 {
                 ahead.advance(1);
                 if lead > 0 {
-                    super::flash_x86::hint_lines::<_MM_HINT_T1>(
+                    super::kernels_avx2::hint_lines::<_MM_HINT_T1>(
                         row.wrapping_add(lead),
                         L::TY.bytes(hd),
                     );
@@ -490,7 +490,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
-    use super::super::flash_x86;
+    use super::super::kernels_avx2;
     use super::{Ahead, Avx512};
     use crate::kv::KvType;
 
@@ -524,7 +524,7 @@ mod tests {
                 let (mut a, mut b) = (vec![0f32; R * bc], vec![0f32; R * bc]);
                 // SAFETY: the tokens prove both loops' features.
                 unsafe {
-                    flash_x86::scores::<R>(t2, &q, &kt, bc, jn, &mut a);
+                    kernels_avx2::scores::<R>(t2, &q, &kt, bc, jn, &mut a);
                     super::scores::<R>(t, &q, &kt, bc, jn, &mut b);
                 }
                 for i in 0..R {
@@ -539,14 +539,15 @@ mod tests {
                 let mut row: Vec<f32> = a[..jn].iter().map(|x| 3.0 * x).collect();
                 row[jn / 2] = f32::NAN;
                 // SAFETY: as above.
-                let (m2, m5) = unsafe { (flash_x86::row_max(t2, &row), super::row_max(t, &row)) };
+                let (m2, m5) =
+                    unsafe { (kernels_avx2::row_max(t2, &row), super::row_max(t, &row)) };
                 assert_eq!(m2.to_bits(), m5.to_bits(), "row max, jn {jn}");
                 row[jn / 2] = -7.0;
                 let (mut e2, mut e5) = (row.clone(), row.clone());
                 // SAFETY: as above.
                 let (s2, s5) = unsafe {
                     (
-                        flash_x86::exp_row(t2, &mut e2, 1.25),
+                        kernels_avx2::exp_row(t2, &mut e2, 1.25),
                         super::exp_row(t, &mut e5, 1.25),
                     )
                 };
@@ -592,7 +593,7 @@ mod tests {
                             }
                         } else {
                             &|p, v, jn, out, acc, ahead| {
-                                flash_x86::weighted_values::<R>(
+                                kernels_avx2::weighted_values::<R>(
                                     t2, p, bc, v, stride, ty, hd, jn, out, acc, ahead,
                                 )
                             }

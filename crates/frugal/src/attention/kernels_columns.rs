@@ -1,17 +1,17 @@
 //! Keys kept by column (a paged pool's f32, f16 and bf16 key blocks, see
 //! `KvView::with_columns`): scored where they lie for decode's few query rows, or widened into
-//! the transposed tile that `flash_x86::scores` reads for many rows. Either way the key tile
+//! the transposed tile that `kernels_avx2::scores` reads for many rows. Either way the key tile
 //! holds the values a transpose of the same keys kept by rows would give, so the bits are the
 //! same (`tests::keys_by_column_give_the_bits_of_keys_by_row`).
 
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
-use super::flash_x86::{Bf16Lanes, ColumnHint, F16Lanes, F32Lanes, Lanes, LineHint, score_keys};
+use super::kernels_avx2::{Bf16Lanes, ColumnHint, F16Lanes, F32Lanes, Lanes, LineHint, score_keys};
 use crate::cpu::{Avx2, Avx512};
 use crate::kv::{KvType, KvView};
 
-/// `flash_x86::scores` for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
+/// `kernels_avx2::scores` for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
 /// positions `off..off + m` of one block (`bs` values of type `ty` per column, f32, f16 or
 /// bf16), read where they lie and widened as loaded; row `i`'s scores at `s[i * bc + j]`. Each
 /// score is the same chain of multiply-adds over the dimensions in order as `scores` computes
@@ -110,11 +110,8 @@ unsafe fn score_columns<L: Lanes, const R: usize>(
                 // The column holds eight values from off + j: the last keys and positions of
                 // the block after them, whose lanes are computed and dropped (each lane is its
                 // own chain, so the kept ones are the same bits). Copying the last keys out
-                // cost a library call and a load stalled on the copy's stores per column, for
-                // every decode step whose cache is not a multiple of eight long: a decode
-                // step's attention call (three KV heads, one thread) at 17 cached positions
-                // took 3.9 us, now 1.9-2.5; at 1 position 3.3 -> 1.6, at 100 7.2 -> 5.1.
-                // Whole decode, same-process A/B: 0.5% faster a token at depth 16, 1.4% at 100.
+                // would cost a library call and a load stalled on the copy's stores per
+                // column, for every decode step whose cache is not a multiple of eight long.
                 score_keys::<R, 1>(
                     qp,
                     hd,
@@ -242,16 +239,12 @@ pub(super) const MAX_SEGMENTS: usize = 4;
 /// column, side by side: `s[i][16 w + l] = q_i . key l of segment w`, each score the same chain
 /// of multiply-adds over the dimensions in order, so the bits are `scores_columns`'s. `column`
 /// is the bytes from one column of a block to the next (`block size x value size`), the same
-/// for every segment of one view. With the cache in L3 a layer's decode attention takes 0.091
-/// ms against the AVX2 loop's 0.104 (depth 4,096, f16, two threads, Zen 4); one segment per
-/// pass measured the same as four, so the gain is the width, and a tile is one call.
+/// for every segment of one view. The gain over the AVX2 loop is the width; a tile is one call.
 ///
 /// Each segment's key and value lines (as many as its keys: a block of sixteen positions) are
 /// asked for over the columns, one line per segment and side every `64 / (16 x value size)`
-/// columns, into L2 (`prefetcht1`). Into L1 (`prefetcht0`, what the AVX2 loops use, tuned on
-/// Zen 2) the requests hold the L1 miss buffers the loads need, and from memory the segments
-/// then ran slower than the AVX2 loop they replace: 4.4 ms for the thirty layers, against 4.1
-/// for the AVX2 loop and 3.4 into L2.
+/// columns, into L2 (`prefetcht1`). Into L1 (`prefetcht0`, what the AVX2 loops use) the
+/// requests would hold the L1 miss buffers the loads need.
 ///
 /// # Safety
 /// Each segment's keys hold `hd` columns of sixteen values of type `ty` (f32, f16 or bf16) at `column` bytes apart; `q` is `R x hd`;
@@ -266,7 +259,7 @@ pub(super) unsafe fn score_segments<const R: usize>(
     s: &mut [f32],
     bc: usize,
 ) {
-    use super::flash_avx512::{Bf16Lanes, F16Lanes, F32Lanes};
+    use super::kernels_avx512::{Bf16Lanes, F16Lanes, F32Lanes};
     let n = segs.len();
     assert!(
         (1..=MAX_SEGMENTS).contains(&n) && 16 * n <= bc && s.len() >= (R - 1) * bc + 16 * n,
@@ -294,7 +287,7 @@ pub(super) unsafe fn score_segments<const R: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn score_segs<L: super::flash_avx512::Lanes16, const R: usize, const N: usize>(
+unsafe fn score_segs<L: super::kernels_avx512::Lanes16, const R: usize, const N: usize>(
     q: &[f32],
     segs: &[Segment],
     column: usize,
