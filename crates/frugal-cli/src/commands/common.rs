@@ -22,12 +22,13 @@ pub struct ModelArgs {
     pub model: Option<PathBuf>,
     /// Activation precision in products with block-quantized weights: q8 (8 bits per block of
     /// 32 and integer kernels, as llama.cpp runs quantized files; a Q8_0 output head takes 15
-    /// bits), q8-full (the head at 8 bits too, exactly as llama.cpp) or f32
-    /// (exact arithmetic on the dequantized weights)
+    /// bits), q8-full (exactly as llama.cpp: the head at 8 bits too, and K-quant products on
+    /// its Q8_K, one scale per 256) or f32 (exact arithmetic on the dequantized weights)
     #[arg(long = "activations", default_value = "q8")]
     pub activations: Activations,
     /// Re-quantize the weights in memory at load time (in-situ quantization): a GGUF type
-    /// (q8_0, q6_k, q5_1, q5_0, q4_k, q4_1, q4_0, mxfp4, f16, bf16, f32) is re-encoded for real;
+    /// (q8_0, q6_k, q5_k, q5_1, q5_0, q4_k, q4_1, q4_0, iq4_xs, iq4_nl, mxfp4, q3_k, q2_k, f16,
+    /// bf16, f32) is re-encoded for real;
     /// a research format (int8-tensor, int8-channel, int4-b32, ..., fp8-e4m3, fp8-e5m2, nf4) is
     /// simulated: quantized, then dequantized into F32 weights the model runs on. Norms stay F32
     /// and the embedding/output at 8 bits, as `frugal quantize` does.

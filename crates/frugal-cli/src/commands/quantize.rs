@@ -17,8 +17,9 @@ pub struct Args {
     pub input: PathBuf,
     /// The GGUF file to write
     pub output: PathBuf,
-    /// Target type for the weight matrices: f32, f16, bf16, q8_0, q6_k, q5_1, q5_0, q4_k, q4_1,
-    /// q4_0, mxfp4. (f32 gives the exact dequantization: the reference for KL measurements.)
+    /// Target type for the weight matrices: f32, f16, bf16, q8_0, q6_k, q5_k, q5_1, q5_0, q4_k,
+    /// q4_1, q4_0, iq4_xs, iq4_nl, mxfp4, q3_k, q2_k. (f32 gives the exact dequantization: the
+    /// reference for KL measurements.)
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: String,
     /// Override the type of the tensors matching a glob, e.g. `--keep 'blk.*.ffn_down.weight=q8_0'`
