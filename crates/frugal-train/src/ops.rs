@@ -280,34 +280,17 @@ const GELU_C: f32 = 0.044_715;
 
 /// GeGLU `h = gelu_tanh(g) * u` (Gemma's gate).
 pub fn geglu_forward(g: &[f32], u: &[f32], h: &mut [f32]) {
-    h.par_chunks_mut(4096)
-        .zip(g.par_chunks(4096).zip(u.par_chunks(4096)))
-        .for_each(|(hc, (gc, uc))| {
-            for ((o, &a), &b) in hc.iter_mut().zip(gc).zip(uc) {
-                *o = a * sigmoid(GELU_K * (a + GELU_C * a * a * a)) * b;
-            }
-        });
+    elementwise_gate(g, u, h, |a| a * sigmoid(GELU_K * (a + GELU_C * a * a * a)));
 }
 
 /// Backward of [`geglu_forward`]: with `s = σ(k(g + c g³))`,
 /// `gelu'(g) = s + g s (1 - s) k (1 + 3 c g²)`; `dg = dh u gelu'(g)`, `du = dh gelu(g)`.
 pub fn geglu_backward(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mut [f32]) {
-    dg.par_chunks_mut(4096)
-        .zip(du.par_chunks_mut(4096))
-        .zip(
-            g.par_chunks(4096)
-                .zip(u.par_chunks(4096))
-                .zip(dh.par_chunks(4096)),
-        )
-        .for_each(|((dgc, duc), ((gc, uc), dhc))| {
-            for i in 0..gc.len() {
-                let (a, b, d) = (gc[i], uc[i], dhc[i]);
-                let s = sigmoid(GELU_K * (a + GELU_C * a * a * a));
-                let dgelu = s + a * s * (1.0 - s) * GELU_K * (1.0 + 3.0 * GELU_C * a * a);
-                dgc[i] = d * b * dgelu;
-                duc[i] = d * a * s;
-            }
-        });
+    elementwise_gate_grad(g, u, dh, dg, du, |a, b, d| {
+        let s = sigmoid(GELU_K * (a + GELU_C * a * a * a));
+        let dgelu = s + a * s * (1.0 - s) * GELU_K * (1.0 + 3.0 * GELU_C * a * a);
+        (d * b * dgelu, d * a * s)
+    });
 }
 
 /// `x *= f`.
@@ -318,17 +301,37 @@ pub fn scale(x: &mut [f32], f: f32) {
 
 /// SwiGLU `h = silu(g) * u`.
 pub fn swiglu_forward(g: &[f32], u: &[f32], h: &mut [f32]) {
-    h.par_chunks_mut(4096)
-        .zip(g.par_chunks(4096).zip(u.par_chunks(4096)))
-        .for_each(|(hc, (gc, uc))| {
-            for ((o, &a), &b) in hc.iter_mut().zip(gc).zip(uc) {
-                *o = a * sigmoid(a) * b;
-            }
-        });
+    elementwise_gate(g, u, h, |a| a * sigmoid(a));
 }
 
 /// Backward of [`swiglu_forward`]: `dg = dh u σ(g)(1 + g(1-σ(g)))`, `du = dh silu(g)`.
 pub fn swiglu_backward(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mut [f32]) {
+    elementwise_gate_grad(g, u, dh, dg, du, |a, b, d| {
+        let s = sigmoid(a);
+        (d * b * s * (1.0 + a * (1.0 - s)), d * a * s)
+    });
+}
+
+/// `h = act(g) * u`, element by element, in parallel chunks.
+fn elementwise_gate(g: &[f32], u: &[f32], h: &mut [f32], act: impl Fn(f32) -> f32 + Sync) {
+    h.par_chunks_mut(4096)
+        .zip(g.par_chunks(4096).zip(u.par_chunks(4096)))
+        .for_each(|(hc, (gc, uc))| {
+            for ((o, &a), &b) in hc.iter_mut().zip(gc).zip(uc) {
+                *o = act(a) * b;
+            }
+        });
+}
+
+/// `(dg, du) = grad(g, u, dh)`, element by element, in parallel chunks.
+fn elementwise_gate_grad(
+    g: &[f32],
+    u: &[f32],
+    dh: &[f32],
+    dg: &mut [f32],
+    du: &mut [f32],
+    grad: impl Fn(f32, f32, f32) -> (f32, f32) + Sync,
+) {
     dg.par_chunks_mut(4096)
         .zip(du.par_chunks_mut(4096))
         .zip(
@@ -338,10 +341,7 @@ pub fn swiglu_backward(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mu
         )
         .for_each(|((dgc, duc), ((gc, uc), dhc))| {
             for i in 0..gc.len() {
-                let (a, b, d) = (gc[i], uc[i], dhc[i]);
-                let s = sigmoid(a);
-                dgc[i] = d * b * s * (1.0 + a * (1.0 - s));
-                duc[i] = d * a * s;
+                (dgc[i], duc[i]) = grad(gc[i], uc[i], dhc[i]);
             }
         });
 }
