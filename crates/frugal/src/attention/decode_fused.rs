@@ -21,8 +21,8 @@
 
 use std::arch::x86_64::*;
 
-use super::flash::Job;
-use super::kernels_avx512::{Bf16Lanes, F16Lanes, F32Lanes, Lanes16, Q8Lanes};
+use super::flash::{Job, Span};
+use super::kernels_lanes::{Bf16Lanes, F16Lanes, F32Lanes, Lanes16, Q8Lanes};
 use super::tile_loop::{Tiles, grow};
 use crate::cpu::Avx512;
 use crate::kv::{HeadAddr, KvType, KvView};
@@ -277,6 +277,47 @@ pub(super) unsafe fn tiles<const R: usize>(
             KvType::Q8_0 => unreachable!("Q8_0 keys are kept by rows"),
         }
     }
+}
+
+/// The tiles from `j0` of `span` (`nb` keys of the tile at `j0`, keys up to `hi` visible to the
+/// block) that the fused pass takes for a query block of `R` rows: the run of whole tiles every
+/// row sees whole (none past its position or before its window), or the last tile when the
+/// cache ends inside it (decode's last keys), as a run of one tile of the sixteen-key segments
+/// that hold them. `views` are those [`fused_views`] gave for the job's cache. Returns the
+/// keys taken; 0 when the tile at `j0` is not one of these (the tile loop takes it).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn span_tiles<const R: usize>(
+    w: Avx512,
+    job: &Job,
+    span: Span,
+    (ka, va): (&HeadAddr, &HeadAddr),
+    j0: usize,
+    nb: usize,
+    hi: usize,
+    t: &mut Tiles,
+    acc: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) -> usize {
+    let (s, bc) = (job.s, job.bc);
+    let whole_or_last = nb == bc || j0 + nb == job.k.len();
+    let seen_whole =
+        job.pos0 + span.t0 + 1 >= j0 + nb && s.first_visible(job.pos0 + span.t1 - 1) <= j0;
+    if !(whole_or_last && seen_whole) {
+        return 0;
+    }
+    let (tiles, tile, valid) = if nb == bc {
+        ((hi.min(job.pos0 + span.t0 + 1) - j0) / bc, bc, bc)
+    } else {
+        (1, nb.next_multiple_of(SEG), nb)
+    };
+    let run = Run::new(job, ka, va, span.kvh, j0, (tiles, tile, valid), None);
+    // SAFETY: the views are those `fused_views` took; the run's tiles are whole and in the
+    // cache (`j0 + tiles * bc <= hi <= len`; `j0` a multiple of the tile, itself of sixteen),
+    // or it is one tile whose `valid` keys end the cache, in segments of blocks the cache
+    // holds (blocks are whole segments, `fused_views`).
+    unsafe { tiles_in::<R>(w, job, &run, t, acc, m, l) };
+    (run.tiles - 1) * bc + run.valid
 }
 
 /// [`tiles`] for the views of `job`, with the scratch of `t`: the rows' scaled queries in
@@ -566,7 +607,7 @@ pub(super) fn fused_chunks<const R: usize>(
     };
     let mut go = |r: &Run, first: usize| {
         // SAFETY: `fused_views` took the views; the run's tiles are whole and in the
-        // cache, or one tile whose `valid` keys end it (as in `block_body`). Chunk `first`
+        // cache, or one tile whose `valid` keys end it (as in `span_tiles`). Chunk `first`
         // onwards of `parts` are this call's, each `stride` floats, checked above.
         unsafe {
             let (acc, m, l) = chunks.part::<R>(first, hd);

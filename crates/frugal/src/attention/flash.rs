@@ -30,14 +30,17 @@
 //! - `decode_split`: decode across key chunks and their merge; `decode_fused`: its fused
 //!   AVX-512 pass over whole tiles (f32, f16, bf16 keys by column).
 //! - `tile_loop`: one span's tile loop (prefill's query blocks, and decode's chunks where the
-//!   fused pass does not apply).
-//! - `kernels_avx2`, `kernels_avx512`, `kernels_columns` (keys kept by column),
-//!   `kernels_vnni` and `kernels_q8_avx2` (Q8_0 keys), `q8_keys` (their portable twin): the
-//!   instruction-set leaves. `ahead`: the next tile's prefetches.
+//!   fused pass does not apply), written once over `kernel::TileKernel`, whose level it picks
+//!   once per span.
+//! - `kernel`: the trait (key transposes, scores, row maxima, exponentials, weighted values)
+//!   and its portable level, the scalar twin; `kernels_avx2`, `kernels_avx512`, `kernels_vnni`:
+//!   the trait at the AVX2, AVX-512 and VNNI levels, with `kernels_q8_avx2` (Q8_0 keys) and
+//!   `kernels_columns` (keys kept by column) and `kernels_lanes` (each cache format widened
+//!   as loaded); `q8_keys`: integer scores' portable twin.
+//!   `ahead`: the next tile's prefetches.
 //!
-//! The tile loop's inner loops are written so the compiler vectorizes them (scores are computed against a transposed key tile: no horizontal sums); on x86-64 the
-//! same code is also compiled for AVX2+FMA and picked at run time. The portable build of the
-//! same source is the scalar twin.
+//! A decode step reads in three files: this one (the plan), `decode_split` (chunks across
+//! threads, merged) and `tile_loop` (one chunk, tile by tile), or `decode_fused` in its place.
 
 use rayon::prelude::*;
 
@@ -147,11 +150,11 @@ pub fn flash(
     out: &mut [f32],
     ws: &mut AttnWorkspace,
 ) {
-    flash_with(s, q, k, v, pos0, out, ws, cpu::level());
+    flash_paths(s, q, k, v, pos0, out, ws, cpu::level(), true);
 }
 
-/// `flash` at the instruction-set level chosen by the caller (tests run each; the levels give
-/// the same bits).
+/// `flash` at the instruction-set level chosen by the caller (tests run each).
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_with(
     s: AttnShape,
@@ -166,8 +169,8 @@ pub(super) fn flash_with(
     flash_paths(s, q, k, v, pos0, out, ws, level, true);
 }
 
-/// `flash_with`, and whether decode's whole tiles may take the fused pass (`decode_fused`;
-/// tests compare it with the general tile loop).
+/// `flash` at instruction-set level `level`, and whether decode's whole tiles may take the
+/// fused pass (`decode_fused`; tests compare it with the general tile loop).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flash_paths(
     s: AttnShape,

@@ -1,6 +1,6 @@
 //! AVX2+FMA versions of flash attention's three inner loops, for `R` query rows at a time:
 //! scores against a transposed key tile, the exponentials of a score row, and the weighted sum
-//! of value rows. Their scalar twins are the portable functions in `flash`; `tests` compares the
+//! of value rows. Their scalar twins are the portable functions in `kernel`; `tests` compares the
 //! two.
 //!
 //! The key transpose and the weighted values read cached rows in place when the cache holds
@@ -12,12 +12,13 @@
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
+use super::kernel::{Columns, Portable, Rows, TileKernel};
+use super::kernels_lanes::{Bf16Lanes, F16Lanes, F32Lanes, Lanes, Q8Lanes};
+use super::q8_keys::{KeyRows, QuantQueries};
 use crate::cpu::Avx2;
 use crate::kv::{KvType, Q8_0_BLOCK};
 
-use super::tile_loop::{
-    EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx,
-};
+use super::kernel::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx};
 
 /// `s[i][j] = q_i . k_j` for `R` rows and keys `0..jn` of a transposed tile (`kt[c * bc + j]`),
 /// twenty-four, sixteen or eight keys by `R` rows in registers: each key vector loaded serves `R`
@@ -235,6 +236,7 @@ fn exp8s<const N: usize>(x: [__m256; N]) -> [__m256; N] {
 /// as much as the scores themselves; the maximum of a set does not depend on the order it is
 /// taken in, so the value is the same (a zero's sign aside, which changes no `exp` after it).
 #[target_feature(enable = "avx2")]
+#[inline]
 pub(super) fn row_max(_: Avx2, s: &[f32]) -> f32 {
     let mut acc = _mm256_set1_ps(f32::NEG_INFINITY);
     let mut chunks = s.chunks_exact(8);
@@ -282,6 +284,7 @@ pub(super) fn exp_row(_: Avx2, s: &mut [f32], max: f32) -> f32 {
 /// its own `max[i]`): the rows' exponentials side by side ([`exp8s`]) rather than one row's
 /// chain after another. Each row's values and sum are `exp_row`'s bits.
 #[target_feature(enable = "avx2,fma")]
+#[inline]
 pub(super) fn exp_rows<const R: usize>(
     _: Avx2,
     s: &mut [f32],
@@ -346,105 +349,6 @@ pub(super) fn exp_lanes<const N: usize>(x: [f32; N]) -> [f32; N] {
         _mm256_storeu_ps(lanes.as_mut_ptr(), e);
     }
     std::array::from_fn(|i| lanes[i])
-}
-
-/// Eight stored values widened to f32 lanes: how the in-place loops read each format.
-pub(super) trait Lanes {
-    /// The stored format.
-    const TY: KvType;
-    /// Values `d..d + 8` of the stored row at `row` (unaligned; `d` a multiple of 8).
-    ///
-    /// # Safety
-    /// The row holds at least `d + 8` values of `TY` (whole blocks for Q8_0), and the caller runs
-    /// with AVX2 and F16C.
-    unsafe fn load8(row: *const u8, d: usize) -> __m256;
-
-    /// Whether vectors are best read in pairs ([`Self::load16`] shares work between them).
-    const PAIRED: bool = false;
-
-    /// Values `d..d + 16` (`d` a multiple of 16): two [`Self::load8`]s, which a format may
-    /// share work between.
-    ///
-    /// # Safety
-    /// As for [`Self::load8`], with `d + 16` values.
-    #[inline(always)]
-    unsafe fn load16(row: *const u8, d: usize) -> [__m256; 2] {
-        // SAFETY: forwarded to the caller.
-        unsafe { [Self::load8(row, d), Self::load8(row, d + 8)] }
-    }
-}
-
-pub(super) struct F32Lanes;
-pub(super) struct F16Lanes;
-pub(super) struct Bf16Lanes;
-pub(super) struct Q8Lanes;
-
-impl Lanes for F32Lanes {
-    const TY: KvType = KvType::F32;
-    #[inline(always)]
-    unsafe fn load8(row: *const u8, d: usize) -> __m256 {
-        // SAFETY: forwarded to the caller.
-        unsafe { _mm256_loadu_ps(row.add(4 * d).cast()) }
-    }
-}
-
-impl Lanes for F16Lanes {
-    const TY: KvType = KvType::F16;
-    #[inline(always)]
-    unsafe fn load8(row: *const u8, d: usize) -> __m256 {
-        // SAFETY: forwarded to the caller.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * d).cast())) }
-    }
-}
-
-impl Lanes for Bf16Lanes {
-    const TY: KvType = KvType::Bf16;
-    #[inline(always)]
-    unsafe fn load8(row: *const u8, d: usize) -> __m256 {
-        // SAFETY: forwarded to the caller.
-        unsafe {
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
-                _mm_loadu_si128(row.add(2 * d).cast()),
-            )))
-        }
-    }
-}
-
-/// Q8_0 values as its decoder gives them: the block's f16 scale times each byte, one f32
-/// product (the widenings are exact), so the bits are those of a decoded tile.
-impl Lanes for Q8Lanes {
-    const TY: KvType = KvType::Q8_0;
-    const PAIRED: bool = true;
-    #[inline(always)]
-    unsafe fn load8(row: *const u8, d: usize) -> __m256 {
-        let block = row.wrapping_add(d / Q8_0_BLOCK * (Q8_0_BLOCK + 2));
-        // SAFETY: forwarded to the caller: the block's two scale bytes and 32 value bytes are
-        // inside the row.
-        unsafe {
-            let bits = u16::from_le_bytes([*block, *block.add(1)]);
-            let scale = _mm256_cvtph_ps(_mm_set1_epi16(bits as i16));
-            let ints = _mm_loadl_epi64(block.add(2 + d % Q8_0_BLOCK).cast());
-            _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(ints)))
-        }
-    }
-
-    /// Sixteen values of one block (`d` a multiple of 16), its scale widened once.
-    #[inline(always)]
-    unsafe fn load16(row: *const u8, d: usize) -> [__m256; 2] {
-        let block = row.wrapping_add(d / Q8_0_BLOCK * (Q8_0_BLOCK + 2));
-        // SAFETY: forwarded to the caller: the block's two scale bytes and 32 value bytes are
-        // inside the row.
-        unsafe {
-            let bits = u16::from_le_bytes([*block, *block.add(1)]);
-            let scale = _mm256_cvtph_ps(_mm_set1_epi16(bits as i16));
-            let ints = _mm_loadu_si128(block.add(2 + d % Q8_0_BLOCK).cast());
-            let widen = |x: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
-            [
-                _mm256_mul_ps(scale, widen(ints)),
-                _mm256_mul_ps(scale, widen(_mm_srli_si128::<8>(ints))),
-            ]
-        }
-    }
 }
 
 /// Asks for the lines of the `len` bytes at `at` (a hint: any address will do), into the
@@ -627,7 +531,7 @@ unsafe fn weigh_pass<L: Lanes, const R: usize, const W: usize>(
 /// `kt[c * bc + j0 + j] = row_j[c]` for `m` rows of `hd` values of type `ty` (any format; `hd`
 /// a multiple of 8, of 32 for Q8_0) at byte `j * stride` of `src`: the transposed key tile `scores`
 /// reads, filled eight rows by eight columns at a time with in-register 8x8 transposes, straight
-/// from the cache (the scalar twin is the element loop in `tile_loop::block_body`).
+/// from the cache (the scalar twin is `kernel::Portable`'s `transpose_keys`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn transpose_rows(
     _: Avx2,
@@ -724,5 +628,126 @@ unsafe fn transpose<L: Lanes>(
                 }
             }
         }
+    }
+}
+
+/// The AVX2 level of the tile loop: the loops above, the integer Q8_0 scores of
+/// `kernels_q8_avx2` (heads of up to `MAX_BLOCKS` blocks) and the column kernels of
+/// `kernels_columns`. Each call from code compiled without AVX2 is sound because the token
+/// proves the features.
+impl TileKernel for Avx2 {
+    type Below = Portable;
+
+    #[inline(always)]
+    fn below(self) -> Portable {
+        Portable
+    }
+
+    #[inline(always)]
+    fn keys_in_place(self, ty: KvType) -> bool {
+        reads_in_place(ty)
+    }
+
+    #[inline(always)]
+    fn values_in_place(self) -> bool {
+        true
+    }
+
+    #[inline(always)]
+    fn columns(self) -> Option<Columns> {
+        Some(Columns {
+            avx2: self,
+            wide: None,
+        })
+    }
+
+    #[inline(always)]
+    fn transpose_keys(
+        self,
+        k: Rows,
+        n: usize,
+        hd: usize,
+        kt: &mut [f32],
+        bc: usize,
+        at: usize,
+        ahead: &mut Ahead,
+    ) {
+        transpose_rows(self, k.bytes, k.stride, k.ty, n, hd, kt, bc, at, ahead)
+    }
+
+    #[inline(always)]
+    fn scores<const R: usize>(self, q: &[f32], kt: &[f32], bc: usize, jn: usize, s: &mut [f32]) {
+        // SAFETY: the token proves the loop's features.
+        unsafe { scores::<R>(self, q, kt, bc, jn, s) }
+    }
+
+    #[inline(always)]
+    fn scores_q8<const R: usize>(
+        self,
+        qq: &QuantQueries,
+        row0: usize,
+        hd: usize,
+        keys: &KeyRows,
+        jn: usize,
+        bc: usize,
+        s: &mut [f32],
+        ahead: &mut Ahead,
+    ) {
+        if hd > super::kernels_q8_avx2::MAX_BLOCKS * Q8_0_BLOCK {
+            return self
+                .below()
+                .scores_q8::<R>(qq, row0, hd, keys, jn, bc, s, ahead);
+        }
+        // SAFETY: the token proves the kernel's features.
+        unsafe {
+            super::kernels_q8_avx2::scores_q8::<R>(self, qq, row0, hd, keys, jn, bc, s, ahead)
+        }
+    }
+
+    #[inline(always)]
+    fn row_max(self, s: &[f32]) -> f32 {
+        // SAFETY: the token proves the loop's features.
+        unsafe { row_max(self, s) }
+    }
+
+    #[inline(always)]
+    fn exp_row(self, s: &mut [f32], max: f32) -> f32 {
+        // SAFETY: the token proves the loop's features.
+        unsafe { exp_row(self, s, max) }
+    }
+
+    #[inline(always)]
+    fn exp_rows<const R: usize>(
+        self,
+        s: &mut [f32],
+        stride: usize,
+        lo: usize,
+        hi: usize,
+        max: [f32; R],
+    ) -> [f32; R] {
+        // SAFETY: the token proves the loop's features.
+        unsafe { exp_rows::<R>(self, s, stride, lo, hi, max) }
+    }
+
+    #[inline(always)]
+    fn exp_lanes<const N: usize>(self, x: [f32; N]) -> [f32; N] {
+        // SAFETY: the token proves AVX2 and FMA.
+        unsafe { exp_lanes(x) }
+    }
+
+    #[inline(always)]
+    fn weighted_values<const R: usize>(
+        self,
+        p: &[f32],
+        bc: usize,
+        v: Rows,
+        hd: usize,
+        jn: usize,
+        pv: &mut [f32],
+        accumulate: bool,
+        ahead: &mut Ahead,
+    ) {
+        let (b, st, ty) = (v.bytes, v.stride, v.ty);
+        weighted_values::<R>(self, p, bc, b, st, ty, hd, jn, pv, accumulate, ahead)
     }
 }

@@ -1,4 +1,4 @@
-//! AVX-512 versions of flash attention's score, row-maximum, exponential and weighted-value
+//! AVX-512 versions of flash attention's score, exponential and weighted-value
 //! loops: the arithmetic of the AVX2 loops in `kernels_avx2`, sixteen lanes at a time instead of
 //! eight. Every output is summed in the same order as there (the scores over the head
 //! dimensions, the weighted values over the keys, the exponentials' sum over eight partial
@@ -14,12 +14,12 @@
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
-use crate::cpu::Avx512;
+use super::kernel::{Columns, Rows, TileKernel};
+use super::kernels_lanes::{Bf16Lanes, F16Lanes, F32Lanes, Lanes16, Q8Lanes};
+use crate::cpu::{Avx2, Avx512};
 use crate::kv::KvType;
 
-use super::tile_loop::{
-    EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx,
-};
+use super::kernel::{EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_MIN, EXP_POLY, EXP_ROUND, exp_approx};
 
 /// The lanes of columns `j..j + 16` that lie inside a tile `bc` wide.
 #[inline(always)]
@@ -221,26 +221,6 @@ pub(super) fn exp16_grid<const R: usize, const N: usize>(x: [[__m512; N]; R]) ->
     e
 }
 
-/// The largest element of `s` (`-inf` when empty), NaNs ignored: `kernels_avx2::row_max`'s value
-/// (a maximum does not depend on the order it is taken in), sixteen lanes at a time.
-#[target_feature(enable = "avx512f")]
-pub(super) fn row_max(_: Avx512, s: &[f32]) -> f32 {
-    let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut chunks = s.chunks_exact(16);
-    for c in &mut chunks {
-        // SAFETY: c is 16 floats. VMAXPS returns its second operand when either is NaN, so a
-        // NaN score leaves the running maximum (never NaN itself) as it was.
-        unsafe { acc = _mm512_max_ps(_mm512_loadu_ps(c.as_ptr()), acc) };
-    }
-    let mut lanes = [0f32; 16];
-    // SAFETY: lanes is 16 floats.
-    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
-    lanes
-        .iter()
-        .chain(chunks.remainder())
-        .fold(f32::NEG_INFINITY, |a, &x| a.max(x))
-}
-
 /// `s[j] = exp(s[j] - max)` for every element; returns their sum, with the bits of
 /// `kernels_avx2::exp_row`: its eight partial sums take elements `i, i + 8, i + 16, ...` in
 /// order, so each sixteen-lane exponential is added to them as its lower half, then its
@@ -282,71 +262,6 @@ pub(super) fn exp_row(_: Avx512, s: &mut [f32], max: f32) -> f32 {
         sum += *x;
     }
     sum
-}
-
-/// Sixteen stored values widened to f32 lanes: how the in-place loops read each format.
-pub(super) trait Lanes16 {
-    /// The stored format.
-    const TY: KvType;
-    /// Values `d..d + 16` of the stored row at `row` (`d` a multiple of 16), as f32.
-    ///
-    /// # Safety
-    /// The row has `TY.bytes(d + 16)` readable bytes, and the caller runs with AVX-512 F.
-    unsafe fn load16(row: *const u8, d: usize) -> __m512;
-}
-
-pub(super) struct F32Lanes;
-pub(super) struct F16Lanes;
-pub(super) struct Bf16Lanes;
-pub(super) struct Q8Lanes;
-
-impl Lanes16 for F32Lanes {
-    const TY: KvType = KvType::F32;
-    #[inline(always)]
-    unsafe fn load16(row: *const u8, d: usize) -> __m512 {
-        // SAFETY: forwarded to the caller.
-        unsafe { _mm512_loadu_ps(row.add(4 * d).cast()) }
-    }
-}
-
-impl Lanes16 for F16Lanes {
-    const TY: KvType = KvType::F16;
-    #[inline(always)]
-    unsafe fn load16(row: *const u8, d: usize) -> __m512 {
-        // SAFETY: forwarded to the caller.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(row.add(2 * d).cast())) }
-    }
-}
-
-impl Lanes16 for Bf16Lanes {
-    const TY: KvType = KvType::Bf16;
-    #[inline(always)]
-    unsafe fn load16(row: *const u8, d: usize) -> __m512 {
-        // SAFETY: forwarded to the caller.
-        unsafe {
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-                _mm256_loadu_si256(row.add(2 * d).cast()),
-            )))
-        }
-    }
-}
-
-/// Q8_0 values as its decoder gives them: the block's f16 scale times each byte, one f32
-/// product (the widenings are exact), so the bits are those of a decoded tile.
-impl Lanes16 for Q8Lanes {
-    const TY: KvType = KvType::Q8_0;
-    #[inline(always)]
-    unsafe fn load16(row: *const u8, d: usize) -> __m512 {
-        let block = row.wrapping_add(d / 32 * 34);
-        // SAFETY: forwarded to the caller: the block's two scale bytes and 32 value bytes are
-        // inside the row.
-        unsafe {
-            let bits = u16::from_le_bytes([*block, *block.add(1)]);
-            let scale = _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16));
-            let ints = _mm_loadu_si128(block.add(2 + d % 32).cast());
-            _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ints)))
-        }
-    }
 }
 
 /// `pv[i] (+)= sum_j p[i][j] * v_j`, as `kernels_avx2::weighted_values` computes it (each output
@@ -485,6 +400,61 @@ unsafe fn weighted_w<L: Lanes16, const R: usize, const W: usize>(
     }
 }
 
+/// The AVX-512 level of the tile loop: scores, a row's exponentials and weighted values
+/// sixteen lanes wide, the rest (key transposes, integer scores, row maxima, rows of
+/// exponentials side by side) at the AVX2 level, whose loops inline into the tile loop (a call
+/// apiece to this level's would cost more than the eight-lane maxima of a tile's few scores). Each call from code compiled without AVX-512 is sound because the
+/// token proves the features.
+impl TileKernel for Avx512 {
+    type Below = Avx2;
+
+    #[inline(always)]
+    fn below(self) -> Avx2 {
+        self.avx2()
+    }
+
+    #[inline(always)]
+    fn columns(self) -> Option<Columns> {
+        Some(Columns {
+            avx2: self.avx2(),
+            wide: Some(self),
+        })
+    }
+
+    #[inline(always)]
+    fn wide(self) -> Option<Avx512> {
+        Some(self)
+    }
+
+    #[inline(always)]
+    fn scores<const R: usize>(self, q: &[f32], kt: &[f32], bc: usize, jn: usize, s: &mut [f32]) {
+        // SAFETY: the token proves the loop's features.
+        unsafe { scores::<R>(self, q, kt, bc, jn, s) }
+    }
+
+    #[inline(always)]
+    fn exp_row(self, s: &mut [f32], max: f32) -> f32 {
+        // SAFETY: the token proves the loop's features.
+        unsafe { exp_row(self, s, max) }
+    }
+
+    #[inline(always)]
+    fn weighted_values<const R: usize>(
+        self,
+        p: &[f32],
+        bc: usize,
+        v: Rows,
+        hd: usize,
+        jn: usize,
+        pv: &mut [f32],
+        accumulate: bool,
+        ahead: &mut Ahead,
+    ) {
+        let (b, st, ty) = (v.bytes, v.stride, v.ty);
+        weighted_values::<R>(self, p, bc, b, st, ty, hd, jn, pv, accumulate, ahead)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use rand::{Rng, SeedableRng};
@@ -537,11 +507,6 @@ mod tests {
                     }
                 }
                 let mut row: Vec<f32> = a[..jn].iter().map(|x| 3.0 * x).collect();
-                row[jn / 2] = f32::NAN;
-                // SAFETY: as above.
-                let (m2, m5) =
-                    unsafe { (kernels_avx2::row_max(t2, &row), super::row_max(t, &row)) };
-                assert_eq!(m2.to_bits(), m5.to_bits(), "row max, jn {jn}");
                 row[jn / 2] = -7.0;
                 let (mut e2, mut e5) = (row.clone(), row.clone());
                 // SAFETY: as above.

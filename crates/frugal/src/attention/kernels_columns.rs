@@ -7,9 +7,107 @@
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
-use super::kernels_avx2::{Bf16Lanes, ColumnHint, F16Lanes, F32Lanes, Lanes, LineHint, score_keys};
+use super::kernels_avx2::{ColumnHint, LineHint, score_keys};
+use super::kernels_lanes::{Bf16Lanes, F16Lanes, F32Lanes, Lanes};
 use crate::cpu::{Avx2, Avx512};
 use crate::kv::{KvType, KvView};
+
+/// The kernels for keys kept by column, at the AVX2 level or, with `wide`, AVX-512's
+/// (`TileKernel::columns`).
+#[derive(Copy, Clone)]
+pub(super) struct Columns {
+    pub(super) avx2: Avx2,
+    pub(super) wide: Option<Avx512>,
+}
+
+impl Columns {
+    /// Keys `j0..j0 + n` of head `kvh` of `k` (kept by column) widened into columns `0..n` of
+    /// the transposed tile `kt`, block by block ([`widen_columns`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn widen_keys(
+        self,
+        k: &KvView,
+        kvh: usize,
+        hd: usize,
+        j0: usize,
+        n: usize,
+        kt: &mut [f32],
+        bc: usize,
+        ahead: &mut Ahead,
+    ) {
+        let mut j = 0;
+        while j < n {
+            let (bytes, bs, off, m) = k.head_block(kvh, hd, j0 + j, n - j);
+            widen_columns(self.avx2, bytes, k.ty(), bs, off, m, hd, kt, bc, j, ahead);
+            j += m;
+        }
+    }
+
+    /// `s[i][j] = q_i . k_{j0 + j}` for `R` rows (`q` is `R x hd`) and keys `0..jn` of head
+    /// `kvh` of `k` (kept by column, f32, f16 or bf16), scored where they lie; the lines of
+    /// the same keys' values in `v` (kept by row) are asked for as the keys are read.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn tile_scores<const R: usize>(
+        self,
+        q: &[f32],
+        k: &KvView,
+        v: &KvView,
+        kvh: usize,
+        hd: usize,
+        j0: usize,
+        jn: usize,
+        s: &mut [f32],
+        bc: usize,
+        ahead: &mut Ahead,
+    ) {
+        assert!(
+            k.columns()
+                && matches!(k.ty(), KvType::F32 | KvType::F16 | KvType::Bf16)
+                && !v.columns()
+                && q.len() == R * hd
+                && s.len() >= R * bc
+                && jn <= bc,
+            "column scores: f32, f16 or bf16 keys by column, values by row, R x hd queries, \
+             R x bc scores"
+        );
+        if let Some(w) = self.wide {
+            // SAFETY: the types and shapes are asserted above.
+            return unsafe { tile_scores_wide::<R>(w, q, k, v, kvh, hd, j0, jn, s, bc, ahead) };
+        }
+        // The run of value rows that holds key j (from `v_at`), for the values' lines the
+        // scores ask for.
+        let (mut v_run, mut v_at) = (v.head_run(kvh, hd, j0, jn), 0);
+        let mut j = 0;
+        while j < jn {
+            let (bytes, bs, off, m) = k.head_block(kvh, hd, j0 + j, jn - j);
+            if j >= v_at + v_run.2 {
+                (v_run, v_at) = (v.head_run(kvh, hd, j0 + j, jn - j), j);
+            }
+            let (v_bytes, v_stride, v_rows) = v_run;
+            let rows_here = m.min(v_at + v_rows - j);
+            let values = LineHint::spread(
+                v_bytes[(j - v_at) * v_stride..].as_ptr(),
+                rows_here * v_stride,
+                hd,
+            );
+            let (ty, sj) = (k.ty(), &mut s[j..]);
+            scores_columns::<R>(
+                self.avx2,
+                q,
+                bytes,
+                ty,
+                bs,
+                off,
+                m,
+                sj,
+                bc,
+                ahead,
+                Some(values),
+            );
+            j += m;
+        }
+    }
+}
 
 /// `kernels_avx2::scores` for keys kept by column: `s[i][j] = q_i . k_{off + j}` for `R` rows and the `m`
 /// positions `off..off + m` of one block (`bs` values of type `ty` per column, f32, f16 or
@@ -259,7 +357,7 @@ pub(super) unsafe fn score_segments<const R: usize>(
     s: &mut [f32],
     bc: usize,
 ) {
-    use super::kernels_avx512::{Bf16Lanes, F16Lanes, F32Lanes};
+    use super::kernels_lanes::{Bf16Lanes, F16Lanes, F32Lanes};
     let n = segs.len();
     assert!(
         (1..=MAX_SEGMENTS).contains(&n) && 16 * n <= bc && s.len() >= (R - 1) * bc + 16 * n,
@@ -287,7 +385,7 @@ pub(super) unsafe fn score_segments<const R: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn score_segs<L: super::kernels_avx512::Lanes16, const R: usize, const N: usize>(
+unsafe fn score_segs<L: super::kernels_lanes::Lanes16, const R: usize, const N: usize>(
     q: &[f32],
     segs: &[Segment],
     column: usize,

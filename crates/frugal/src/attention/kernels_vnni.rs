@@ -13,8 +13,9 @@
 use std::arch::x86_64::*;
 
 use super::ahead::Ahead;
+use super::kernel::TileKernel;
 use super::q8_keys::{BLOCK_BYTES, KeyRows, QuantQueries};
-use crate::cpu::Avx512Vnni;
+use crate::cpu::{Avx512, Avx512Vnni};
 use crate::kv::Q8_0_BLOCK;
 
 // The transpose's permutes. Before round 1, vector p holds keys 2p (lanes 0..8) and 2p+1
@@ -154,6 +155,33 @@ pub(super) fn scores_q8<const R: usize>(
             }
             j += 16;
         }
+    }
+}
+
+/// The VNNI level of the tile loop: the AVX-512 level's operations, with the integer scores
+/// against a Q8_0 key cache taken by the kernel above.
+impl TileKernel for Avx512Vnni {
+    type Below = Avx512;
+
+    #[inline(always)]
+    fn below(self) -> Avx512 {
+        self.avx512()
+    }
+
+    #[inline(always)]
+    fn scores_q8<const R: usize>(
+        self,
+        qq: &QuantQueries,
+        row0: usize,
+        hd: usize,
+        keys: &KeyRows,
+        jn: usize,
+        bc: usize,
+        s: &mut [f32],
+        ahead: &mut Ahead,
+    ) {
+        // SAFETY: the token proves the kernel's features.
+        unsafe { scores_q8::<R>(self, qq, row0, hd, keys, jn, bc, s, ahead) }
     }
 }
 

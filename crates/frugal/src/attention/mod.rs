@@ -34,6 +34,8 @@ mod kernels_avx512;
 #[cfg(target_arch = "x86_64")]
 mod kernels_columns;
 #[cfg(target_arch = "x86_64")]
+mod kernels_lanes;
+#[cfg(target_arch = "x86_64")]
 mod kernels_q8_avx2;
 #[cfg(target_arch = "x86_64")]
 mod kernels_vnni;

@@ -241,7 +241,7 @@ pub(super) fn scores<const R: usize>(
 }
 
 /// A SIMD kernel of [`scores`]' signature (plus the next tile's prefetches), with its token:
-/// what `tile_loop::block_body` dispatches to and [`check_kernel_bits`] checks.
+/// what each level's `TileKernel::scores_q8` runs and [`check_kernel_bits`] checks.
 #[cfg(all(test, target_arch = "x86_64"))]
 type ScoresKernel<'a> = &'a dyn Fn(
     &QuantQueries,

@@ -230,13 +230,13 @@ fn exp_approx_is_within_two_ulp_of_exp() {
     let mut worst = 0f32;
     for i in 0..=(87 * 4096) {
         let x = -(i as f32) / 4096.0;
-        let (a, b) = (super::tile_loop::exp_approx(x), x.exp());
+        let (a, b) = (super::kernel::exp_approx(x), x.exp());
         let ulps = (a - b).abs() / (b * f32::EPSILON);
         worst = worst.max(ulps);
     }
     assert!(worst <= 2.0, "worst error {worst} ulp");
-    assert_eq!(super::tile_loop::exp_approx(0.0), 1.0);
-    assert!(super::tile_loop::exp_approx(f32::NEG_INFINITY) < 2e-38);
+    assert_eq!(super::kernel::exp_approx(0.0), 1.0);
+    assert!(super::kernel::exp_approx(f32::NEG_INFINITY) < 2e-38);
 }
 
 /// The bytes of `v`, as a cache stores f32 rows.
@@ -257,8 +257,8 @@ fn simd_flash_loops_match_the_portable_ones() {
 
 #[cfg(target_arch = "x86_64")]
 fn simd_loops_match<const R: usize>() {
+    use super::kernel::{exp_row, scores, weighted_values};
     use super::kernels_avx2;
-    use super::tile_loop::{exp_row, scores, weighted_values};
     let Some(t) = crate::cpu::token_for_test::<Avx2>("simd_loops_match") else {
         return;
     };
@@ -325,7 +325,7 @@ fn simd_loops_match<const R: usize>() {
                 .map(|x| x.abs())
                 .collect::<Vec<_>>();
             let (mut pa, mut pb) = (vec![0f32; R * hd], vec![0f32; R * hd]);
-            weighted_values::<R>(&p, bc, &v, hd, jn, &mut pa);
+            weighted_values::<R>(&p, bc, &v, hd, jn, &mut pa, false);
             let vb = f32_bytes(&v);
             kernels_avx2::weighted_values::<R>(
                 t,
@@ -1128,7 +1128,7 @@ fn line_hints_cover_every_line_of_their_bytes() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn exp_lanes_gives_the_scalar_bits() {
-    use super::tile_loop::exp_approx;
+    use super::kernel::exp_approx;
     let Some(_t) = crate::cpu::token_for_test::<Avx2>("exp_lanes_gives_the_scalar_bits") else {
         return;
     };

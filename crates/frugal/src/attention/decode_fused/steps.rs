@@ -5,7 +5,8 @@
 use std::arch::x86_64::*;
 
 use super::super::kernels_avx2::exp_lanes;
-use super::super::kernels_avx512::{Lanes16, exp16_grid};
+use super::super::kernels_avx512::exp16_grid;
+use super::super::kernels_lanes::Lanes16;
 use super::{MAX_SEGS, SEG, TileAt};
 
 /// A tile's scores into `s` (row `i` at `i * bc`), each the chain of multiply-adds over the
