@@ -11,6 +11,7 @@ use frugal::convert::Target;
 use frugal::model::Model;
 use frugal_train::Params;
 use frugal_train::data::Corpus;
+use frugal_train::gemm::{self, Precision};
 use frugal_train::loss::Divergence;
 use frugal_train::model::RunOptions;
 use frugal_train::optim::{AdamWConfig, Schedule};
@@ -38,6 +39,26 @@ pub struct Run {
     /// The median training throughput over the steps.
     pub tokens_per_s: f64,
     pub params: Params,
+}
+
+/// bf16 products where the CPU multiplies bf16 in hardware (twice the f32 rate on AMX and
+/// AVX-512 BF16), f32 elsewhere.
+pub fn auto_precision() -> Precision {
+    if gemm::bf16_backend().starts_with("f32") {
+        Precision::F32
+    } else {
+        Precision::Bf16
+    }
+}
+
+/// How the reports' runs train: [`auto_precision`], activations kept rather than recomputed
+/// (the models are small enough to hold them).
+pub fn run_options() -> RunOptions {
+    RunOptions {
+        precision: auto_precision(),
+        recompute: false,
+        ..RunOptions::default()
+    }
 }
 
 /// The distillation loss of a recovery: forward KL at temperature `tau`, no hard labels.

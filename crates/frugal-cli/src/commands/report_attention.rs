@@ -23,12 +23,11 @@ use frugal::quant::act::Activations;
 use frugal::surgery::{self, AttentionLayout, Factorization, MlaTarget};
 use frugal::tokenizer::Tokenizer;
 use frugal_lab::build::{self, Layout};
-use frugal_lab::heal::Recovery;
+use frugal_lab::heal::{self, Recovery};
 use frugal_lab::size::{self, Footprint};
 use frugal_lab::timing::{self, SpeedTest};
 use frugal_train::Params;
 use frugal_train::data::corpus_from_files;
-use frugal_train::model::RunOptions;
 use frugal_train::teacher::OnlineTeachers;
 use frugal_train::trainer::{EvalPoint, evaluate};
 
@@ -149,11 +148,7 @@ pub fn run(a: Args) -> Result<()> {
         models: vec![(teacher, 1.0)],
     };
     let per_step = a.seq * a.batch;
-    let run_opts = RunOptions {
-        precision: super::train::precision("auto")?,
-        recompute: false,
-        ..RunOptions::default()
-    };
+    let run_opts = heal::run_options();
     let recovery = Recovery {
         seq: a.seq,
         batch: a.batch,

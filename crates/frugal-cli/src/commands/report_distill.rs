@@ -26,7 +26,6 @@ use frugal_train::Params;
 use frugal_train::data::{Corpus, corpus_from_files};
 use frugal_train::gemm::{self, Precision};
 use frugal_train::hidden::HiddenKind;
-use frugal_train::model::RunOptions;
 use frugal_train::output::{Provenance, write_model};
 use frugal_train::teacher::{OnlineTeachers, TopKCache};
 use frugal_train::trainer::{EvalPoint, HiddenConfig, LossConfig, Signal, Trainer, evaluate};
@@ -131,12 +130,8 @@ pub fn run(a: Args) -> Result<()> {
     let tokens = parse_count(&a.tokens)?;
     let per_step = a.seq * a.batch;
     let steps = tokens.div_ceil(per_step).max(1);
-    let prec = super::train::precision("auto")?;
-    let run_opts = RunOptions {
-        precision: prec,
-        recompute: false,
-        ..RunOptions::default()
-    };
+    let run_opts = heal::run_options();
+    let prec = run_opts.precision;
     let recovery = Recovery {
         seq: a.seq,
         batch: a.batch,

@@ -18,7 +18,7 @@ use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::tokenizer::Tokenizer;
 use frugal_lab::build;
-use frugal_lab::heal::Recovery;
+use frugal_lab::heal::{self, Recovery};
 use frugal_lab::moe::{MoeQuality, Variant, measure};
 use frugal_lab::router::{Phase, Plan, quarters, train_routers};
 use frugal_lab::timing::{self, SpeedTest};
@@ -304,11 +304,7 @@ pub fn run(a: Args) -> Result<()> {
             points: 4,
             eval_windows: 16,
             seed: a.seed,
-            run: RunOptions {
-                precision: super::train::precision("auto")?,
-                recompute: false,
-                ..RunOptions::default()
-            },
+            run: heal::run_options(),
         };
         let steps = recovery.steps(distill_tokens);
         let q8: Target = "q8_0".parse().map_err(anyhow::Error::msg)?;

@@ -19,12 +19,11 @@ use frugal::quant::{GgmlType, kernels, sparse};
 use frugal::surgery::prune::structured::StructuredTarget;
 use frugal::surgery::prune::{self, Method, Pattern};
 use frugal::tokenizer::Tokenizer;
-use frugal_lab::heal::Recovery;
+use frugal_lab::heal::{self, Recovery};
 use frugal_lab::size::{self, Footprint};
 use frugal_lab::timing::{self, SpeedTest};
 use frugal_lab::{build, quality};
 use frugal_train::data::corpus_from_files;
-use frugal_train::model::RunOptions;
 use frugal_train::teacher::OnlineTeachers;
 
 use super::bench::plot::{self, Chart, Series};
@@ -207,11 +206,7 @@ pub fn run(a: Args) -> Result<()> {
         points: 4,
         eval_windows: 16,
         seed: a.seed,
-        run: RunOptions {
-            precision: super::train::precision("auto")?,
-            recompute: false,
-            ..RunOptions::default()
-        },
+        run: heal::run_options(),
     };
     let steps = recovery.steps(parse_count(&a.tokens)?);
     let work = std::env::temp_dir().join(format!("frugal-report-prune-{}", std::process::id()));
