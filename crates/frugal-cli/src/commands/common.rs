@@ -366,3 +366,22 @@ pub fn read_stdin() -> Result<String> {
         )
     })
 }
+
+/// Prints a training run's progress on stderr: the step line rewritten in place, a line per
+/// held-out evaluation.
+pub fn training_progress(steps: usize) -> impl FnMut(frugal_train::trainer::Event) {
+    use frugal_train::trainer::Event;
+    move |e| match e {
+        Event::Step(s) => eprint!(
+            "\r  step {}/{steps} loss {:.3} {:.0} tok/s   ",
+            s.step, s.objective, s.tokens_per_s
+        ),
+        Event::Eval(p) => eprintln!(
+            "\r  {} tokens: held-out PPL {:.2}, KL {:.4}            ",
+            p.tokens,
+            p.ppl,
+            p.kl.unwrap_or(f64::NAN)
+        ),
+        Event::Saved(_) => {}
+    }
+}

@@ -16,7 +16,6 @@ pub mod info;
 pub mod moefy;
 pub mod prune;
 pub mod quantize;
-pub mod recovery;
 pub mod report;
 pub mod report_attention;
 pub mod report_distill;

@@ -8,12 +8,14 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use frugal::convert::{self, Policy, Target};
-use frugal::eval::EvalOptions;
+use frugal::convert::Target;
 use frugal::gguf::GgufFile;
 use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::tokenizer::Tokenizer;
+use frugal_lab::size::{self, Footprint};
+use frugal_lab::timing::SpeedTest;
+use frugal_lab::{build, quality};
 
 use super::common::{self, ModelArgs};
 
@@ -116,7 +118,6 @@ fn quant(a: QuantArgs) -> Result<()> {
     let tokens = tok.encode(&text, false)?;
     // The reference: the source's weights, dequantized exactly (f32 activations).
     let reference = Model::load(&path)?;
-    let opts = EvalOptions::default();
     let modes = if a.modes.is_empty() {
         vec![a.model.activations]
     } else {
@@ -152,17 +153,16 @@ fn quant(a: QuantArgs) -> Result<()> {
         let (mut model, label) = match *v {
             Variant::Source => {
                 let m = Model::load(&path)?;
-                let label = format!("{} (source)", source_type(&m));
+                let label = format!(
+                    "{} (source)",
+                    size::dominant_type(&m.file).unwrap_or_default()
+                );
                 (m, label)
             }
             Variant::Encoded(name, weighted) => {
                 let target: Target = name.parse()?;
-                let mut policy = Policy::new(target);
-                if weighted {
-                    policy.importance = importance.clone();
-                }
-                let (file, _) = convert::quantize_in_memory(&source, &policy, |_, _| {})
-                    .with_context(|| format!("quantizing to {name}"))?;
+                let weights = importance.clone().filter(|_| weighted);
+                let file = build::quantized(&source, target, weights)?;
                 let label = if weighted {
                     format!("{} + imatrix", name.to_uppercase())
                 } else {
@@ -175,9 +175,8 @@ fn quant(a: QuantArgs) -> Result<()> {
                 (m, label.to_string())
             }
         };
-        let (elements, bytes) = model.file.tensors().iter().fold((0u64, 0u64), |(e, b), t| {
-            (e + t.n_elements(), b + t.n_bytes())
-        });
+        let size = Footprint::of(&model.file);
+        let speed = SpeedTest::once(a.prompt, a.gen_tokens);
         for &mode in &modes {
             model.set_activations(mode);
             if rows
@@ -187,31 +186,21 @@ fn quant(a: QuantArgs) -> Result<()> {
                 continue; // a float format under another mode: the same f32 run
             }
             eprintln!("{label} ({}): scoring...", model.activations);
-            let c = frugal::eval::compare_with(
-                (&model, &opts),
-                (&reference, &opts),
-                &tokens,
-                a.ctx,
-                |_, _| {},
-            )?;
-            let pp = (a.prompt > 0)
-                .then(|| frugal::bench::prefill(&model, a.prompt, 1, &opts))
-                .transpose()?;
-            let tg = (a.gen_tokens > 0)
-                .then(|| frugal::bench::decode(&model, a.gen_tokens, 1, &opts))
-                .transpose()?;
+            let q = quality::against(&model, &reference, &tokens, a.ctx)?;
+            let t = speed.measure(&model)?;
+            let measured = |v: f64| (v > 0.0).then_some(v);
             rows.push(Row {
                 format: label.clone(),
                 activations: model.activations,
-                bits_per_weight: bytes as f64 * 8.0 / elements as f64,
-                weight_bytes: bytes,
-                ppl: c.model.ppl,
-                ppl_stderr: c.model.ppl_stderr,
-                kl_mean: c.kl_mean,
-                kl_p99: c.kl_p99,
-                top1_agreement: c.top1_agreement,
-                pp_tokens_per_s: pp.map(|t| t.median),
-                tg_tokens_per_s: tg.map(|t| t.median),
+                bits_per_weight: size.bits_per_weight(),
+                weight_bytes: size.bytes,
+                ppl: q.ppl,
+                ppl_stderr: q.ppl_stderr,
+                kl_mean: q.kl_mean,
+                kl_p99: q.kl_p99,
+                top1_agreement: q.top1,
+                pp_tokens_per_s: measured(t.prefill),
+                tg_tokens_per_s: measured(t.decode),
             });
         }
     }
@@ -252,18 +241,6 @@ fn quant(a: QuantArgs) -> Result<()> {
         reference_ppl(&reference, &tokens, a.ctx)?
     );
     Ok(())
-}
-
-/// The dominant storage type of a model's matrices.
-fn source_type(m: &Model) -> String {
-    let mut by: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
-    for t in m.file.tensors() {
-        *by.entry(t.ty.name()).or_default() += t.n_elements();
-    }
-    by.into_iter()
-        .max_by_key(|&(_, n)| n)
-        .map(|(t, _)| t.to_string())
-        .unwrap_or_default()
 }
 
 fn reference_ppl(reference: &Model, tokens: &[u32], ctx: usize) -> Result<f64> {

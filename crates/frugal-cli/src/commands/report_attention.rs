@@ -17,22 +17,22 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, ensure};
-use frugal::eval::EvalOptions;
 use frugal::gguf::GgufFile;
-use frugal::kv::{KvCache, KvFormat, KvType};
 use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::surgery::{self, AttentionLayout, Factorization, MlaTarget};
 use frugal::tokenizer::Tokenizer;
+use frugal_lab::build::{self, Layout};
+use frugal_lab::heal::{self, Recovery};
+use frugal_lab::size::{self, Footprint};
+use frugal_lab::timing::{self, SpeedTest};
 use frugal_train::Params;
 use frugal_train::data::corpus_from_files;
-use frugal_train::model::RunOptions;
 use frugal_train::teacher::OnlineTeachers;
 use frugal_train::trainer::{EvalPoint, evaluate};
 
 use super::bench::plot::{self, Chart, Series};
 use super::common::{self, ModelArgs, human_bytes};
-use super::recovery::Recovery;
 use super::train::parse_count;
 
 #[derive(clap::Args, Debug)]
@@ -97,13 +97,6 @@ pub struct Args {
     pub model: ModelArgs,
 }
 
-/// A layout to measure and how to make it from the original.
-enum Make {
-    Original,
-    Heads(AttentionLayout),
-    Latent(MlaTarget),
-}
-
 /// One layout's measurements.
 struct Row {
     name: String,
@@ -155,11 +148,7 @@ pub fn run(a: Args) -> Result<()> {
         models: vec![(teacher, 1.0)],
     };
     let per_step = a.seq * a.batch;
-    let run_opts = RunOptions {
-        precision: super::train::precision("auto")?,
-        recompute: false,
-        ..RunOptions::default()
-    };
+    let run_opts = heal::run_options();
     let recovery = Recovery {
         seq: a.seq,
         batch: a.batch,
@@ -171,18 +160,21 @@ pub fn run(a: Args) -> Result<()> {
     };
     let steps = recovery.steps(parse_count(&a.tokens)?);
 
-    let mut layouts: Vec<(String, Make)> = vec![
+    let mut layouts: Vec<(String, Layout)> = vec![
         (
             format!("MHA ({} KV heads)", c.n_head),
-            Make::Heads(AttentionLayout::Mha),
+            Layout::Heads(AttentionLayout::Mha),
         ),
-        (format!("GQA-{} (original)", c.n_head_kv), Make::Original),
-        ("MQA (1 KV head)".into(), Make::Heads(AttentionLayout::Mqa)),
+        (format!("GQA-{} (original)", c.n_head_kv), Layout::Original),
+        (
+            "MQA (1 KV head)".into(),
+            Layout::Heads(AttentionLayout::Mqa),
+        ),
     ];
     for &rank in &a.ranks {
         layouts.push((
             format!("MLA rank {rank} + {} RoPE", a.rope_dims),
-            Make::Latent(MlaTarget {
+            Layout::Latent(MlaTarget {
                 rank,
                 rope_dims: a.rope_dims,
                 factorization: Factorization::Activations,
@@ -192,29 +184,12 @@ pub fn run(a: Args) -> Result<()> {
 
     let mut rows = Vec::new();
     let mut models = Vec::new();
-    for (name, make) in layouts {
+    for (name, layout) in layouts {
         eprintln!("layout: {name}");
-        let (file, exact) = match &make {
-            Make::Original => (GgufFile::open(&path)?, true),
-            Make::Heads(l) => {
-                let (w, r) = surgery::convert_attention(&source, *l)?;
-                (GgufFile::from_bytes(w.to_bytes()?)?, r.exact())
-            }
-            Make::Latent(t) => {
-                let (w, _) = surgery::convert_to_mla(&source, &calib, *t)?;
-                (GgufFile::from_bytes(w.to_bytes()?)?, false)
-            }
-        };
-        let desc = frugal::estimate::gguf_desc::from_gguf(&file, &name)?;
-        let shape = frugal::estimate::KvShape::of_model(&desc);
-        let kv_bytes_estimated = shape.bytes_per_token(&desc, frugal::estimate::Format::F16);
-        let weight_bytes: u64 = file.tensors().iter().map(|t| t.n_bytes()).sum();
+        let (file, exact) = build::convert_layout(&source, &layout, &calib)?;
+        let weight_bytes = Footprint::of(&file).bytes;
         let mut model = Model::from_file(file)?;
-        let kv_bytes_measured = KvCache::measured_bytes_per_token(
-            model.config.n_layers,
-            model.config.cache_shape(),
-            KvFormat::both(KvType::F16),
-        )?;
+        let kv = size::kv_per_token_f16(&model.file, &model, &name)?;
         let s = model.config.cache_shape();
         let values_per_layer = s.k_dim() + s.v_dim();
 
@@ -235,7 +210,8 @@ pub fn run(a: Args) -> Result<()> {
         let history = if exact || steps == 0 {
             Vec::new()
         } else {
-            recovery.distil(params, steps, &data, &teachers, false)?.0
+            let progress = common::training_progress(steps);
+            (recovery.distil(params, steps, &data, &teachers, false, progress)?).history
         };
 
         model.set_activations(Activations::Q8);
@@ -243,8 +219,8 @@ pub fn run(a: Args) -> Result<()> {
         rows.push(Row {
             name,
             values_per_layer,
-            kv_bytes_measured,
-            kv_bytes_estimated,
+            kv_bytes_measured: kv.measured,
+            kv_bytes_estimated: kv.estimated,
             weight_bytes,
             exact,
             before,
@@ -255,25 +231,29 @@ pub fn run(a: Args) -> Result<()> {
 
     // Decode speed last, every layout back to back and round-robin within each repetition, so
     // that the machine's drift over the run falls on all of them alike.
-    let opts = EvalOptions::default();
-    for (di, &depth) in a.depths.iter().enumerate() {
-        let mut runs = vec![Vec::new(); models.len()];
-        for rep in 0..a.reps.max(1) {
-            for (i, m) in models.iter().enumerate() {
-                let t = frugal::bench::decode_at(m, a.gen_tokens, depth, 1, &opts)?;
-                runs[i].push(t.median);
+    for &depth in &a.depths {
+        let test = SpeedTest {
+            prompt: 0,
+            gen_tokens: a.gen_tokens,
+            depth,
+            reps: 1,
+        };
+        let timed = timing::back_to_back(
+            models.len(),
+            a.reps,
+            |_| None,
+            |i| test.measure(&models[i]),
+            |t| {
                 eprintln!(
                     "decode at depth {depth}, run {}: {}: {:.1} tok/s",
-                    rep + 1,
-                    rows[i].name,
-                    t.median
-                );
-            }
-        }
-        for (r, mut v) in rows.iter_mut().zip(runs) {
-            v.sort_by(f64::total_cmp);
-            debug_assert_eq!(r.decode.len(), di);
-            r.decode.push(v[v.len() / 2]);
+                    t.round + 1,
+                    rows[t.candidate].name,
+                    t.speed.decode
+                )
+            },
+        )?;
+        for (r, t) in rows.iter_mut().zip(&timed.candidates) {
+            r.decode.push(t.speed.decode);
         }
     }
 

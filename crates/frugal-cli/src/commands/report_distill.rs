@@ -15,26 +15,20 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
-use frugal::eval::EvalOptions;
 use frugal::gguf::GgufFile;
 use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::tokenizer::Tokenizer;
+use frugal_lab::heal::{self, Recovery, soft};
+use frugal_lab::timing::{Speed, SpeedTest};
+use frugal_lab::{size, student};
 use frugal_train::Params;
 use frugal_train::data::{Corpus, corpus_from_files};
 use frugal_train::gemm::{self, Precision};
 use frugal_train::hidden::HiddenKind;
-use frugal_train::loss::Divergence;
-use frugal_train::model::RunOptions;
-use frugal_train::optim::{AdamWConfig, Schedule};
 use frugal_train::output::{Provenance, write_model};
-use frugal_train::student::{
-    Importance, StudentConfig, choose_layers, keep_layers, layer_importance,
-};
 use frugal_train::teacher::{OnlineTeachers, TopKCache};
-use frugal_train::trainer::{
-    EvalPoint, Event, HiddenConfig, LossConfig, Signal, TrainConfig, Trainer, evaluate,
-};
+use frugal_train::trainer::{EvalPoint, HiddenConfig, LossConfig, Signal, Trainer, evaluate};
 
 use super::bench::plot::{self, Chart, Series};
 use super::common::{self, ModelArgs};
@@ -99,13 +93,18 @@ struct RunResult {
     params: Params,
 }
 
+/// Prefill of 256 and decode of 64 tokens, each the median of 3 runs, 8-bit activations.
 fn speed_of(path: &Path) -> Result<(f64, f64)> {
     let mut m = Model::load(path)?;
     m.set_activations(Activations::Q8);
-    let opts = EvalOptions::default();
-    let pp = frugal::bench::prefill(&m, 256, 3, &opts)?.median;
-    let tg = frugal::bench::decode(&m, 64, 3, &opts)?.median;
-    Ok((pp, tg))
+    let test = SpeedTest {
+        prompt: 256,
+        gen_tokens: 64,
+        depth: 0,
+        reps: 3,
+    };
+    let Speed { prefill, decode } = test.measure(&m)?;
+    Ok((prefill, decode))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -131,33 +130,16 @@ pub fn run(a: Args) -> Result<()> {
     let tokens = parse_count(&a.tokens)?;
     let per_step = a.seq * a.batch;
     let steps = tokens.div_ceil(per_step).max(1);
-    let prec = super::train::precision("auto")?;
-    let run_opts = RunOptions {
-        precision: prec,
-        recompute: false,
-        ..RunOptions::default()
-    };
-    let cfg = |loss: LossConfig, steps: usize| TrainConfig {
+    let run_opts = heal::run_options();
+    let prec = run_opts.precision;
+    let recovery = Recovery {
         seq: a.seq,
         batch: a.batch,
-        accum: 1,
-        steps,
-        schedule: Schedule {
-            lr: a.lr,
-            warmup: (steps / 20).max(1),
-            total: steps,
-            min_ratio: 0.1,
-        },
-        adamw: AdamWConfig::default(),
-        clip: 1.0,
-        freeze: Vec::new(),
+        lr: a.lr,
+        points: a.points,
+        eval_windows: a.eval_windows,
         seed: a.seed,
         run: run_opts,
-        loss,
-        eval_every: (steps / a.points.max(1)).max(1),
-        eval_windows: a.eval_windows,
-        checkpoint: None,
-        save_every: 0,
     };
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let assets = a.out.join("distillation");
@@ -165,12 +147,11 @@ pub fn run(a: Args) -> Result<()> {
 
     // The student as cut.
     eprintln!("measuring layer importance...");
-    let calib = data.train.first(4);
-    let mut tp = t_params.clone();
-    let importance = layer_importance(&mut tp, &calib, Importance::LossIncrease, prec);
-    drop(tp);
-    let keep = choose_layers(&importance, n_layers);
-    let cut = keep_layers(&t_params, &keep)?;
+    let student::Cut {
+        importance,
+        keep,
+        params: cut,
+    } = student::layer_dropped(&t_params, n_layers, &data.train.first(4), prec)?;
     let teacher_eval = evaluate(
         &t_params,
         &data.heldout,
@@ -197,43 +178,20 @@ pub fn run(a: Args) -> Result<()> {
               data: &Corpus|
      -> Result<RunResult> {
         eprintln!("run: {name}");
-        let mut t = Trainer::new(
+        let run = heal::train(
             student,
-            cfg(loss, steps),
+            recovery.config(loss, steps),
             data,
-            signal,
-            eval_t.or(Some(&teachers)),
+            (signal, eval_t.or(Some(&teachers))),
+            false,
+            common::training_progress(steps),
         )?;
-        let mut speeds = Vec::new();
-        t.run(|e| match e {
-            Event::Step(s) => {
-                speeds.push(s.tokens_per_s);
-                eprint!(
-                    "\r  step {}/{} loss {:.3} {:.0} tok/s   ",
-                    s.step, steps, s.objective, s.tokens_per_s
-                );
-            }
-            Event::Eval(p) => eprintln!(
-                "\r  {} tokens: held-out ppl {:.3}, KL {:.4}            ",
-                p.tokens,
-                p.ppl,
-                p.kl.unwrap_or(f64::NAN)
-            ),
-            Event::Saved(_) => {}
-        })?;
-        speeds.sort_by(f64::total_cmp);
         Ok(RunResult {
             name: name.into(),
-            history: t.history.clone(),
-            tokens_per_s: speeds.get(speeds.len() / 2).copied().unwrap_or(0.0),
-            params: t.params,
+            history: run.history,
+            tokens_per_s: run.tokens_per_s,
+            params: run.params,
         })
-    };
-    let soft = |tau: f32| LossConfig {
-        alpha: 1.0,
-        temperature: tau,
-        divergence: Divergence::Forward,
-        hidden: None,
     };
     results.push(go(
         "hard labels",
@@ -282,7 +240,7 @@ pub fn run(a: Args) -> Result<()> {
     if ens_tokens > 0 {
         eprintln!("fine-tuning the second teacher...");
         let ens_steps = ens_tokens.div_ceil(per_step).max(1);
-        let mut c = cfg(LossConfig::default(), ens_steps);
+        let mut c = recovery.config(LossConfig::default(), ens_steps);
         c.schedule.lr = a.lr / 3.0;
         c.eval_every = 0;
         let mut ft = Trainer::new(t_params.clone(), c, &data, Signal::None, None)?;
@@ -328,16 +286,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut arch_desc = String::new();
     if !a.no_arch {
         let c = &t_params.config;
-        let sc = StudentConfig {
-            n_layers: Some(n_layers),
-            n_embd: Some((c.n_embd * 2 / 3).next_multiple_of(32).min(c.n_embd)),
-            n_ff: Some((c.n_ff * 2 / 3).next_multiple_of(32).min(c.n_ff)),
-            n_head: Some((c.n_head * 2 / 3).max(1)),
-            n_head_kv: Some(c.n_head_kv.min((c.n_head * 2 / 3).max(1)).max(1)),
-            head_dim: Some(c.head_dim),
-            init: Some("teacher".into()),
-        };
-        let narrow = sc.build(&keep_layers(&t_params, &keep)?, a.seed)?;
+        let narrow = student::narrower(&t_params, &keep, a.seed)?;
         let nc = &narrow.config;
         arch_desc = format!(
             "{} layers, width {}, FFN {}, {} query / {} KV heads of {} ({:.1}M parameters), initialized from the kept teacher layers' leading channels, heads and FFN units",
@@ -380,7 +329,7 @@ pub fn run(a: Args) -> Result<()> {
 
     // Speed: teacher and students in the teacher's storage format, same run.
     eprintln!("measuring speed...");
-    let ty = teacher_format(&teacher_file);
+    let ty = size::dominant_type(&teacher_file).map_or("q8_0".into(), str::to_lowercase);
     let (t_pp, t_tg) = speed_of(&teacher_path)?;
     let mut speed_rows = Vec::new();
     let mut written = Vec::new();
@@ -481,17 +430,6 @@ fn best_index(results: &[RunResult]) -> usize {
 
 fn last(r: &RunResult) -> EvalPoint {
     r.history.last().cloned().unwrap_or_default()
-}
-
-fn teacher_format(f: &GgufFile) -> String {
-    let mut by: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
-    for t in f.tensors() {
-        *by.entry(t.ty.name().to_lowercase()).or_default() += t.n_elements();
-    }
-    by.into_iter()
-        .max_by_key(|(_, n)| *n)
-        .map(|(t, _)| t)
-        .unwrap_or_else(|| "q8_0".into())
 }
 
 /// Speed rows: the teacher's format, prefill and decode tokens/s, parameters and layers, then

@@ -8,19 +8,20 @@
 //! quality after. (3) Distillation of whole MoE models from the dense one (experts, routers
 //! and the rest trained together), at a stated token budget.
 
-use frugal::bench::median;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
-use frugal::convert::{Policy, Target, quantize_in_memory};
-use frugal::eval::{self, EvalOptions};
+use frugal::convert::Target;
 use frugal::gguf::GgufFile;
 use frugal::model::Model;
 use frugal::quant::act::Activations;
-use frugal::surgery::moe::{self, MoeReport, MoefyTarget, RouterInit, Split};
 use frugal::tokenizer::Tokenizer;
-use frugal_train::Params;
+use frugal_lab::build;
+use frugal_lab::heal::{self, Recovery};
+use frugal_lab::moe::{MoeQuality, Variant, measure};
+use frugal_lab::router::{Phase, Plan, quarters, train_routers};
+use frugal_lab::timing::{self, SpeedTest};
 use frugal_train::data::corpus_from_files;
 use frugal_train::model::RunOptions;
 use frugal_train::router::{Balance, StepReport, Teacher};
@@ -28,9 +29,7 @@ use frugal_train::teacher::OnlineTeachers;
 
 use super::bench::plot::{self, Chart, Series};
 use super::common::{self, ModelArgs};
-use super::recovery::Recovery;
 use super::train::parse_count;
-use super::train_router::{Phase, Plan, phase, train_routers};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -116,167 +115,13 @@ pub struct Args {
     pub model: ModelArgs,
 }
 
-/// One MoE variant of the dense model, as `moefy` builds it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Variant {
-    pub spec: String,
-    pub n_expert: usize,
-    pub n_used: usize,
-    /// Neurons kept as an always-on shared expert.
-    pub shared: usize,
-    pub upcycle: bool,
-    /// k-means on the gate rows and centroid routers (no data), instead of co-activation and
-    /// fitted routers.
-    pub weights: bool,
-}
-
-impl std::str::FromStr for Variant {
-    type Err = String;
-    fn from_str(spec: &str) -> std::result::Result<Self, String> {
-        let bad = || {
-            format!(
-                "variant {spec:?}: write EXK (8x2), EXKw (weights split), sN+EXK (shared \
-                 expert of N neurons) or upEXK (upcycled)"
-            )
-        };
-        let (shared, rest) = match spec.strip_prefix('s').and_then(|r| r.split_once('+')) {
-            Some((n, r)) => (n.parse().map_err(|_| bad())?, r),
-            None => (0, spec),
-        };
-        let (upcycle, rest) = match rest.strip_prefix("up") {
-            Some(r) => (true, r),
-            None => (false, rest),
-        };
-        let (weights, rest) = match rest.strip_suffix('w') {
-            Some(r) => (true, r),
-            None => (false, rest),
-        };
-        let (e, k) = rest.split_once('x').ok_or_else(bad)?;
-        let (n_expert, n_used) = (e.parse().map_err(|_| bad())?, k.parse().map_err(|_| bad())?);
-        if upcycle && (weights || shared > 0) {
-            return Err(bad());
-        }
-        Ok(Variant {
-            spec: spec.into(),
-            n_expert,
-            n_used,
-            shared,
-            upcycle,
-            weights,
-        })
-    }
-}
-
-impl Variant {
-    fn describe(&self) -> String {
-        if self.upcycle {
-            return format!("upcycled: {} copies, top-{}", self.n_expert, self.n_used);
-        }
-        let shared = if self.shared > 0 {
-            format!("shared {} + ", self.shared)
-        } else {
-            String::new()
-        };
-        let how = if self.weights {
-            "weight k-means, centroid router"
-        } else {
-            "co-activation, fitted router"
-        };
-        format!(
-            "{shared}{} experts, top-{} ({how})",
-            self.n_expert, self.n_used
-        )
-    }
-
-    /// The variant's GGUF bytes and parameter counts.
-    fn build(&self, dense: &Model, calib: &[u32], ctx: usize, seed: u64) -> Result<Built> {
-        let (w, r) = if self.upcycle {
-            moe::upcycle(&dense.file, self.n_expert, self.n_used, 0.01, seed)?
-        } else {
-            let t = MoefyTarget {
-                n_expert: self.n_expert,
-                n_used: self.n_used,
-                split: if self.weights {
-                    Split::Weights
-                } else {
-                    Split::Coactivation
-                },
-                router: if self.weights {
-                    RouterInit::Centroid
-                } else {
-                    RouterInit::Fit
-                },
-                shared: self.shared,
-                seed,
-            };
-            moe::moefy(&dense.file, dense, Some((calib, ctx)), &t)?
-        };
-        let active_ffn = if self.upcycle {
-            1.0
-        } else {
-            (self.shared + r.n_used * r.expert_width) as f64 / dense.config.n_ff as f64
-        };
-        Ok(Built {
-            bytes: w.to_bytes()?,
-            report: r,
-            active_ffn,
-        })
-    }
-}
-
-struct Built {
-    bytes: Vec<u8>,
-    report: MoeReport,
-    /// Share of the dense FFN's neurons a token runs.
-    active_ffn: f64,
-}
-
-/// What one model measured.
-#[derive(Clone, Copy, Default)]
-struct Quality {
-    ppl: f64,
-    kl: f64,
-    /// Routing on the evaluation text: the busiest expert over the mean (mean over layers and
-    /// the worst layer), load CV and entropy, means over layers.
-    busiest: f64,
-    worst: f64,
-    cv: f64,
-    entropy: f64,
-}
-
-fn measure(m: &Model, dense: &Model, ids: &[u32], ctx: usize) -> Result<Quality> {
-    let c = eval::compare(m, dense, ids, ctx, |_, _| {})?;
-    let mut q = Quality {
-        ppl: c.model.ppl,
-        kl: c.kl_mean,
-        ..Quality::default()
-    };
-    let (_, stats) =
-        eval::perplexity_routed(m, ids, ctx, &EvalOptions::default(), true, |_, _| {})?;
-    if let Some(s) = stats {
-        let layers: Vec<_> = (0..m.config.n_layers).filter_map(|l| s.layer(l)).collect();
-        let n = layers.len().max(1) as f64;
-        q.busiest = layers.iter().map(|l| l.max_over_mean).sum::<f64>() / n;
-        q.worst = layers.iter().map(|l| l.max_over_mean).fold(0.0, f64::max);
-        q.cv = layers.iter().map(|l| l.cv).sum::<f64>() / n;
-        q.entropy = layers.iter().map(|l| l.entropy).sum::<f64>() / n;
-    }
-    Ok(q)
-}
-
-fn load(bytes: Vec<u8>) -> Result<Model> {
-    let mut m = Model::from_file(GgufFile::from_bytes(bytes)?)?;
-    m.set_activations(Activations::Q8);
-    Ok(m)
-}
-
 /// A variant as built, with its speed against the dense model.
 struct VariantRow {
     variant: Variant,
     total: u64,
     active: u64,
     active_ffn: f64,
-    q: Quality,
+    q: MoeQuality,
     pp: f64,
     tg: f64,
     vs_pp: f64,
@@ -289,7 +134,7 @@ struct BalanceRow {
     steps: Vec<StepReport>,
     first: Phase,
     last: Phase,
-    q: Quality,
+    q: MoeQuality,
     seconds: f64,
 }
 
@@ -298,8 +143,8 @@ struct DistillRow {
     variant: Variant,
     /// Weight of the Switch balancing loss during the run.
     aux: f32,
-    before: Quality,
-    after: Quality,
+    before: MoeQuality,
+    after: MoeQuality,
     tokens: usize,
     seconds: f64,
 }
@@ -347,7 +192,7 @@ pub fn run(a: Args) -> Result<()> {
     for v in &variants {
         eprintln!("building {} ({})", v.spec, v.describe());
         let b = v.build(&dense, &calib, calib_ctx, a.seed)?;
-        let m = load(b.bytes)?;
+        let m = build::load(b.bytes, false)?;
         let q = measure(&m, &dense, &eval_ids, a.ctx)?;
         eprintln!(
             "  {:.1}M of {:.1}M parameters active, PPL {:.2}, KL {:.3}, busiest {:.2}x",
@@ -376,8 +221,8 @@ pub fn run(a: Args) -> Result<()> {
     // takes a minute).
     let rebuild = |v: &Variant| -> Result<Model> {
         match variants.iter().position(|x| x == v) {
-            Some(i) => load(models[i].file.raw_bytes().to_vec()),
-            None => load(v.build(&dense, &calib, calib_ctx, a.seed)?.bytes),
+            Some(i) => build::load(models[i].file.raw_bytes().to_vec(), false),
+            None => build::load(v.build(&dense, &calib, calib_ctx, a.seed)?.bytes, false),
         }
     };
 
@@ -426,17 +271,17 @@ pub fn run(a: Args) -> Result<()> {
             })?;
             let seconds = t0.elapsed().as_secs_f64();
             let used = (steps * a.router_batch) as u64;
-            let m = load(tr.to_gguf(&student.file, used).to_bytes()?)?;
+            let m = build::load(tr.to_gguf(&student.file, used).to_bytes()?, false)?;
             let q = measure(&m, &dense, &eval_ids, a.ctx)?;
             eprintln!(
                 "\r  {balance}: PPL {:.2}, busiest {:.2}x on the text",
                 q.ppl, q.busiest
             );
-            let quarter = (reports.len() / 4).max(1);
+            let (first, last) = quarters(&reports);
             balance_rows.push(BalanceRow {
                 balance,
-                first: phase(&reports[..quarter.min(reports.len())]),
-                last: phase(&reports[reports.len().saturating_sub(quarter)..]),
+                first,
+                last,
                 steps: reports,
                 q,
                 seconds,
@@ -450,7 +295,7 @@ pub fn run(a: Args) -> Result<()> {
     if distill_tokens > 0 && !distill.is_empty() {
         let data = corpus_from_files(&tok, &a.data, a.seq, a.heldout)?;
         let teachers = OnlineTeachers {
-            models: vec![(load(dense.file.raw_bytes().to_vec())?, 1.0)],
+            models: vec![(build::load(dense.file.raw_bytes().to_vec(), false)?, 1.0)],
         };
         let recovery = Recovery {
             seq: a.seq,
@@ -459,11 +304,7 @@ pub fn run(a: Args) -> Result<()> {
             points: 4,
             eval_windows: 16,
             seed: a.seed,
-            run: RunOptions {
-                precision: super::train::precision("auto")?,
-                recompute: false,
-                ..RunOptions::default()
-            },
+            run: heal::run_options(),
         };
         let steps = recovery.steps(distill_tokens);
         let q8: Target = "q8_0".parse().map_err(anyhow::Error::msg)?;
@@ -485,13 +326,9 @@ pub fn run(a: Args) -> Result<()> {
                 None => measure(&m, &dense, &eval_ids, a.ctx)?,
             };
             let t0 = std::time::Instant::now();
-            let student = Params::from_model(&m)?;
-            let (_, healed) = recovery.distil(student, steps, &data, &teachers, false)?;
+            let progress = common::training_progress(steps);
+            let (_, h) = recovery.heal(&m, steps, &data, &teachers, (false, q8), progress)?;
             let seconds = t0.elapsed().as_secs_f64();
-            let f32_file = GgufFile::from_bytes(healed.to_gguf(&m.file).to_bytes()?)?;
-            let (q, _) = quantize_in_memory(&f32_file, &Policy::new(q8), |_, _| {})?;
-            let mut h = Model::from_file(q)?;
-            h.set_activations(Activations::Q8);
             let after = measure(&h, &dense, &eval_ids, a.ctx)?;
             eprintln!("  PPL {:.2} -> {:.2}", before.ppl, after.ppl);
             distill_rows.push(DistillRow {
@@ -531,45 +368,34 @@ fn time_variants(
     models: &[Model],
     rows: &mut [VariantRow],
 ) -> Result<(f64, f64)> {
-    let opts = EvalOptions::default();
-    let time = |m: &Model| -> Result<(f64, f64)> {
-        Ok((
-            frugal::bench::prefill(m, a.prompt, 1, &opts)?.median,
-            frugal::bench::decode(m, a.gen_tokens, 1, &opts)?.median,
-        ))
-    };
+    let test = SpeedTest::once(a.prompt, a.gen_tokens);
     let n = models.len();
-    let (mut dpp, mut dtg) = (Vec::new(), Vec::new());
-    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), Vec::new()); n];
-    let reps = a.reps.max(1);
-    for rep in 0..reps {
-        let start = rep * n / reps;
-        for i in (0..n).map(|k| (k + start) % n) {
-            let (pb, tb) = time(dense)?;
-            let (p, t) = time(&models[i])?;
-            dpp.push(pb);
-            dtg.push(tb);
-            let s = &mut samples[i];
-            s.0.push(p);
-            s.1.push(t);
-            s.2.push(p / pb);
-            s.3.push(t / tb);
-            eprintln!(
-                "speed, run {}: {}: pp {p:.1} tg {t:.1} ({:.2}x, {:.2}x the dense model)",
-                rep + 1,
-                rows[i].variant.spec,
-                p / pb,
-                t / tb
+    let timed = timing::back_to_back(
+        n,
+        a.reps,
+        |_| Some(n),
+        |i| test.measure(models.get(i).unwrap_or(dense)),
+        |t| {
+            let (p, tg, v) = (
+                t.speed.prefill,
+                t.speed.decode,
+                t.vs_base.unwrap_or_default(),
             );
-        }
+            eprintln!(
+                "speed, run {}: {}: pp {p:.1} tg {tg:.1} ({:.2}x, {:.2}x the dense model)",
+                t.round + 1,
+                rows[t.candidate].variant.spec,
+                v.prefill,
+                v.decode
+            );
+        },
+    )?;
+    for (r, t) in rows.iter_mut().zip(&timed.candidates) {
+        (r.pp, r.tg) = (t.speed.prefill, t.speed.decode);
+        (r.vs_pp, r.vs_tg) = (t.vs_base.prefill, t.vs_base.decode);
     }
-    for (r, (pp, tg, vpp, vtg)) in rows.iter_mut().zip(samples) {
-        r.pp = median(&pp);
-        r.tg = median(&tg);
-        r.vs_pp = median(&vpp);
-        r.vs_tg = median(&vtg);
-    }
-    Ok((median(&dpp), median(&dtg)))
+    let d = timed.baseline(n);
+    Ok((d.prefill, d.decode))
 }
 
 fn write_charts(
@@ -674,7 +500,7 @@ fn write_charts(
 fn report(
     a: &Args,
     model: &str,
-    (dense_q, (dense_pp, dense_tg)): (&Quality, (f64, f64)),
+    (dense_q, (dense_pp, dense_tg)): (&MoeQuality, (f64, f64)),
     rows: &[VariantRow],
     (balance_on, balance): (&Variant, &[BalanceRow]),
     distill: &[DistillRow],
@@ -867,28 +693,5 @@ fn fmt_ppl(p: f64) -> String {
         format!("{p:.2}")
     } else {
         format!("{p:.2e}")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Variant;
-
-    #[test]
-    fn variant_specs_parse_and_bad_ones_are_refused() {
-        let v: Variant = "s512+8x2".parse().unwrap();
-        assert_eq!(
-            (v.shared, v.n_expert, v.n_used, v.upcycle),
-            (512, 8, 2, false)
-        );
-        let v: Variant = "16x4w".parse().unwrap();
-        assert!(v.weights && v.n_expert == 16 && v.n_used == 4);
-        let v: Variant = "up4x1".parse().unwrap();
-        assert!(v.upcycle && v.n_expert == 4 && v.n_used == 1);
-        for bad in [
-            "8", "x2", "8x", "s+8x2", "sup+4x1", "s8+up4x1", "up4x1w", "8y2",
-        ] {
-            assert!(bad.parse::<Variant>().is_err(), "{bad}");
-        }
     }
 }

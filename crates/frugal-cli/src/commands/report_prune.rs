@@ -12,23 +12,22 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
-use frugal::convert::{Policy, Target, quantize_file, quantize_in_memory};
-use frugal::eval::{self, EvalOptions};
-use frugal::gguf::GgufFile;
+use frugal::convert::Target;
 use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::quant::{GgmlType, kernels, sparse};
-use frugal::surgery::prune::structured::{self, StructuredTarget};
-use frugal::surgery::prune::{self, Method, Pattern, PruneTarget};
+use frugal::surgery::prune::structured::StructuredTarget;
+use frugal::surgery::prune::{self, Method, Pattern};
 use frugal::tokenizer::Tokenizer;
-use frugal_train::Params;
+use frugal_lab::heal::{self, Recovery};
+use frugal_lab::size::{self, Footprint};
+use frugal_lab::timing::{self, SpeedTest};
+use frugal_lab::{build, quality};
 use frugal_train::data::corpus_from_files;
-use frugal_train::model::RunOptions;
 use frugal_train::teacher::OnlineTeachers;
 
 use super::bench::plot::{self, Chart, Series};
 use super::common::{self, ModelArgs, human_bytes};
-use super::recovery::Recovery;
 use super::train::parse_count;
 
 #[derive(clap::Args, Debug)]
@@ -159,32 +158,6 @@ enum Kind {
     Structured,
 }
 
-/// Parameters, bytes and the zero fraction of the block matrices of a file.
-fn sizes(f: &GgufFile) -> Result<(u64, u64, f64)> {
-    let (mut p, mut b, mut blk, mut z) = (0u64, 0u64, 0u64, 0u64);
-    for t in f.tensors() {
-        p += t.n_elements();
-        b += t.n_bytes();
-        if t.name.starts_with("blk.") && t.dims.len() == 2 {
-            let (info, bytes) = f.tensor(&t.name)?;
-            let x = frugal::quant::dequantize_to_vec(info.ty, bytes, info.n_elements() as usize)?;
-            blk += x.len() as u64;
-            z += x.iter().filter(|&&v| v == 0.0).count() as u64;
-        }
-    }
-    Ok((p, b, z as f64 / blk.max(1) as f64))
-}
-
-/// A model from GGUF bytes, with 8-bit activations (and its zeros as bitmaps when asked).
-fn model_of(bytes: Vec<u8>, bitmap: bool) -> Result<Model> {
-    let mut m = Model::from_file(GgufFile::from_bytes(bytes)?)?;
-    m.set_activations(Activations::Q8);
-    if bitmap {
-        m.use_bitmap_storage(0.0);
-    }
-    Ok(m)
-}
-
 pub fn run(a: Args) -> Result<()> {
     frugal_train::keep_freed_memory();
     let path = common::model_path(&a.model)?;
@@ -233,11 +206,7 @@ pub fn run(a: Args) -> Result<()> {
         points: 4,
         eval_windows: 16,
         seed: a.seed,
-        run: RunOptions {
-            precision: super::train::precision("auto")?,
-            recompute: false,
-            ..RunOptions::default()
-        },
+        run: heal::run_options(),
     };
     let steps = recovery.steps(parse_count(&a.tokens)?);
     let work = std::env::temp_dir().join(format!("frugal-report-prune-{}", std::process::id()));
@@ -251,15 +220,14 @@ pub fn run(a: Args) -> Result<()> {
         bitmap: false,
         bytes,
     };
-    let dense_in = |format| -> Result<Vec<u8>> {
-        let target = PruneTarget {
-            method: Method::Magnitude,
-            pattern: Pattern::Unstructured(0.0),
+    let dense_in = |format| {
+        build::pruned(
+            &original.file,
+            None,
+            Method::Magnitude,
+            Pattern::Unstructured(0.0),
             format,
-        };
-        Ok(prune::prune_weights(&original.file, None, target)?
-            .0
-            .to_bytes()?)
+        )
     };
     let mut made: Vec<Made> = vec![
         made_of(
@@ -288,15 +256,8 @@ pub fn run(a: Args) -> Result<()> {
         patterns.push((p.parse().map_err(anyhow::Error::msg)?, Kind::NofM));
     }
     let two_four = Pattern::NofM { n: 2, m: 4 };
-    let prune_to = |method, pattern, format| -> Result<Vec<u8>> {
-        let target = PruneTarget {
-            method,
-            pattern,
-            format,
-        };
-        Ok(prune::prune_weights(&original.file, Some(&stats), target)?
-            .0
-            .to_bytes()?)
+    let prune_to = |method, pattern, format| {
+        build::pruned(&original.file, Some(&stats), method, pattern, format)
     };
     for &method in &a.methods {
         for &(pattern, kind) in &patterns {
@@ -363,7 +324,10 @@ pub fn run(a: Args) -> Result<()> {
     for spec in &a.structured {
         let t: StructuredTarget = spec.parse().map_err(anyhow::Error::msg)?;
         eprintln!("pruning: structured {spec}");
-        let (w, r) = structured::prune_structured(&original.file, &stats, &t, None)?;
+        // Re-encoded in the rows' value format, so that its baseline is the dense model in the
+        // same format: in the file as stored the head is Q8_0 beside 4-bit layers, a heavier
+        // share of every step that no layer surgery touches.
+        let (q, r) = build::structured(&original.file, &stats, &t, target_fmt)?;
         let what = format!(
             "structured {spec} (FFN {}, heads {}/{}, {} layers)",
             r.n_ff.1,
@@ -371,14 +335,6 @@ pub fn run(a: Args) -> Result<()> {
             r.n_head_kv.1,
             r.kept_layers.len()
         );
-        // Re-encoded in the rows' value format, so that its baseline is the dense model in the
-        // same format: in the file as stored the head is Q8_0 beside 4-bit layers, a heavier
-        // share of every step that no layer surgery touches.
-        let (q, _) = quantize_in_memory(
-            &GgufFile::from_bytes(w.to_bytes()?)?,
-            &Policy::new(target_fmt),
-            |_, _| {},
-        )?;
         made.push(made_of(
             what,
             "structured",
@@ -407,31 +363,22 @@ pub fn run(a: Args) -> Result<()> {
         let file = work.join(format!("row{}.gguf", files.len()));
         std::fs::write(&file, &bytes).with_context(|| format!("writing {}", file.display()))?;
         files.push(file);
-        let f = GgufFile::from_bytes(bytes.clone())?;
-        let (params, file_bytes, zeros) = sizes(&f)?;
-        let m = model_of(bytes, bitmap)?;
-        let cmp = eval::compare(&m, &original, &eval_ids, a.ctx, |_, _| {})?;
+        let m = build::load(bytes, bitmap)?;
+        let size = Footprint::of(&m.file);
+        let zeros = size::zero_fraction(&m.file)?;
+        let q = quality::against(&m, &original, &eval_ids, a.ctx)?;
         let recover = steps > 0
             && !bitmap
             && (a.recover.iter().any(|r| r == &key)
                 || (kind == Kind::Structured && a.recover.iter().any(|r| r == "structured")));
         let after = if recover {
             eprintln!("recovering: {name}");
-            let student = Params::from_model(&m)?;
             let keep = kind != Kind::Structured;
-            let (_, healed) = recovery.distil(student, steps, &data, &teachers, keep)?;
-            let f32_bytes = healed.to_gguf(&m.file).to_bytes()?;
-            let tmp = work.join("healed.gguf");
-            quantize_file(
-                &GgufFile::from_bytes(f32_bytes)?,
-                &Policy::new(target_fmt),
-                &tmp,
-                |_, _| {},
-            )?;
-            let mut h = Model::load(&tmp)?;
-            h.set_activations(Activations::Q8);
-            let c = eval::compare(&h, &original, &eval_ids, a.ctx, |_, _| {})?;
-            Some((c.model.ppl, c.kl_mean))
+            let progress = common::training_progress(steps);
+            let how = (keep, target_fmt);
+            let (_, h) = recovery.heal(&m, steps, &data, &teachers, how, progress)?;
+            let c = quality::against(&h, &original, &eval_ids, a.ctx)?;
+            Some((c.ppl, c.kl_mean))
         } else {
             None
         };
@@ -440,10 +387,10 @@ pub fn run(a: Args) -> Result<()> {
             key,
             kind,
             zeros,
-            params,
-            bytes: file_bytes,
-            ppl: cmp.model.ppl,
-            kl: cmp.kl_mean,
+            params: size.params,
+            bytes: size.bytes,
+            ppl: q.ppl,
+            kl: q.kl_mean,
             after,
             base,
             bitmap,
@@ -458,60 +405,36 @@ pub fn run(a: Args) -> Result<()> {
     // Each row is timed right after its baseline, and its speed-up is the median of those
     // back-to-back ratios: on a shared machine the load drifts within a run, and a ratio of two
     // neighbouring measurements cancels most of it.
-    let opts = EvalOptions::default();
-    let n = rows.len();
     let base_index: Vec<usize> = rows
         .iter()
         .map(|r| rows.iter().position(|b| b.key == r.base).unwrap_or(0))
         .collect();
-    let (mut pps, mut tgs) = (vec![Vec::new(); n], vec![Vec::new(); n]);
-    let (mut rpp, mut rtg) = (vec![Vec::new(); n], vec![Vec::new(); n]);
-    let time = |i: usize| -> Result<(f64, f64)> {
-        let bytes =
-            std::fs::read(&files[i]).with_context(|| format!("reading {}", files[i].display()))?;
-        let m = model_of(bytes, rows[i].bitmap)?;
-        Ok((
-            frugal::bench::prefill(&m, a.prompt, 1, &opts)?.median,
-            frugal::bench::decode(&m, a.gen_tokens, 1, &opts)?.median,
-        ))
-    };
-    for rep in 0..a.reps.max(1) {
-        // Each repetition starts at another row, so no row always runs first.
-        let start = rep * n / a.reps.max(1);
-        for i in (0..n).map(|k| (k + start) % n) {
-            let b = base_index[i];
-            let (pb, tb) = if b == i { (0.0, 0.0) } else { time(b)? };
-            let (p, t) = time(i)?;
-            pps[i].push(p);
-            tgs[i].push(t);
-            if b != i {
-                rpp[i].push(p / pb);
-                rtg[i].push(t / tb);
-            }
+    let test = SpeedTest::once(a.prompt, a.gen_tokens);
+    let timed = timing::back_to_back(
+        rows.len(),
+        a.reps,
+        |i| Some(base_index[i]),
+        |i| {
+            let bytes = std::fs::read(&files[i])
+                .with_context(|| format!("reading {}", files[i].display()))?;
+            test.measure(&build::load(bytes, rows[i].bitmap)?)
+        },
+        |t| {
+            let (p, tg) = (t.speed.prefill, t.speed.decode);
             eprintln!(
-                "speed, run {}: {}: pp {p:.1} tg {t:.1}{}",
-                rep + 1,
-                rows[i].name,
-                if b == i {
-                    String::new()
-                } else {
-                    format!(" ({:.2}x, {:.2}x its baseline)", p / pb, t / tb)
-                }
+                "speed, run {}: {}: pp {p:.1} tg {tg:.1}{}",
+                t.round + 1,
+                rows[t.candidate].name,
+                t.vs_base.map_or(String::new(), |v| format!(
+                    " ({:.2}x, {:.2}x its baseline)",
+                    v.prefill, v.decode
+                ))
             );
-        }
-    }
-    let median = |mut v: Vec<f64>| {
-        if v.is_empty() {
-            return 1.0;
-        }
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    for (i, r) in rows.iter_mut().enumerate() {
-        r.pp = median(std::mem::take(&mut pps[i]));
-        r.tg = median(std::mem::take(&mut tgs[i]));
-        r.vs_pp = median(std::mem::take(&mut rpp[i]));
-        r.vs_tg = median(std::mem::take(&mut rtg[i]));
+        },
+    )?;
+    for (r, t) in rows.iter_mut().zip(timed.candidates) {
+        (r.pp, r.tg) = (t.speed.prefill, t.speed.decode);
+        (r.vs_pp, r.vs_tg) = (t.vs_base.prefill, t.vs_base.decode);
     }
 
     let _ = std::fs::remove_dir_all(&work);

@@ -201,8 +201,7 @@ pub fn precision(s: &str) -> Result<Precision> {
     Ok(match s {
         "f32" => Precision::F32,
         "bf16" => Precision::Bf16,
-        "auto" if gemm::bf16_backend().starts_with("f32") => Precision::F32,
-        "auto" => Precision::Bf16,
+        "auto" => frugal_lab::heal::auto_precision(),
         other => bail!("unknown precision {other:?}: use auto, bf16 or f32"),
     })
 }

@@ -10,7 +10,8 @@ use anyhow::{Context, Result, ensure};
 use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::tokenizer::Tokenizer;
-use frugal_train::router::{Balance, RouterConfig, RouterTrainer, StepReport, Teacher};
+use frugal_lab::router::{Phase, Plan, quarters, train_routers};
+use frugal_train::router::{Balance, Teacher};
 
 use super::train::parse_count;
 
@@ -66,87 +67,6 @@ struct Summary {
     /// Means over the first and the last quarter of the steps.
     first: Phase,
     last: Phase,
-}
-
-#[derive(serde::Serialize)]
-pub struct Phase {
-    pub rel_err: f64,
-    /// Share of the chosen experts in their token's oracle set.
-    pub oracle_hit: f64,
-    pub cv: f64,
-    pub max_over_mean: f64,
-    pub worst_max_over_mean: f64,
-    pub entropy: f64,
-}
-
-pub fn phase(r: &[StepReport]) -> Phase {
-    let n = r.len().max(1) as f64;
-    let mean = |f: fn(&StepReport) -> f64| r.iter().map(f).sum::<f64>() / n;
-    Phase {
-        rel_err: mean(|s| s.rel_err),
-        oracle_hit: mean(|s| s.oracle_hit),
-        cv: mean(|s| s.cv),
-        max_over_mean: mean(|s| s.max_over_mean),
-        worst_max_over_mean: mean(|s| s.worst_max_over_mean),
-        entropy: mean(|s| s.entropy),
-    }
-}
-
-/// A router-training run: windows of `ctx` tokens, `batch` tokens per step, `tokens` in all.
-pub struct Plan {
-    pub ctx: usize,
-    pub batch: usize,
-    pub tokens: usize,
-    pub balance: Balance,
-    pub lr: f32,
-    pub recon: f32,
-}
-
-impl Plan {
-    pub fn steps(&self) -> usize {
-        self.tokens.div_ceil(self.batch).max(1)
-    }
-}
-
-/// Trains `student`'s routers against `teacher` on `ids` (cut into windows, repeated when the
-/// text is shorter than the run), calling `on_step` after each step.
-pub fn train_routers(
-    student: &Model,
-    teacher: &Teacher,
-    ids: &[u32],
-    plan: &Plan,
-    mut on_step: impl FnMut(usize, &StepReport) -> Result<()>,
-) -> Result<(RouterTrainer, Vec<StepReport>)> {
-    ensure!(
-        ids.len() >= plan.ctx,
-        "the text holds {} tokens, less than one window of {}",
-        ids.len(),
-        plan.ctx
-    );
-    let windows: Vec<&[u32]> = ids.chunks_exact(plan.ctx).collect();
-    let per_step = plan.batch / plan.ctx;
-    let steps = plan.steps();
-    let mut tr = RouterTrainer::new(
-        student,
-        &RouterConfig {
-            balance: plan.balance,
-            lr: plan.lr,
-            steps,
-            warmup: (steps / 20).max(1),
-            recon: plan.recon,
-        },
-    )?;
-    let mut reports = Vec::with_capacity(steps);
-    for step in 0..steps {
-        let batch: Vec<&[u32]> = (0..per_step)
-            .map(|i| windows[(step * per_step + i) % windows.len()])
-            .collect();
-        let acts = teacher.activations(&batch)?;
-        let r = tr.step(&acts.inputs, &acts.targets)?;
-        on_step(step, &r)?;
-        reports.push(r);
-    }
-    Ok((tr, reports))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -231,14 +151,14 @@ pub fn run(a: Args) -> Result<()> {
     tr.to_gguf(&student.file, used)
         .write_file(&a.out)
         .with_context(|| format!("writing {}", a.out.display()))?;
-    let q = (steps / 4).max(1);
+    let (first, last) = quarters(&reports);
     let s = Summary {
         balance: a.balance.to_string(),
         tokens: used,
         steps,
         seconds: t0.elapsed().as_secs_f64(),
-        first: phase(&reports[..q.min(reports.len())]),
-        last: phase(&reports[reports.len().saturating_sub(q)..]),
+        first,
+        last,
     };
     if a.json {
         println!("{}", serde_json::to_string(&s)?);
