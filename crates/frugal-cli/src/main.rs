@@ -57,6 +57,9 @@ enum Command {
     /// Reports that combine measurements: `report quant` is the format table.
     #[command(subcommand)]
     Report(commands::report::ReportCommand),
+    /// The cheapest model that meets targets (`--target 'decode >= 5x' --target 'kl <= 0.05'`):
+    /// the levers searched on this machine, a Pareto frontier and a recipe.
+    Optimize(commands::optimize::Args),
     /// Estimate KV-cache and memory needs for a model at a context length.
     Estimate(commands::estimate::Args),
     /// Train a model on text (next-token cross-entropy), from any GGUF frugal runs.
@@ -135,6 +138,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Analyze(c) => commands::analyze::run(c),
         Command::Report(c) => commands::report::run(c),
         Command::Estimate(a) => commands::estimate::run(a),
+        Command::Optimize(a) => commands::optimize::run(a),
         Command::Fetch(a) => commands::fetch::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::Train(a) => commands::train::run_train(a),

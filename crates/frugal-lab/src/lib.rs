@@ -22,6 +22,7 @@ pub mod build;
 pub mod corpus;
 pub mod heal;
 pub mod moe;
+pub mod optimize;
 pub mod quality;
 pub mod router;
 pub mod size;

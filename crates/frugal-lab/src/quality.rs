@@ -10,13 +10,15 @@ use frugal::eval::{self, EvalOptions};
 use frugal::model::Model;
 
 /// A candidate measured against its base.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Quality {
     pub ppl: f64,
     pub ppl_stderr: f64,
     pub base_ppl: f64,
     /// Mean over positions of KL(base ‖ candidate), nats.
     pub kl_mean: f64,
+    /// Standard error of `kl_mean` (the measurement's noise).
+    pub kl_stderr: f64,
     /// 99th percentile of the per-position KL.
     pub kl_p99: f64,
     /// Fraction of positions where both put the same token first.
@@ -51,6 +53,7 @@ pub fn against_with(
         ppl_stderr: c.model.ppl_stderr,
         base_ppl: c.reference.ppl,
         kl_mean: c.kl_mean,
+        kl_stderr: c.kl_stderr,
         kl_p99: c.kl_p99,
         top1: c.top1_agreement,
         positions: c.positions,

@@ -83,7 +83,7 @@ pub fn kv_bytes_per_token(model: &Model, format: KvFormat) -> Result<usize> {
 
 /// A model's memory at a context: its weights and a full cache of `ctx` tokens (every layer
 /// holding every token: sliding windows are not discounted).
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Memory {
     pub weights: u64,
     pub kv: u64,

@@ -22,7 +22,7 @@ pub struct SpeedTest {
 }
 
 /// Tokens per second (0 where the test was skipped).
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Speed {
     pub prefill: f64,
     pub decode: f64,
@@ -63,15 +63,19 @@ impl SpeedTest {
     /// Times `model` as it is set up (its activation precision), with the default cache and
     /// attention.
     pub fn measure(&self, model: &Model) -> Result<Speed> {
-        let opts = EvalOptions::default();
+        self.measure_with(model, &EvalOptions::default())
+    }
+
+    /// [`SpeedTest::measure`] with a cache format and attention of its own.
+    pub fn measure_with(&self, model: &Model, opts: &EvalOptions) -> Result<Speed> {
         let reps = self.reps.max(1);
         let prefill = match self.prompt {
             0 => 0.0,
-            n => bench::prefill_at(model, n, self.depth, reps, &opts)?.median,
+            n => bench::prefill_at(model, n, self.depth, reps, opts)?.median,
         };
         let decode = match self.gen_tokens {
             0 => 0.0,
-            n => bench::decode_at(model, n, self.depth, reps, &opts)?.median,
+            n => bench::decode_at(model, n, self.depth, reps, opts)?.median,
         };
         Ok(Speed { prefill, decode })
     }

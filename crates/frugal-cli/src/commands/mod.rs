@@ -14,6 +14,7 @@ pub mod font;
 pub mod generate;
 pub mod info;
 pub mod moefy;
+pub mod optimize;
 pub mod prune;
 pub mod quantize;
 pub mod report;

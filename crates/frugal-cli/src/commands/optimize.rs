@@ -1,0 +1,210 @@
+//! `frugal optimize`: flags and printing. The search is `frugal_lab::optimize`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use frugal_lab::optimize::recipe::Lever;
+use frugal_lab::optimize::search::{self, Progress, fmt_value};
+use frugal_lab::optimize::target::{Objective, Target, parse_budget};
+use frugal_lab::optimize::{self, Config, Funnel, Point, State};
+
+use super::common::human_bytes;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The base model (GGUF; F32 or F16 gets every format, a quantized base those at or below
+    /// its own)
+    #[arg(short = 'm', long = "model", value_parser = super::common::model_arg)]
+    pub model: Option<PathBuf>,
+    /// Calibration text: the groups' sensitivity is measured on it
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
+    /// Held-out text: every candidate's quality (KL to the base) is measured on it
+    #[arg(long, value_name = "FILE")]
+    pub eval: Option<PathBuf>,
+    /// A constraint (repeatable): 'decode >= 5x', 'prefill >= 2x', 'decode >= 300tok/s',
+    /// 'kl <= 0.05', 'p99kl <= 0.3', 'ppl <= +2%', 'top1 >= 0.9', 'memory <= 150MiB'
+    #[arg(long = "target", value_name = "TARGET")]
+    pub targets: Vec<String>,
+    /// What to maximize among the points meeting every target: decode, prefill, memory, kl
+    #[arg(long, default_value = "decode")]
+    pub objective: String,
+    /// The context (batch 1) memory targets count the KV cache at
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    /// Time for the search: it stops there and still leaves a result (45m, 90s, 1h30m)
+    #[arg(long, default_value = "45m")]
+    pub budget: String,
+    /// The ladder's stages to use (built: quant, kv; not yet: prune, attention, moe, distill,
+    /// speculate)
+    #[arg(long, default_value = "quant,kv")]
+    pub levers: String,
+    /// Evaluation tokens at each rung of the funnel (comma-separated, growing)
+    #[arg(long, default_value = "512,1024,2048,4096")]
+    pub rungs: String,
+    /// Output directory: frontier.json, recipe.toml, model.gguf
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Continue the search in DIR without redoing finished candidates
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["recipe", "out"])]
+    pub resume: Option<PathBuf>,
+    /// Rebuild a recipe's model (byte for byte) into --out
+    #[arg(long, value_name = "FILE", conflicts_with = "resume")]
+    pub recipe: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if let Some(recipe) = &a.recipe {
+        let out = a.out.as_ref().context("--recipe needs --out DIR")?;
+        let r = optimize::rebuild(recipe, a.model.as_deref(), out)?;
+        println!(
+            "rebuilt {} ({}) from {} into {}",
+            out.join("model.gguf").display(),
+            r.recipe.key(),
+            r.base.path,
+            out.display()
+        );
+        return Ok(());
+    }
+    let (config, dir, resume) = match &a.resume {
+        Some(dir) => {
+            let state = State::read(dir)?;
+            let mut config = state.config.clone();
+            if a.budget != "45m" {
+                config.budget_seconds = parse_budget(&a.budget).map_err(anyhow::Error::msg)?;
+            }
+            (config, dir.clone(), Some(state))
+        }
+        None => (config(&a)?, a.out.clone().context("give --out DIR")?, None),
+    };
+    search::check(&config)?;
+    let mut progress = |p: Progress| match p {
+        Progress::Plan {
+            weight_recipes,
+            runtimes,
+            evaluations,
+            estimated_seconds,
+            budget_seconds,
+        } => eprintln!(
+            "space: {weight_recipes} weight recipes x {runtimes} runtime settings = {} points; the funnel evaluates about {evaluations}; estimated {:.0} min (budget {:.0} min)",
+            weight_recipes * runtimes,
+            estimated_seconds / 60.0,
+            budget_seconds / 60.0
+        ),
+        Progress::Step(s) => eprintln!("{s}"),
+    };
+    let out = search::run(config, &dir, resume, &mut progress)?;
+    print_outcome(&out.state, out.evaluations, &dir);
+    Ok(())
+}
+
+fn config(a: &Args) -> Result<Config> {
+    let model = super::common::input_model(a.model.as_deref())?;
+    let targets = a
+        .targets
+        .iter()
+        .map(|t| t.parse::<Target>().map_err(anyhow::Error::msg))
+        .collect::<Result<Vec<_>>>()?;
+    let Some(calibration) = a.calibration.clone() else {
+        bail!("give --calibration FILE (the text the sensitivity is measured on)");
+    };
+    let Some(eval) = a.eval.clone() else {
+        bail!("give --eval FILE (held-out text, other than the calibration)");
+    };
+    let rungs = a
+        .rungs
+        .split(',')
+        .map(|r| r.trim().parse::<usize>())
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("--rungs {:?}: comma-separated token counts", a.rungs))?;
+    Ok(Config {
+        model,
+        calibration,
+        eval,
+        targets,
+        objective: a.objective.parse::<Objective>().map_err(anyhow::Error::msg)?,
+        context: a.context,
+        budget_seconds: parse_budget(&a.budget).map_err(anyhow::Error::msg)?,
+        levers: Lever::parse_list(&a.levers)?,
+        funnel: Funnel {
+            rungs,
+            ..Funnel::default()
+        },
+    })
+}
+
+fn row(p: &Point, chosen: bool) -> String {
+    let q = p.latest();
+    format!(
+        "{} {:>5.2} {:>9} {:>8} {:>7} {:>10}  {}",
+        if chosen { "*" } else { " " },
+        p.bpw,
+        q.map_or("-".into(), |q| format!("{:.5}", q.kl_mean)),
+        q.map_or("-".into(), |q| format!("{:.4}", q.kl_stderr)),
+        p.speed
+            .map_or("-".into(), |s| format!("{:.2}x", s.decode_ratio)),
+        p.memory.map_or("-".into(), |m| human_bytes(m.total())),
+        p.key
+    )
+}
+
+fn print_outcome(s: &State, evaluations: usize, dir: &std::path::Path) {
+    println!(
+        "{} points evaluated ({} by this run); status: {}",
+        s.points.iter().filter(|p| p.latest().is_some()).count(),
+        evaluations,
+        s.status
+    );
+    for r in &s.refused {
+        println!("skipped {r}");
+    }
+    println!("  bpw        KL    ± KL  decode     memory  recipe (frontier and timed points)");
+    let mut shown: Vec<&Point> = s
+        .points
+        .iter()
+        .filter(|p| p.pareto || p.speed.is_some())
+        .collect();
+    shown.sort_by_key(|p| p.weight_bytes);
+    for p in shown {
+        println!("{}", row(p, s.chosen.as_deref() == Some(&p.key)));
+    }
+    for w in &s.warnings {
+        println!("warning: {w}");
+    }
+    match &s.chosen {
+        Some(k) => {
+            let p = s.point(k).expect("chosen point");
+            let m = p.measured();
+            let met: Vec<String> = s
+                .config
+                .targets
+                .iter()
+                .map(|t| format!("{t}: {}", t.read(&m).map_or("-".into(), |v| fmt_value(t, v))))
+                .collect();
+            println!("chosen: {k} ({})", met.join(", "));
+            let r = p.recipe.runtime;
+            println!(
+                "run it with: frugal serve -m {} --kv-type {} --activations {}",
+                dir.join("model.gguf").display(),
+                r.kv,
+                r.activations
+            );
+            println!(
+                "wrote {}, {} and {}",
+                dir.join("frontier.json").display(),
+                dir.join("recipe.toml").display(),
+                dir.join("model.gguf").display()
+            );
+        }
+        None => {
+            println!("no point meets every target");
+            for b in &s.binding {
+                println!("  {b}");
+            }
+            for k in &s.closest {
+                println!("  closest: {k}");
+            }
+            println!("wrote {}", dir.join("frontier.json").display());
+        }
+    }
+}

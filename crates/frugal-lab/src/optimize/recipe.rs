@@ -1,0 +1,272 @@
+//! A recipe: how to rebuild a point of the search from its base, byte for byte.
+//!
+//! The ladder's stages apply in order (structural changes first, quantization last, as the
+//! literature and the vendors order them); each stage is one lever's settings. Only
+//! [`Stage::Quant`] is built so far: pruning, attention layout, MoE conversion and distillation
+//! become further variants of [`Stage`] that run before it. Settings that change how the file
+//! runs, not the file (KV-cache format, activation precision, later speculative decoding), are
+//! in [`Runtime`].
+
+use std::fmt;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+use frugal::convert::{Policy, Rule, Target, quantize_in_memory};
+use frugal::gguf::GgufFile;
+use frugal::kv::KvType;
+use frugal::quant::act::Activations;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The version written into recipes: a recipe from another version is refused (its encoders
+/// may round differently, so the bytes would not be the same).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The levers of the ladder, in the order they apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lever {
+    Prune,
+    Attention,
+    Moe,
+    Distill,
+    Quant,
+    Kv,
+    Speculate,
+}
+
+impl Lever {
+    pub const ALL: [Lever; 7] = [
+        Lever::Prune,
+        Lever::Attention,
+        Lever::Moe,
+        Lever::Distill,
+        Lever::Quant,
+        Lever::Kv,
+        Lever::Speculate,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Lever::Prune => "prune",
+            Lever::Attention => "attention",
+            Lever::Moe => "moe",
+            Lever::Distill => "distill",
+            Lever::Quant => "quant",
+            Lever::Kv => "kv",
+            Lever::Speculate => "speculate",
+        }
+    }
+
+    /// Whether this version can search the lever.
+    pub fn built(self) -> bool {
+        matches!(self, Lever::Quant | Lever::Kv)
+    }
+
+    /// Parses a comma-separated list (`quant,kv`), refusing unknown levers and those not built
+    /// yet by name.
+    pub fn parse_list(s: &str) -> Result<Vec<Lever>> {
+        let mut out = Vec::new();
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let Some(l) = Lever::ALL.iter().find(|l| l.name() == name) else {
+                let all: Vec<&str> = Lever::ALL.iter().map(|l| l.name()).collect();
+                bail!("unknown lever {name:?} (levers: {})", all.join(", "));
+            };
+            ensure!(
+                l.built(),
+                "lever {name:?} is not built yet in this version (built: quant, kv)"
+            );
+            if !out.contains(l) {
+                out.push(*l);
+            }
+        }
+        ensure!(!out.is_empty(), "--levers names no lever");
+        Ok(out)
+    }
+}
+
+/// One lever's settings in the ladder.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "lever", rename_all = "snake_case")]
+pub enum Stage {
+    /// Weight formats: `format` for the bulk of the matrices, `keep` rules (`GLOB=TYPE`, first
+    /// match wins, as `frugal quantize --keep`) for the tensors the allocation chose otherwise.
+    Quant { format: String, keep: Vec<String> },
+}
+
+impl Stage {
+    /// `file` with this stage applied.
+    pub fn apply(&self, file: &GgufFile) -> Result<GgufFile> {
+        match self {
+            Stage::Quant { format, keep } => {
+                let mut policy = Policy::new(format.parse::<Target>()?);
+                policy.rules = keep
+                    .iter()
+                    .map(|r| r.parse::<Rule>())
+                    .collect::<Result<_, _>>()?;
+                let (q, _) = quantize_in_memory(file, &policy, |_, _| {})
+                    .with_context(|| format!("quantizing to {format}"))?;
+                Ok(q)
+            }
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stage::Quant { format, keep } if keep.is_empty() => write!(f, "{format}"),
+            Stage::Quant { format, keep } => write!(f, "{format}+{}", keep.join("+")),
+        }
+    }
+}
+
+/// How the built file runs: settings the file does not carry (`frugal serve --kv-type ...
+/// --activations ...` applies them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Runtime {
+    /// KV-cache format of keys and values.
+    #[serde(with = "by_name")]
+    pub kv: KvType,
+    #[serde(with = "by_name")]
+    pub activations: Activations,
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime {
+            kv: KvType::F32,
+            activations: Activations::Q8,
+        }
+    }
+}
+
+/// Serde by the names the command line takes (`Display` / `FromStr`).
+mod by_name {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<T: Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: FromStr<Err: Display>,
+        D: Deserializer<'de>,
+    {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Which base file a recipe applies to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BaseId {
+    /// Where it was when the recipe was made (a hint: the hash decides).
+    pub path: String,
+    pub sha256: String,
+    pub bytes: u64,
+}
+
+impl BaseId {
+    /// Hashes the file at `path`.
+    pub fn of(path: &Path) -> Result<BaseId> {
+        let mut f =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let mut h = Sha256::new();
+        let bytes = std::io::copy(&mut f, &mut h)?;
+        Ok(BaseId {
+            path: path.display().to_string(),
+            sha256: format!("{:x}", h.finalize()),
+            bytes,
+        })
+    }
+}
+
+/// A point of the search: the ladder's stages and the runtime settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recipe {
+    pub stages: Vec<Stage>,
+    pub runtime: Runtime,
+}
+
+impl Recipe {
+    /// The base with every stage applied, in order (the base itself for no stages).
+    pub fn build(&self, base: &GgufFile) -> Result<GgufFile> {
+        let mut file = GgufFile::from_bytes(base.raw_bytes().to_vec())?;
+        for s in &self.stages {
+            file = s.apply(&file)?;
+        }
+        Ok(file)
+    }
+
+    /// A stable key naming the recipe (what `--resume` matches finished candidates by).
+    pub fn key(&self) -> String {
+        let stages: Vec<String> = self.stages.iter().map(|s| s.to_string()).collect();
+        let stages = if stages.is_empty() {
+            "base".to_string()
+        } else {
+            stages.join(" | ")
+        };
+        format!(
+            "{stages} | kv {} | act {}",
+            self.runtime.kv, self.runtime.activations
+        )
+    }
+
+    /// The same weights run another way.
+    pub fn with_runtime(&self, runtime: Runtime) -> Recipe {
+        Recipe {
+            stages: self.stages.clone(),
+            runtime,
+        }
+    }
+}
+
+/// `recipe.toml`: the chosen point, the base it applies to and the version that made it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecipeFile {
+    pub frugal_version: String,
+    pub base: BaseId,
+    pub recipe: Recipe,
+    /// What the search measured for it (for the reader; rebuilding ignores it).
+    #[serde(default)]
+    pub measured: Option<super::target::Measured>,
+}
+
+impl RecipeFile {
+    pub fn read(path: &Path) -> Result<RecipeFile> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let text = toml::to_string(self)?;
+        super::write_atomic(path, text.as_bytes())
+    }
+
+    /// Refuses a recipe made by another version or from another base (`base` is the hash of
+    /// the file it is to be applied to), with the reason.
+    pub fn check(&self, base: &BaseId) -> Result<()> {
+        ensure!(
+            self.frugal_version == VERSION,
+            "the recipe was made by frugal {} and this is {VERSION}: its encoders may round differently, so the model would not be the same; rerun the search",
+            self.frugal_version
+        );
+        ensure!(
+            self.base.sha256 == base.sha256,
+            "the recipe was made from another base model ({}, sha256 {}…, {} bytes) than {} (sha256 {}…, {} bytes): its formats were chosen by that model's measurements",
+            self.base.path,
+            &self.base.sha256[..12.min(self.base.sha256.len())],
+            self.base.bytes,
+            base.path,
+            &base.sha256[..12],
+            base.bytes
+        );
+        Ok(())
+    }
+}
