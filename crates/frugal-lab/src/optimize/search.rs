@@ -126,7 +126,24 @@ pub fn run(
     );
     calib.truncate(f.calibration_tokens.max(f.ctx));
     eval.truncate(f.rungs.iter().copied().max().unwrap_or(f.ctx));
+    // A resumed search replays its decisions on the measurements it already has: each is
+    // handed back (not measured again) when the replay reaches it, so that every decision sees
+    // what it saw the first time.
+    let mut state = state;
+    let mut done = Done::default();
+    for p in &mut state.points {
+        for r in p.quality.drain(..) {
+            done.quality.insert((p.key.clone(), r.tokens), r.quality);
+        }
+        if let Some(sp) = p.speed.take() {
+            done.speed.insert(p.key.clone(), sp);
+        }
+        if !p.dropped.as_deref().is_some_and(|d| d.starts_with("cannot run")) {
+            p.dropped = None;
+        }
+    }
     let mut s = Search {
+        done,
         index: state
             .points
             .iter()
@@ -155,7 +172,15 @@ pub fn run(
     })
 }
 
+/// Measurements a resumed search found on disk.
+#[derive(Default)]
+struct Done {
+    quality: HashMap<(String, usize), crate::quality::Quality>,
+    speed: HashMap<String, SpeedPoint>,
+}
+
 struct Search<'a> {
+    done: Done,
     cfg: Config,
     dir: &'a Path,
     state: State,
@@ -277,8 +302,15 @@ impl Search<'_> {
         self.stopped.is_some()
     }
 
+    /// Writes `frontier.json`, the measurements a resumed search has not replayed yet
+    /// included (a run killed during the replay loses nothing).
     fn save(&self) -> Result<()> {
-        self.state.write(self.dir)
+        if self.done.quality.is_empty() && self.done.speed.is_empty() {
+            return self.state.write(self.dir);
+        }
+        let mut state = self.state.clone();
+        merge(&mut state, &self.done, &self.index);
+        state.write(self.dir)
     }
 
     fn point_mut(&mut self, key: &str) -> &mut Point {
@@ -516,6 +548,10 @@ impl Search<'_> {
             return Ok(());
         }
         let runtime = p.recipe.runtime;
+        if let Some(q) = self.done.quality.remove(&(key.to_string(), tokens)) {
+            self.point_mut(key).quality.push(Rung { tokens, quality: q });
+            return Ok(());
+        }
         if self.out_of_time() {
             return Ok(());
         }
@@ -867,6 +903,10 @@ impl Search<'_> {
 
     /// Times `key` back to back with the base, unless measured (or out of time).
     fn speed(&mut self, key: &str) -> Result<()> {
+        if let Some(sp) = self.done.speed.remove(key) {
+            self.point_mut(key).speed = Some(sp);
+            return Ok(());
+        }
         if self.state.points[self.index[key]].speed.is_some() || self.out_of_time() {
             return Ok(());
         }
@@ -910,6 +950,8 @@ impl Search<'_> {
     /// when none meets every target, and writes `frontier.json`, `recipe.toml` and
     /// `model.gguf`.
     fn finish(&mut self) -> Result<()> {
+        let done = std::mem::take(&mut self.done);
+        merge(&mut self.state, &done, &self.index);
         let targets = self.cfg.targets.clone();
         let pts = &self.state.points;
         let pareto: Vec<bool> = pts
@@ -1047,6 +1089,25 @@ impl Search<'_> {
             }
         }
         self.state.warnings = w;
+    }
+}
+
+/// Puts measurements not replayed back into their points.
+fn merge(state: &mut State, done: &Done, index: &HashMap<String, usize>) {
+    for ((key, tokens), q) in &done.quality {
+        if let Some(&i) = index.get(key) {
+            let p = &mut state.points[i];
+            p.quality.push(Rung {
+                tokens: *tokens,
+                quality: *q,
+            });
+            p.quality.sort_by_key(|r| r.tokens);
+        }
+    }
+    for (key, sp) in &done.speed {
+        if let Some(&i) = index.get(key) {
+            state.points[i].speed = Some(*sp);
+        }
     }
 }
 

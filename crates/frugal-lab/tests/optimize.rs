@@ -1,0 +1,299 @@
+//! `frugal optimize` on small random F32 models the tests build themselves: the allocation, the
+//! funnel, resuming, recipes and unreachable targets. Funnels are tiny (tens of tokens) so the
+//! whole file runs in seconds.
+
+use std::path::{Path, PathBuf};
+
+use frugal::gguf::{GgufFile, GgufWriter};
+use frugal::model::synthetic::{SyntheticSpec, build};
+use frugal::quant::GgmlType;
+use frugal::tokenizer::Tokenizer;
+use frugal_lab::optimize::quant::{self, Bank, Costs, Mix};
+use frugal_lab::optimize::recipe::{Lever, Recipe, Runtime};
+use frugal_lab::optimize::search::{self, Progress};
+use frugal_lab::optimize::target::Objective;
+use frugal_lab::optimize::{Config, Funnel, State, rebuild};
+use frugal_lab::{build as lab_build, quality};
+
+const TEXT: &str = "Every lever has a price, and frugal measures it. A cache saves work; a cache \
+costs memory. Fewer weights cost quality, and training buys some of it back. ";
+const HELD: &str = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun; \
+numbers like 12345 and 67890 and words in other orders keep the evaluation honest. ";
+
+/// Matrices 256 wide, so that every K-quant tiles its rows (no fallbacks); the final norm
+/// scaled down so that the random model's next-token distributions are soft (as a trained
+/// model's are) and rounding moves them measurably.
+fn model(seed: u64) -> Vec<u8> {
+    let bytes = build(&SyntheticSpec {
+        n_layers: 2,
+        n_embd: 256,
+        n_ff: 512,
+        n_head: 4,
+        n_head_kv: 2,
+        n_ctx: 128,
+        ty: GgmlType::F32,
+        seed,
+        ..Default::default()
+    });
+    let file = GgufFile::from_bytes(bytes).unwrap();
+    let mut w = GgufWriter::from_file(&file);
+    let norm = w
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "output_norm.weight")
+        .unwrap();
+    let scaled: Vec<u8> = norm
+        .data
+        .chunks_exact(4)
+        .flat_map(|b| (f32::from_le_bytes(b.try_into().unwrap()) * 0.05).to_le_bytes())
+        .collect();
+    norm.data = scaled.into();
+    w.to_bytes().unwrap()
+}
+
+struct Files {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    model: PathBuf,
+}
+
+fn files() -> Files {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let model = root.join("base.gguf");
+    std::fs::write(&model, model_bytes()).unwrap();
+    std::fs::write(root.join("cal.txt"), TEXT.repeat(6)).unwrap();
+    std::fs::write(root.join("held.txt"), HELD.repeat(6)).unwrap();
+    Files {
+        _dir: dir,
+        root,
+        model,
+    }
+}
+
+fn model_bytes() -> Vec<u8> {
+    model(1)
+}
+
+fn config(f: &Files, targets: &[&str]) -> Config {
+    Config {
+        model: f.model.clone(),
+        calibration: f.root.join("cal.txt"),
+        eval: f.root.join("held.txt"),
+        targets: targets.iter().map(|t| t.parse().unwrap()).collect(),
+        objective: Objective::Decode,
+        context: 128,
+        budget_seconds: 600.0,
+        levers: vec![Lever::Quant, Lever::Kv],
+        funnel: Funnel {
+            ctx: 32,
+            calibration_tokens: 128,
+            rungs: vec![64, 128],
+            bands: 1,
+            bpw_step: 1.0,
+            runtime_variants: 2,
+            prompt: 0,
+            gen_tokens: 4,
+            rounds: 1,
+            max_evaluations: None,
+        },
+    }
+}
+
+fn run(c: Config, dir: &Path, resume: Option<State>) -> search::Outcome {
+    search::run(c, dir, resume, &mut |_: Progress| {}).unwrap()
+}
+
+/// Sensitivity-allocated mixes against the uniform formats: the mix meets its bit budget, is
+/// the exact file its recipe rebuilds, and (measured) has a lower KL than the uniform format
+/// of the same or larger size.
+#[test]
+fn allocation_meets_the_budget_and_beats_the_uniform_format_of_its_size() {
+    let base_file = GgufFile::from_bytes(model_bytes()).unwrap();
+    let base = lab_build::load(model_bytes(), false).unwrap();
+    let tok = Tokenizer::from_gguf(&base.file).unwrap();
+    let calib = tok.encode(&TEXT.repeat(6), false).unwrap();
+    let held = tok.encode(&HELD.repeat(6), false).unwrap();
+    let palette = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q2_K];
+    let mut bank = Bank::new();
+    for t in palette {
+        bank.add(&base_file, t).unwrap();
+    }
+    let groups = quant::groups(&base_file, 2);
+    assert!(groups.len() >= 8, "{groups:?}");
+    let kl_of = |mix: &Mix, tokens: &[u32]| {
+        let m = lab_build::load(bank.assemble(mix).unwrap(), false).unwrap();
+        quality::against(&m, &base, &tokens[..tokens.len() / 32 * 32], 32)
+            .unwrap()
+            .kl_mean
+    };
+    // Sensitivity: each group alone at Q4_K, the rest at Q8_0.
+    let reference = kl_of(&Mix::uniform(GgmlType::Q8_0), &calib);
+    let sens: Vec<f64> = groups
+        .iter()
+        .map(|g| {
+            let mut mix = Mix::uniform(GgmlType::Q8_0);
+            for t in &g.tensors {
+                mix.per_tensor.insert(t.clone(), GgmlType::Q4_K);
+            }
+            (kl_of(&mix, &calib) - reference).max(0.0)
+        })
+        .collect();
+    let noise: Vec<Vec<f64>> = palette
+        .iter()
+        .map(|&t| quant::group_noise(&base_file, &bank, &groups, t).unwrap())
+        .collect();
+    let bits: Vec<Vec<f64>> = groups
+        .iter()
+        .map(|g| {
+            palette
+                .iter()
+                .map(|&t| {
+                    g.tensors
+                        .iter()
+                        .map(|n| bank.tensor_bytes(n, t) as f64 * 8.0)
+                        .sum()
+                })
+                .collect()
+        })
+        .collect();
+    let costs = Costs::new(palette.to_vec(), bits, &sens, &noise, 1);
+    // The budget of uniform Q4_K (its embedding at Q8_0, as `frugal quantize` writes it).
+    let uniform = Mix::uniform(GgmlType::Q4_K);
+    let uniform_choice: Vec<usize> = groups
+        .iter()
+        .map(|g| {
+            let t = uniform.format_of(&g.tensors[0]);
+            palette.iter().position(|&p| p == t).unwrap()
+        })
+        .collect();
+    let budget = costs.bits_of(&uniform_choice);
+    let choice = quant::allocate(&costs, budget).unwrap();
+    assert!(costs.bits_of(&choice) <= budget);
+    assert!(costs.kl_of(&choice) <= costs.kl_of(&uniform_choice) + 1e-12);
+    assert!(quant::allocate(&costs, 1.0).is_none(), "nothing fits one bit");
+    let formats: Vec<GgmlType> = choice.iter().map(|&i| palette[i]).collect();
+    let mix = Mix::from_groups(&groups, &formats);
+
+    // The assembled mix is the file its recipe stage writes.
+    let assembled = bank.assemble(&mix).unwrap();
+    let recipe = Recipe {
+        stages: vec![mix.stage(&base_file)],
+        runtime: Runtime::default(),
+    };
+    let rebuilt = recipe.build(&base_file).unwrap();
+    assert_eq!(assembled, rebuilt.raw_bytes(), "{}", recipe.key());
+    let size = |b: &[u8]| {
+        GgufFile::from_bytes(b.to_vec())
+            .unwrap()
+            .tensors()
+            .iter()
+            .map(|t| t.n_bytes())
+            .sum::<u64>()
+    };
+    let uniform_bytes = bank.assemble(&uniform).unwrap();
+    assert!(size(&assembled) <= size(&uniform_bytes));
+
+    // Measured on held-out text, the mix has the lower KL.
+    let (kl_mix, kl_uniform) = (kl_of(&mix, &held), kl_of(&uniform, &held));
+    assert!(
+        kl_mix < kl_uniform,
+        "mix {kl_mix} ({}) vs uniform q4_k {kl_uniform}",
+        recipe.key()
+    );
+}
+
+/// One search: the funnel drops dominated points before timing them and times only
+/// contenders; the recipe rebuilds the model byte for byte and is refused for another base;
+/// resuming a finished search evaluates nothing.
+#[test]
+fn search_funnel_recipe_and_resume() {
+    let f = files();
+    let dir = f.root.join("opt");
+    let out = run(config(&f, &["kl <= 0.5"]), &dir, None);
+    let s = State::read(&dir).unwrap();
+    assert_eq!(s.chosen, out.state.chosen);
+    assert_eq!(s.points.len(), out.state.points.len());
+    assert_eq!(s.status, "done");
+    assert!(out.evaluations > 10, "{}", out.evaluations);
+    let dominated: Vec<_> = s
+        .points
+        .iter()
+        .filter(|p| p.dropped.as_deref().is_some_and(|d| d.starts_with("dominated")))
+        .collect();
+    assert!(!dominated.is_empty(), "no point dropped as dominated");
+    for p in &s.points {
+        if p.dropped.is_some() {
+            assert!(p.speed.is_none(), "a dropped point was timed: {}", p.key);
+        }
+    }
+    // Every dominated point's dominator is cheaper or equal on every cost.
+    for p in &dominated {
+        let by = p.dropped.as_deref().unwrap().trim_start_matches("dominated by ");
+        let a = s.point(by).unwrap();
+        assert!(a.weight_bytes <= p.weight_bytes, "{} vs {}", a.key, p.key);
+    }
+    let timed = s.points.iter().filter(|p| p.speed.is_some()).count();
+    assert!(timed >= 1 && timed < s.points.len() / 3, "{timed} timed");
+    let chosen = s.chosen.clone().expect("a point meets kl <= 0.5");
+    assert!(s.point(&chosen).unwrap().feasible == Some(true));
+    assert!(s.points.iter().any(|p| p.pareto));
+
+    // The recipe rebuilds the same bytes.
+    let built = std::fs::read(dir.join("model.gguf")).unwrap();
+    let again = f.root.join("again");
+    rebuild(&dir.join("recipe.toml"), None, &again).unwrap();
+    assert_eq!(std::fs::read(again.join("model.gguf")).unwrap(), built);
+
+    // ... and is refused for another base.
+    let other = f.root.join("other.gguf");
+    std::fs::write(&other, model(2)).unwrap();
+    let e = rebuild(&dir.join("recipe.toml"), Some(&other), &f.root.join("x")).unwrap_err();
+    assert!(format!("{e:#}").contains("another base model"), "{e:#}");
+
+    // Resuming a finished search redoes nothing.
+    let s2 = run(s.config.clone(), &dir, Some(s.clone()));
+    assert_eq!(s2.evaluations, 0);
+    assert_eq!(s2.state.chosen, s.chosen);
+}
+
+/// A run killed after a few evaluations resumes without redoing them: the two runs together
+/// make exactly the evaluations of one uninterrupted run.
+#[test]
+fn a_stopped_search_resumes_without_redoing_finished_candidates() {
+    let f = files();
+    // Memory as the objective: no timing, so every evaluation is deterministic.
+    let mut c = config(&f, &["kl <= 0.5"]);
+    c.objective = Objective::Memory;
+    let full = run(c.clone(), &f.root.join("full"), None);
+    let mut stopped = c.clone();
+    stopped.funnel.max_evaluations = Some(12);
+    let dir = f.root.join("part");
+    let first = run(stopped, &dir, None);
+    assert_eq!(first.evaluations, 12);
+    assert_eq!(first.state.status, "evaluation limit");
+    let second = run(c, &dir, Some(State::read(&dir).unwrap()));
+    assert_eq!(first.evaluations + second.evaluations, full.evaluations);
+    assert_eq!(second.state.chosen, full.state.chosen);
+}
+
+/// Targets no point meets: the binding constraint is named, the closest points returned, the
+/// frontier still written.
+#[test]
+fn unreachable_targets_name_the_binding_constraint() {
+    let f = files();
+    let dir = f.root.join("opt");
+    let mut c = config(&f, &["kl <= 10", "memory <= 1KiB"]);
+    c.objective = Objective::Memory;
+    let out = run(c, &dir, None);
+    let s = out.state;
+    assert_eq!(s.chosen, None);
+    assert!(
+        s.binding.iter().any(|b| b.starts_with("memory <= ")),
+        "{:?}",
+        s.binding
+    );
+    assert!(!s.closest.is_empty());
+    assert!(dir.join("frontier.json").exists());
+    assert!(!dir.join("model.gguf").exists());
+}
