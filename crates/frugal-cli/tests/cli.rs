@@ -1245,3 +1245,37 @@ fn fetch_an_unknown_model_is_a_clean_error() {
     let out = frugal(&["fetch", "llama-70b"], None);
     assert_clean_error(&out, "smollm2-135m, gemma3-270m");
 }
+
+/// `frugal optimize`: levers not built yet are refused by name, bad targets name the bad piece,
+/// and a recipe needs --out; each a one-line error, never a panic.
+#[test]
+fn optimize_refuses_unbuilt_levers_and_bad_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write_model(dir.path(), "m.gguf", &tiny());
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "some text ".repeat(100)).unwrap();
+    let (m, text) = (m.to_str().unwrap(), text.to_str().unwrap());
+    let out = dir.path().join("out");
+    let base = [
+        "optimize",
+        "-m",
+        m,
+        "--calibration",
+        text,
+        "--eval",
+        text,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let run = |extra: &[&str]| frugal(&[&base[..], extra].concat(), None);
+    let o = run(&["--target", "kl <= 0.05", "--levers", "quant,prune"]);
+    assert_clean_error(&o, "lever \"prune\" is not built yet in this version");
+    let o = run(&["--target", "decode >= fastx"]);
+    assert_clean_error(&o, "\"fast\" is not a number");
+    let o = run(&["--target", "kl <= 0.05", "--budget", "soon"]);
+    assert_clean_error(&o, "budget \"soon\"");
+    let o = run(&[]);
+    assert_clean_error(&o, "at least one --target");
+    let o = frugal(&["optimize", "--recipe", text], None);
+    assert_clean_error(&o, "--recipe needs --out");
+}

@@ -171,7 +171,10 @@ fn allocation_meets_the_budget_and_beats_the_uniform_format_of_its_size() {
     let choice = quant::allocate(&costs, budget).unwrap();
     assert!(costs.bits_of(&choice) <= budget);
     assert!(costs.kl_of(&choice) <= costs.kl_of(&uniform_choice) + 1e-12);
-    assert!(quant::allocate(&costs, 1.0).is_none(), "nothing fits one bit");
+    assert!(
+        quant::allocate(&costs, 1.0).is_none(),
+        "nothing fits one bit"
+    );
     let formats: Vec<GgmlType> = choice.iter().map(|&i| palette[i]).collect();
     let mix = Mix::from_groups(&groups, &formats);
 
@@ -219,7 +222,11 @@ fn search_funnel_recipe_and_resume() {
     let dominated: Vec<_> = s
         .points
         .iter()
-        .filter(|p| p.dropped.as_deref().is_some_and(|d| d.starts_with("dominated")))
+        .filter(|p| {
+            p.dropped
+                .as_deref()
+                .is_some_and(|d| d.starts_with("dominated"))
+        })
         .collect();
     assert!(!dominated.is_empty(), "no point dropped as dominated");
     for p in &s.points {
@@ -229,7 +236,11 @@ fn search_funnel_recipe_and_resume() {
     }
     // Every dominated point's dominator is cheaper or equal on every cost.
     for p in &dominated {
-        let by = p.dropped.as_deref().unwrap().trim_start_matches("dominated by ");
+        let by = p
+            .dropped
+            .as_deref()
+            .unwrap()
+            .trim_start_matches("dominated by ");
         let a = s.point(by).unwrap();
         assert!(a.weight_bytes <= p.weight_bytes, "{} vs {}", a.key, p.key);
     }

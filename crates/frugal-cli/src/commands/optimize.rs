@@ -122,7 +122,10 @@ fn config(a: &Args) -> Result<Config> {
         calibration,
         eval,
         targets,
-        objective: a.objective.parse::<Objective>().map_err(anyhow::Error::msg)?,
+        objective: a
+            .objective
+            .parse::<Objective>()
+            .map_err(anyhow::Error::msg)?,
         context: a.context,
         budget_seconds: parse_budget(&a.budget).map_err(anyhow::Error::msg)?,
         levers: Lever::parse_list(&a.levers)?,
@@ -179,7 +182,12 @@ fn print_outcome(s: &State, evaluations: usize, dir: &std::path::Path) {
                 .config
                 .targets
                 .iter()
-                .map(|t| format!("{t}: {}", t.read(&m).map_or("-".into(), |v| fmt_value(t, v))))
+                .map(|t| {
+                    format!(
+                        "{t}: {}",
+                        t.read(&m).map_or("-".into(), |v| fmt_value(t, v))
+                    )
+                })
                 .collect();
             println!("chosen: {k} ({})", met.join(", "));
             let r = p.recipe.runtime;

@@ -68,7 +68,11 @@ pub struct Formats {
 /// [`Formats`] of `base`.
 pub fn formats_for(base: &GgufFile) -> Formats {
     let mut by: BTreeMap<&'static str, (GgmlType, u64)> = BTreeMap::new();
-    for t in base.tensors().iter().filter(|t| quantizable(&t.name, &t.dims)) {
+    for t in base
+        .tensors()
+        .iter()
+        .filter(|t| quantizable(&t.name, &t.dims))
+    {
         by.entry(t.ty.name()).or_insert((t.ty, 0)).1 += t.n_elements();
     }
     let Some((own, _)) = by.values().copied().max_by_key(|&(_, n)| n) else {
@@ -86,7 +90,8 @@ pub fn formats_for(base: &GgufFile) -> Formats {
             ));
         } else if is_float(own) {
             if is_float(t) && t.bits_per_weight() > own.bits_per_weight() {
-                f.refused.push(format!("{}: wider than the base", type_name(t)));
+                f.refused
+                    .push(format!("{}: wider than the base", type_name(t)));
             } else {
                 f.allowed.push(t);
             }
@@ -132,7 +137,11 @@ pub fn groups(file: &GgufFile, bands: usize) -> Vec<Group> {
     let bands = bands.clamp(1, n_layers);
     let band_of = |l: usize| l * bands / n_layers;
     let mut out: Vec<Group> = Vec::new();
-    for t in file.tensors().iter().filter(|t| quantizable(&t.name, &t.dims)) {
+    for t in file
+        .tensors()
+        .iter()
+        .filter(|t| quantizable(&t.name, &t.dims))
+    {
         let name = match layer_of(&t.name) {
             Some((l, role)) => {
                 let b = band_of(l);
@@ -185,11 +194,7 @@ impl Bank {
             .iter()
             .map(|n| format!("{n}={name}"))
             .collect();
-        let file = Stage::Quant {
-            format: name,
-            keep,
-        }
-        .apply(base)?;
+        let file = Stage::Quant { format: name, keep }.apply(base)?;
         self.files.push((t, file, t0.elapsed().as_secs_f64()));
         Ok(())
     }
@@ -200,10 +205,7 @@ impl Bank {
 
     /// Seconds encoding the whole base in `t` took.
     pub fn seconds(&self, t: GgmlType) -> f64 {
-        self.files
-            .iter()
-            .find(|f| f.0 == t)
-            .map_or(0.0, |f| f.2)
+        self.files.iter().find(|f| f.0 == t).map_or(0.0, |f| f.2)
     }
 
     /// The model `bulk` with each tensor of `per_tensor` in its format: the bytes of
@@ -277,10 +279,7 @@ impl Mix {
                 }
             }
         }
-        let bulk = by
-            .iter()
-            .max_by_key(|e| e.1)
-            .map_or(formats[0], |e| e.0);
+        let bulk = by.iter().max_by_key(|e| e.1).map_or(formats[0], |e| e.0);
         let mut per_tensor = BTreeMap::new();
         for (g, &f) in groups.iter().zip(formats) {
             for t in &g.tensors {
@@ -304,16 +303,44 @@ impl Mix {
             }
         }
         for (role, ts) in by_role {
-            let layers = base
+            let layers: Vec<usize> = base
                 .tensors()
                 .iter()
-                .filter(|t| layer_of(&t.name).is_some_and(|(_, r)| r == role))
-                .count();
-            let all_layers = ts.len() == layers;
-            if all_layers && ts.iter().all(|&(_, f)| f == ts[0].1) {
-                keep.push(format!("blk.*.{role}={}", type_name(ts[0].1)));
-            } else {
-                keep.extend(ts.iter().map(|(t, f)| format!("{t}={}", type_name(*f))));
+                .filter_map(|t| {
+                    layer_of(&t.name)
+                        .filter(|(_, r)| *r == role)
+                        .map(|(l, _)| l)
+                })
+                .collect();
+            let mut formats: Vec<GgmlType> = ts.iter().map(|&(_, f)| f).collect();
+            formats.dedup();
+            formats.sort_by_key(|f| f.id());
+            formats.dedup();
+            for f in formats {
+                let mine: Vec<usize> = ts
+                    .iter()
+                    .filter(|&&(_, g)| g == f)
+                    .filter_map(|(t, _)| layer_of(t).map(|(l, _)| l))
+                    .collect();
+                if mine.len() == layers.len() {
+                    keep.push(format!("blk.*.{role}={}", type_name(f)));
+                    continue;
+                }
+                // Whole decades of layers as one glob (`blk.1?.` is layers 10-19).
+                let mut rest = mine.clone();
+                for d in 0..=layers.iter().max().copied().unwrap_or(0) / 10 {
+                    let decade: Vec<usize> =
+                        layers.iter().copied().filter(|l| l / 10 == d).collect();
+                    if decade.len() == 10 && decade.iter().all(|l| mine.contains(l)) {
+                        let prefix = if d == 0 { String::new() } else { d.to_string() };
+                        keep.push(format!("blk.{prefix}?.{role}={}", type_name(f)));
+                        rest.retain(|l| l / 10 != d);
+                    }
+                }
+                keep.extend(
+                    rest.iter()
+                        .map(|l| format!("blk.{l}.{role}={}", type_name(f))),
+                );
             }
         }
         Stage::Quant {
@@ -325,7 +352,12 @@ impl Mix {
 
 /// The squared rounding error of every quantizable tensor of `base` in format `t`, summed per
 /// group (dequantized from the bank's bytes, against the base's values).
-pub fn group_noise(base: &GgufFile, bank: &Bank, groups: &[Group], t: GgmlType) -> Result<Vec<f64>> {
+pub fn group_noise(
+    base: &GgufFile,
+    bank: &Bank,
+    groups: &[Group],
+    t: GgmlType,
+) -> Result<Vec<f64>> {
     let file = bank
         .get(t)
         .with_context(|| format!("{t} is not in the bank"))?;
@@ -390,7 +422,11 @@ impl Costs {
     }
 
     pub fn bits_of(&self, choice: &[usize]) -> f64 {
-        choice.iter().enumerate().map(|(g, &f)| self.bits[g][f]).sum()
+        choice
+            .iter()
+            .enumerate()
+            .map(|(g, &f)| self.bits[g][f])
+            .sum()
     }
 }
 
@@ -415,7 +451,11 @@ pub fn allocate(c: &Costs, budget: f64) -> Option<Vec<usize>> {
     let smallest: Vec<usize> = c
         .bits
         .iter()
-        .map(|b| (0..b.len()).min_by(|&x, &y| b[x].total_cmp(&b[y])).unwrap_or(0))
+        .map(|b| {
+            (0..b.len())
+                .min_by(|&x, &y| b[x].total_cmp(&b[y]))
+                .unwrap_or(0)
+        })
         .collect();
     if c.bits_of(&smallest) > budget {
         return None;
@@ -461,4 +501,50 @@ pub fn allocate(c: &Costs, budget: f64) -> Option<Vec<usize>> {
         }
     }
     Some(best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use frugal::convert::{Rule, glob_match};
+    use frugal::model::synthetic::{SyntheticSpec, build};
+
+    /// The rules a mix writes give every tensor the mix's format (decade globs included).
+    #[test]
+    fn a_mix_stage_names_every_tensor_format() {
+        let file = GgufFile::from_bytes(build(&SyntheticSpec {
+            n_layers: 30,
+            n_embd: 32,
+            n_ff: 32,
+            ..Default::default()
+        }))
+        .unwrap();
+        let groups = groups(&file, 3);
+        let palette = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+        let formats: Vec<GgmlType> = (0..groups.len()).map(|i| palette[i % 3]).collect();
+        let mut mix = Mix::from_groups(&groups, &formats);
+        mix.per_tensor
+            .insert("blk.13.ffn_up.weight".into(), GgmlType::Q2_K);
+        let Stage::Quant { format, keep } = mix.stage(&file);
+        assert_eq!(format, type_name(mix.bulk));
+        assert!(keep.iter().any(|r| r.contains("blk.1?.")), "{keep:?}");
+        let rules: Vec<Rule> = keep.iter().map(|r| r.parse().unwrap()).collect();
+        for t in file
+            .tensors()
+            .iter()
+            .filter(|t| quantizable(&t.name, &t.dims))
+        {
+            let want = mix.format_of(&t.name);
+            let got = rules
+                .iter()
+                .find(|r| glob_match(&r.pattern, &t.name))
+                .map(|r| r.target.to_string().to_ascii_lowercase());
+            let head = !t.name.starts_with("blk.");
+            if head || want != mix.bulk {
+                assert_eq!(got, Some(type_name(want)), "{}: {keep:?}", t.name);
+            } else {
+                assert_eq!(got, None, "{}", t.name);
+            }
+        }
+    }
 }

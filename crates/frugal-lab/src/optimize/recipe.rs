@@ -239,8 +239,8 @@ pub struct RecipeFile {
 
 impl RecipeFile {
     pub fn read(path: &Path) -> Result<RecipeFile> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 

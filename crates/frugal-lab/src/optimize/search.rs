@@ -138,7 +138,11 @@ pub fn run(
         if let Some(sp) = p.speed.take() {
             done.speed.insert(p.key.clone(), sp);
         }
-        if !p.dropped.as_deref().is_some_and(|d| d.starts_with("cannot run")) {
+        if !p
+            .dropped
+            .as_deref()
+            .is_some_and(|d| d.starts_with("cannot run"))
+        {
             p.dropped = None;
         }
     }
@@ -162,6 +166,7 @@ pub fn run(
         start: Instant::now(),
         evaluations: 0,
         stopped: None,
+        cut: false,
         progress,
     };
     s.search()?;
@@ -195,6 +200,8 @@ struct Search<'a> {
     start: Instant,
     evaluations: usize,
     stopped: Option<String>,
+    /// The KL funnel was cut short to leave the budget's last fifth to timing.
+    cut: bool,
     progress: &'a mut dyn FnMut(Progress),
 }
 
@@ -273,8 +280,7 @@ fn dominates_within_noise(targets: &[Target], a: &Point, b: &Point) -> bool {
     let noise = (qa.kl_stderr.powi(2) + qb.kl_stderr.powi(2)).sqrt();
     let costs_le =
         mem(a) <= mem(b) && a.weight_bytes <= b.weight_bytes && act_slow(a) <= act_slow(b);
-    let costs_lt =
-        mem(a) < mem(b) || a.weight_bytes < b.weight_bytes || act_slow(a) < act_slow(b);
+    let costs_lt = mem(a) < mem(b) || a.weight_bytes < b.weight_bytes || act_slow(a) < act_slow(b);
     let kl_ok = qa.kl_mean <= qb.kl_mean + noise;
     let targets_ok = quality_ok(targets, a) || !quality_ok(targets, b);
     costs_le && kl_ok && targets_ok && (costs_lt || qa.kl_mean < qb.kl_mean - noise)
@@ -285,11 +291,19 @@ impl Search<'_> {
         (self.progress)(Progress::Step(s));
     }
 
+    /// Whether to stop before the next evaluation: the budget spent, the evaluation limit
+    /// reached, or (KL evaluations, when speeds are still to be measured) less than a fifth of
+    /// the budget left, which the timing keeps.
     fn out_of_time(&mut self) -> bool {
+        self.out_of_time_keeping(0.0)
+    }
+
+    fn out_of_time_keeping(&mut self, reserve: f64) -> bool {
         if self.stopped.is_some() {
             return true;
         }
-        if self.start.elapsed().as_secs_f64() > self.cfg.budget_seconds {
+        let left = self.cfg.budget_seconds - self.start.elapsed().as_secs_f64();
+        if left <= 0.0 {
             self.stopped = Some("budget".to_string());
         } else if self
             .cfg
@@ -298,8 +312,27 @@ impl Search<'_> {
             .is_some_and(|m| self.evaluations >= m)
         {
             self.stopped = Some("evaluation limit".to_string());
+        } else if left < reserve {
+            if !self.cut {
+                self.cut = true;
+                let msg = format!(
+                    "KL funnel stopped with {:.0} s left: the rest of the budget times the contenders",
+                    left
+                );
+                self.say(msg);
+            }
+            return true;
         }
         self.stopped.is_some()
+    }
+
+    /// What the KL evaluations leave for timing.
+    fn speed_reserve(&self) -> f64 {
+        if self.needs_speed() {
+            0.2 * self.cfg.budget_seconds
+        } else {
+            0.0
+        }
     }
 
     /// Writes `frontier.json`, the measurements a resumed search has not replayed yet
@@ -356,15 +389,18 @@ impl Search<'_> {
         let ctx = self.cfg.funnel.ctx;
         quality::against(&self.base, &self.base, &self.calib[..ctx], ctx)?;
         let per_token = t0.elapsed().as_secs_f64() / (2 * ctx) as f64 * 1.6;
-        self.plan(allowed.len(), palette.len(), groups.len(), build_s, per_token);
+        self.plan(
+            allowed.len(),
+            palette.len(),
+            groups.len(),
+            build_s,
+            per_token,
+        );
 
         for &t in &allowed {
             self.bank.add(&self.base_file, t)?;
         }
-        self.say(format!(
-            "encoded the base in {} formats",
-            allowed.len()
-        ));
+        self.say(format!("encoded the base in {} formats", allowed.len()));
 
         // Uniform formats (and the base as it is, without the quant lever).
         let mut weights: Vec<(Mix, Option<f64>)> =
@@ -460,7 +496,8 @@ impl Search<'_> {
         if self.needs_speed() {
             // About three contenders, each timed with the base per round; a decode step costs
             // about ten tokens of a batched pass.
-            let per = f.rounds as f64 * (f.gen_tokens as f64 * 10.0 + f.prompt as f64) * tok_s * 1.5;
+            let per =
+                f.rounds as f64 * (f.gen_tokens as f64 * 10.0 + f.prompt as f64) * tok_s * 1.5;
             evals += 3;
             seconds += 3.0 * per;
         }
@@ -496,7 +533,12 @@ impl Search<'_> {
         let key = recipe.key();
         let (mut bytes, mut params) = (0u64, 0u64);
         let mut secs = 0.0;
-        let total: u64 = self.base_file.tensors().iter().map(|t| t.n_elements()).sum();
+        let total: u64 = self
+            .base_file
+            .tensors()
+            .iter()
+            .map(|t| t.n_elements())
+            .sum();
         for t in self.base_file.tensors() {
             params += t.n_elements();
             if quant::quantizable(&t.name, &t.dims) && !recipe.stages.is_empty() {
@@ -549,10 +591,12 @@ impl Search<'_> {
         }
         let runtime = p.recipe.runtime;
         if let Some(q) = self.done.quality.remove(&(key.to_string(), tokens)) {
-            self.point_mut(key).quality.push(Rung { tokens, quality: q });
+            self.point_mut(key)
+                .quality
+                .push(Rung { tokens, quality: q });
             return Ok(());
         }
-        if self.out_of_time() {
+        if self.out_of_time_keeping(self.speed_reserve()) {
             return Ok(());
         }
         let opts = runtime_options(&runtime);
@@ -639,8 +683,16 @@ impl Search<'_> {
         let costs = Costs::new(palette.to_vec(), bits, &sens, &noise, probe_i);
         let params: u64 = groups.iter().map(|g| g.params).sum();
         let (lo, hi_bpw) = (
-            costs.bits.iter().map(|b| b.iter().copied().fold(f64::MAX, f64::min)).sum::<f64>(),
-            costs.bits.iter().map(|b| b.iter().copied().fold(0.0, f64::max)).sum::<f64>(),
+            costs
+                .bits
+                .iter()
+                .map(|b| b.iter().copied().fold(f64::MAX, f64::min))
+                .sum::<f64>(),
+            costs
+                .bits
+                .iter()
+                .map(|b| b.iter().copied().fold(0.0, f64::max))
+                .sum::<f64>(),
         );
         let step = self.cfg.funnel.bpw_step;
         let mut out = Vec::new();
@@ -675,7 +727,7 @@ impl Search<'_> {
         {
             return Ok(Some(s.kl));
         }
-        if self.out_of_time() {
+        if self.out_of_time_keeping(self.speed_reserve()) {
             return Ok(None);
         }
         let mut m = crate::build::load(self.bank.assemble(mix)?, false)?;
@@ -703,7 +755,10 @@ impl Search<'_> {
     /// f32 (`quant`).
     fn runtime_variants(&mut self, keys: &[String]) -> Vec<String> {
         let alive = self.alive(keys);
-        let pts: Vec<&Point> = alive.iter().map(|k| &self.state.points[self.index[k]]).collect();
+        let pts: Vec<&Point> = alive
+            .iter()
+            .map(|k| &self.state.points[self.index[k]])
+            .collect();
         let mut front: Vec<&Point> = pts
             .iter()
             .copied()
@@ -748,7 +803,11 @@ impl Search<'_> {
                 if float && r.activations != Activations::Q8 {
                     continue;
                 }
-                out.push(self.add_point(recipe.with_runtime(r), mix.clone(), p_pred(&self.state, &k)));
+                out.push(self.add_point(
+                    recipe.with_runtime(r),
+                    mix.clone(),
+                    p_pred(&self.state, &k),
+                ));
             }
         }
         out
@@ -986,7 +1045,11 @@ impl Search<'_> {
             self.explain_infeasible();
         }
         self.noise_warnings();
-        self.state.status = self.stopped.clone().unwrap_or_else(|| "done".to_string());
+        self.state.status = match (&self.stopped, self.cut) {
+            (Some(s), _) => s.clone(),
+            (None, true) => "done (KL funnel cut short by the budget)".to_string(),
+            (None, false) => "done".to_string(),
+        };
         self.save()?;
         if let Some(key) = chosen {
             let p = self.state.point(&key).context("chosen point")?.clone();
@@ -1019,13 +1082,12 @@ impl Search<'_> {
         let mut binding = Vec::new();
         for (i, t) in targets.iter().enumerate() {
             let others_met = measured.iter().filter(|(_, s)| {
-                s.iter()
-                    .enumerate()
-                    .all(|(j, x)| j == i || *x == Some(0.0))
-                    && s[i].is_some()
+                s.iter().enumerate().all(|(j, x)| j == i || *x == Some(0.0)) && s[i].is_some()
             });
             if let Some((p, _)) = others_met.min_by(|a, b| {
-                a.1[i].unwrap_or(f64::MAX).total_cmp(&b.1[i].unwrap_or(f64::MAX))
+                a.1[i]
+                    .unwrap_or(f64::MAX)
+                    .total_cmp(&b.1[i].unwrap_or(f64::MAX))
             }) {
                 let v = t.read(&p.measured()).unwrap_or(f64::NAN);
                 binding.push(format!(
@@ -1076,7 +1138,11 @@ impl Search<'_> {
                 ));
             }
         }
-        if let Some(c) = self.state.chosen.as_deref().and_then(|k| self.state.point(k))
+        if let Some(c) = self
+            .state
+            .chosen
+            .as_deref()
+            .and_then(|k| self.state.point(k))
             && let Some(q) = c.latest()
         {
             for t in self.cfg.targets.iter().filter(|t| t.metric == Metric::Kl) {

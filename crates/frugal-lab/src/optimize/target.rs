@@ -176,13 +176,19 @@ impl FromStr for Target {
             .filter_map(|op| s.find(op).map(|i| (i, *op)))
             .min()
             .ok_or_else(|| {
-                format!("target {whole:?}: no comparison (write METRIC >= VALUE or METRIC <= VALUE)")
+                format!(
+                    "target {whole:?}: no comparison (write METRIC >= VALUE or METRIC <= VALUE)"
+                )
             })?;
         let metric: Metric = s[..at]
             .trim()
             .parse()
             .map_err(|e| format!("target {whole:?}: {e}"))?;
-        let want = if metric.higher_is_better() { ">=" } else { "<=" };
+        let want = if metric.higher_is_better() {
+            ">="
+        } else {
+            "<="
+        };
         if op != want {
             return Err(format!(
                 "target {whole:?}: {op:?} on {}: it can only be bounded with {want}",
@@ -325,7 +331,11 @@ pub fn parse_budget(s: &str) -> Result<f64, String> {
                 };
                 num.clear();
             }
-            _ => return Err(format!("budget {s:?}: unexpected {c:?} (write 45m, 90s or 1h30m)")),
+            _ => {
+                return Err(format!(
+                    "budget {s:?}: unexpected {c:?} (write 45m, 90s or 1h30m)"
+                ));
+            }
         }
     }
     if !num.is_empty() || total <= 0.0 {
