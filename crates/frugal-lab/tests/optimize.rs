@@ -143,20 +143,7 @@ fn allocation_meets_the_budget_and_beats_the_uniform_format_of_its_size() {
         .iter()
         .map(|&t| quant::group_noise(&base_file, &bank, &groups, t).unwrap())
         .collect();
-    let bits: Vec<Vec<f64>> = groups
-        .iter()
-        .map(|g| {
-            palette
-                .iter()
-                .map(|&t| {
-                    g.tensors
-                        .iter()
-                        .map(|n| bank.tensor_bytes(n, t) as f64 * 8.0)
-                        .sum()
-                })
-                .collect()
-        })
-        .collect();
+    let bits = quant::group_bits(&bank, &groups, &palette);
     let costs = Costs::new(palette.to_vec(), bits, &sens, &noise, 1);
     // The budget of uniform Q4_K (its embedding at Q8_0, as `frugal quantize` writes it).
     let uniform = Mix::uniform(GgmlType::Q4_K);

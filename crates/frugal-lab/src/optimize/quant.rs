@@ -24,23 +24,15 @@ use frugal::quant::{self, GgmlType};
 
 use super::recipe::Stage;
 
-/// Weight formats the stage tries, widest first (`frugal quantize --type` names).
-pub const UNIFORM: [GgmlType; 14] = [
-    GgmlType::F16,
-    GgmlType::Q8_0,
-    GgmlType::Q6_K,
-    GgmlType::Q5_K,
-    GgmlType::Q5_1,
-    GgmlType::Q5_0,
-    GgmlType::Q4_K,
-    GgmlType::Q4_1,
-    GgmlType::Q4_0,
-    GgmlType::IQ4_XS,
-    GgmlType::IQ4_NL,
-    GgmlType::MXFP4,
-    GgmlType::Q3_K,
-    GgmlType::Q2_K,
-];
+/// Weight formats the stage tries, widest first: every type `frugal quantize --type` writes
+/// that llama.cpp also reads, except F32 and BF16 (F16 holds the same range of a float base).
+pub fn uniform() -> Vec<GgmlType> {
+    quant::SUPPORTED
+        .iter()
+        .copied()
+        .filter(|t| !t.frugal_only() && !matches!(t, GgmlType::F32 | GgmlType::BF16))
+        .collect()
+}
 
 /// The `--type` / `--keep` name of a format.
 pub fn type_name(t: GgmlType) -> String {
@@ -82,7 +74,7 @@ pub fn formats_for(base: &GgufFile) -> Formats {
         base: Some(own),
         ..Default::default()
     };
-    for t in UNIFORM {
+    for t in uniform() {
         if t == own {
             f.refused.push(format!(
                 "{}: the base's own format (the base itself)",
@@ -378,6 +370,24 @@ pub fn group_noise(
                     .sum::<f64>();
             }
             Ok(e)
+        })
+        .collect()
+}
+
+/// `bits[g][f]`: the storage of group `g` in `palette[f]`, from the bank's bytes.
+pub fn group_bits(bank: &Bank, groups: &[Group], palette: &[GgmlType]) -> Vec<Vec<f64>> {
+    groups
+        .iter()
+        .map(|g| {
+            palette
+                .iter()
+                .map(|&t| {
+                    g.tensors
+                        .iter()
+                        .map(|n| bank.tensor_bytes(n, t) as f64 * 8.0)
+                        .sum()
+                })
+                .collect()
         })
         .collect()
 }

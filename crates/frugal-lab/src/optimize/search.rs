@@ -666,20 +666,7 @@ impl Search<'_> {
         for &t in palette {
             noise.push(quant::group_noise(&self.base_file, &self.bank, groups, t)?);
         }
-        let bits: Vec<Vec<f64>> = groups
-            .iter()
-            .map(|g| {
-                palette
-                    .iter()
-                    .map(|&t| {
-                        g.tensors
-                            .iter()
-                            .map(|n| self.bank.tensor_bytes(n, t) as f64 * 8.0)
-                            .sum()
-                    })
-                    .collect()
-            })
-            .collect();
+        let bits = quant::group_bits(&self.bank, groups, palette);
         let costs = Costs::new(palette.to_vec(), bits, &sens, &noise, probe_i);
         let params: u64 = groups.iter().map(|g| g.params).sum();
         let (lo, hi_bpw) = (
