@@ -96,6 +96,9 @@ fn config(f: &Files, targets: &[&str]) -> Config {
             gen_tokens: 4,
             rounds: 1,
             max_evaluations: None,
+            prune_tokens: 128,
+            structural_variants: 2,
+            prune_reward: frugal_lab::optimize::prune::REWARD,
         },
     }
 }
@@ -171,7 +174,7 @@ fn allocation_meets_the_budget_and_beats_the_uniform_format_of_its_size() {
         stages: vec![mix.stage(&base_file)],
         runtime: Runtime::default(),
     };
-    let rebuilt = recipe.build(&base_file).unwrap();
+    let rebuilt = recipe.build(&base_file, &Default::default()).unwrap();
     assert_eq!(assembled, rebuilt.raw_bytes(), "{}", recipe.key());
     let size = |b: &[u8]| {
         GgufFile::from_bytes(b.to_vec())
@@ -240,13 +243,19 @@ fn search_funnel_recipe_and_resume() {
     // The recipe rebuilds the same bytes.
     let built = std::fs::read(dir.join("model.gguf")).unwrap();
     let again = f.root.join("again");
-    rebuild(&dir.join("recipe.toml"), None, &again).unwrap();
+    rebuild(&dir.join("recipe.toml"), None, None, &again).unwrap();
     assert_eq!(std::fs::read(again.join("model.gguf")).unwrap(), built);
 
     // ... and is refused for another base.
     let other = f.root.join("other.gguf");
     std::fs::write(&other, model(2)).unwrap();
-    let e = rebuild(&dir.join("recipe.toml"), Some(&other), &f.root.join("x")).unwrap_err();
+    let e = rebuild(
+        &dir.join("recipe.toml"),
+        Some(&other),
+        None,
+        &f.root.join("x"),
+    )
+    .unwrap_err();
     assert!(format!("{e:#}").contains("another base model"), "{e:#}");
 
     // Resuming a finished search redoes nothing.
@@ -294,4 +303,112 @@ fn unreachable_targets_name_the_binding_constraint() {
     assert!(!s.closest.is_empty());
     assert!(dir.join("frontier.json").exists());
     assert!(!dir.join("model.gguf").exists());
+}
+
+/// The pruning stage with every cut taken (reward 0, so the decisions do not depend on
+/// timing): each cut is timed against its dense twin, built before and after quantization,
+/// and measured; structured cuts shrink the weights, a 2:4 cut in a compressed type is smaller
+/// than its dense twin; the chosen pruned model is the file `--recipe` rebuilds from the
+/// recorded calibration, and another calibration text is refused.
+#[test]
+fn prune_stage_builds_both_orders_and_rebuilds_byte_for_byte() {
+    let f = files();
+    let dir = f.root.join("opt");
+    let mut c = config(&f, &["kl <= 10"]);
+    c.levers = vec![Lever::Prune, Lever::Quant, Lever::Kv];
+    c.objective = Objective::Memory;
+    c.funnel.prune_reward = 0.0;
+    let out = run(c.clone(), &dir, None);
+    let s = out.state;
+    // ffn:0.5 (two K-quant blocks of 512 neurons leave one), 2:4 in both compressed types,
+    // half the weights unstructured; two layers are too few to drop any.
+    assert_eq!(s.gates.len(), 4, "{:?}", s.gates);
+    assert!(
+        s.gates.iter().all(|g| g.taken && g.speedup > 0.0),
+        "{:?}",
+        s.gates
+    );
+    let point = |key: &str| {
+        s.point(key)
+            .unwrap_or_else(|| panic!("no point {key}: {:?}", keys(&s)))
+    };
+    let before = point("prune ffn:0.500000 | q8_0 | kv f32 | act q8");
+    let after = point("q8_0 | prune ffn:0.500000 | kv f32 | act q8");
+    let dense = point("q8_0 | kv f32 | act q8");
+    assert!(before.weight_bytes < dense.weight_bytes * 4 / 5);
+    assert_eq!(before.weight_bytes, after.weight_bytes);
+    let sparse = point("prune wanda 2:4 as f32 | q8_0_24 | kv f32 | act q8");
+    let sparse_after = point("q8_0 | prune wanda 2:4 as q8_0_24 | kv f32 | act q8");
+    assert!(sparse.weight_bytes < dense.weight_bytes);
+    assert_eq!(sparse.weight_bytes, sparse_after.weight_bytes);
+    for p in [before, after, sparse, sparse_after] {
+        assert!(
+            p.latest().is_some_and(|q| q.kl_mean.is_finite()),
+            "{}",
+            p.key
+        );
+    }
+    // The two orders score the cut on different activations: different weights.
+    assert_ne!(
+        before.latest().unwrap().kl_mean,
+        after.latest().unwrap().kl_mean
+    );
+    // Cuts combined with the best weight recipes, in both orders.
+    let combined = s
+        .points
+        .iter()
+        .filter(|p| {
+            p.key.starts_with("prune ffn") && !p.key.starts_with("prune ffn:0.500000 | q8_0 |")
+        })
+        .count();
+    assert!(combined >= 1, "{:?}", keys(&s));
+
+    // Memory as the objective: a pruned point is chosen, and `--recipe` rebuilds its bytes.
+    let chosen = s.chosen.clone().expect("kl <= 10 is met");
+    assert!(chosen.contains("prune"), "{chosen}");
+    let built = std::fs::read(dir.join("model.gguf")).unwrap();
+    let again = f.root.join("again");
+    let r = rebuild(&dir.join("recipe.toml"), None, None, &again).unwrap();
+    assert!(r.calibration.is_some());
+    assert_eq!(std::fs::read(again.join("model.gguf")).unwrap(), built);
+    let other = f.root.join("other.txt");
+    std::fs::write(&other, HELD.repeat(6)).unwrap();
+    let e = rebuild(
+        &dir.join("recipe.toml"),
+        None,
+        Some(&other),
+        &f.root.join("x"),
+    )
+    .unwrap_err();
+    assert!(
+        format!("{e:#}").contains("not the calibration text"),
+        "{e:#}"
+    );
+
+    // Resuming replays the gates rather than timing again.
+    let s2 = run(c, &dir, Some(State::read(&dir).unwrap()));
+    assert_eq!(s2.evaluations, 0);
+    assert_eq!(s2.state.chosen, s.chosen);
+}
+
+/// A cut this CPU does not reward (here: a reward no cut can show) is recorded with its
+/// measured speed-up and builds no candidate.
+#[test]
+fn unrewarded_cuts_are_timed_and_not_taken() {
+    let f = files();
+    let mut c = config(&f, &["kl <= 10"]);
+    c.levers = vec![Lever::Prune, Lever::Quant];
+    c.objective = Objective::Memory;
+    c.funnel.prune_reward = 1e6;
+    let s = run(c, &f.root.join("opt"), None).state;
+    assert_eq!(s.gates.len(), 4);
+    for g in &s.gates {
+        assert!(!g.taken && g.speedup > 0.0, "{g:?}");
+        assert!(g.reason.contains("not taken"), "{}", g.reason);
+    }
+    assert!(s.points.iter().all(|p| !p.key.contains("prune")));
+}
+
+fn keys(s: &State) -> Vec<&str> {
+    s.points.iter().map(|p| p.key.as_str()).collect()
 }

@@ -35,9 +35,9 @@ pub struct Args {
     /// Time for the search: it stops there and still leaves a result (45m, 90s, 1h30m)
     #[arg(long, default_value = "45m")]
     pub budget: String,
-    /// The ladder's stages to use (built: quant, kv; not yet: prune, attention, moe, distill,
+    /// The ladder's stages to use (built: prune, quant, kv; not yet: attention, moe, distill,
     /// speculate)
-    #[arg(long, default_value = "quant,kv")]
+    #[arg(long, default_value = "prune,quant,kv")]
     pub levers: String,
     /// Evaluation tokens at each rung of the funnel (comma-separated, growing)
     #[arg(long, default_value = "512,1024,2048,4096")]
@@ -56,7 +56,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     if let Some(recipe) = &a.recipe {
         let out = a.out.as_ref().context("--recipe needs --out DIR")?;
-        let r = optimize::rebuild(recipe, a.model.as_deref(), out)?;
+        let r = optimize::rebuild(recipe, a.model.as_deref(), a.calibration.as_deref(), out)?;
         println!(
             "rebuilt {} ({}) from {} into {}",
             out.join("model.gguf").display(),

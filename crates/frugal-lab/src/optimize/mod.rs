@@ -5,10 +5,13 @@
 //!   the objective maximized among the points that meet them.
 //! - [`recipe`]: a point as the ladder's stages plus runtime settings; `recipe.toml` rebuilds
 //!   it byte for byte from the same base and version, and refuses any other.
+//! - [`prune`]: the pruning stage (structured removal and sparse zeros), taken only where a
+//!   measured speed-up over the dense twin says this CPU rewards the cut.
 //! - [`quant`]: the quantization stage (uniform formats, sensitivity-allocated mixes).
 //! - [`search`]: the funnel (successive halving on KL, speed only for the points that can
 //!   still win), its budget, and `frontier.json` kept on disk after every evaluation.
 
+pub mod prune;
 pub mod quant;
 pub mod recipe;
 pub mod search;
@@ -51,6 +54,29 @@ pub struct Funnel {
     /// Stop after this many evaluations (what a killed run leaves; for tests).
     #[serde(default)]
     pub max_evaluations: Option<usize>,
+    /// Calibration tokens the cuts score weights on (their activations).
+    #[serde(default = "default_prune_tokens")]
+    pub prune_tokens: usize,
+    /// Weight recipes (from the first Pareto layer) each taken cut is combined with, in both
+    /// orders.
+    #[serde(default = "default_structural_variants")]
+    pub structural_variants: usize,
+    /// The decode speed-up over its dense twin a cut must show to be taken
+    /// ([`prune::REWARD`]; tests take every cut with 0).
+    #[serde(default = "default_prune_reward")]
+    pub prune_reward: f64,
+}
+
+fn default_prune_reward() -> f64 {
+    prune::REWARD
+}
+
+fn default_prune_tokens() -> usize {
+    2048
+}
+
+fn default_structural_variants() -> usize {
+    3
 }
 
 impl Default for Funnel {
@@ -66,6 +92,9 @@ impl Default for Funnel {
             gen_tokens: 32,
             rounds: 3,
             max_evaluations: None,
+            prune_tokens: default_prune_tokens(),
+            structural_variants: default_structural_variants(),
+            prune_reward: default_prune_reward(),
         }
     }
 }
@@ -169,6 +198,9 @@ pub struct State {
     pub config: Config,
     pub base: BaseId,
     pub refused: Vec<String>,
+    /// Each cut timed against its dense twin, and whether it was taken.
+    #[serde(default)]
+    pub gates: Vec<prune::Gate>,
     pub sensitivity: Vec<Sensitivity>,
     pub points: Vec<Point>,
     pub chosen: Option<String>,
@@ -213,14 +245,27 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Rebuilds a recipe's model into `out/model.gguf` (and copies the recipe there), refusing a
-/// recipe from another base or version. `base` overrides the path the recipe names.
-pub fn rebuild(recipe_path: &Path, base: Option<&Path>, out: &Path) -> Result<recipe::RecipeFile> {
+/// recipe from another base or version. `base` and `calibration` override the paths the
+/// recipe names (the calibration text is read when a stage scores weights on it).
+pub fn rebuild(
+    recipe_path: &Path,
+    base: Option<&Path>,
+    calibration: Option<&Path>,
+    out: &Path,
+) -> Result<recipe::RecipeFile> {
     let r = recipe::RecipeFile::read(recipe_path)?;
     let base_path = base.map_or_else(|| PathBuf::from(&r.base.path), Path::to_path_buf);
     let id = BaseId::of(&base_path)?;
     r.check(&id)?;
     let file = frugal::gguf::GgufFile::open(&base_path)?;
-    let built = r.recipe.build(&file)?;
+    let cal = match (&r.calibration, r.recipe.needs_calibration()) {
+        (Some(c), true) => c.load(calibration, &file)?,
+        (None, true) => anyhow::bail!(
+            "the recipe prunes but does not say which calibration text scored the cut"
+        ),
+        _ => prune::Calibration::default(),
+    };
+    let built = r.recipe.build(&file, &cal)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     write_atomic(&out.join("model.gguf"), built.raw_bytes())?;
     r.write(&out.join("recipe.toml"))?;

@@ -186,7 +186,7 @@ impl Bank {
             .iter()
             .map(|n| format!("{n}={name}"))
             .collect();
-        let file = Stage::Quant { format: name, keep }.apply(base)?;
+        let file = Stage::Quant { format: name, keep }.apply(base, &Default::default())?;
         self.files.push((t, file, t0.elapsed().as_secs_f64()));
         Ok(())
     }
@@ -535,7 +535,9 @@ mod tests {
         let mut mix = Mix::from_groups(&groups, &formats);
         mix.per_tensor
             .insert("blk.13.ffn_up.weight".into(), GgmlType::Q2_K);
-        let Stage::Quant { format, keep } = mix.stage(&file);
+        let Stage::Quant { format, keep } = mix.stage(&file) else {
+            panic!("a mix is a quantization stage")
+        };
         assert_eq!(format, type_name(mix.bulk));
         assert!(keep.iter().any(|r| r.contains("blk.1?.")), "{keep:?}");
         let rules: Vec<Rule> = keep.iter().map(|r| r.parse().unwrap()).collect();

@@ -1,11 +1,13 @@
 //! A recipe: how to rebuild a point of the search from its base, byte for byte.
 //!
-//! The ladder's stages apply in order (structural changes first, quantization last, as the
-//! literature and the vendors order them); each stage is one lever's settings. Only
-//! [`Stage::Quant`] is built so far: pruning, attention layout, MoE conversion and distillation
-//! become further variants of [`Stage`] that run before it. Settings that change how the file
-//! runs, not the file (KV-cache format, activation precision, later speculative decoding), are
-//! in [`Runtime`].
+//! The ladder's stages apply in the order the recipe lists them; each stage is one lever's
+//! settings. Structural changes usually come first and quantization last (the literature's and
+//! the vendors' order), but the order is the recipe's: pruning after quantization is a
+//! candidate too. Built: [`Stage::Prune`] and [`Stage::Quant`]; attention layout, MoE
+//! conversion and distillation become further variants. A stage that reads activations
+//! (pruning) reads them on the calibration text the recipe names ([`CalibrationId`]). Settings
+//! that change how the file runs, not the file (KV-cache format, activation precision, later
+//! speculative decoding), are in [`Runtime`].
 
 use std::fmt;
 use std::path::Path;
@@ -15,6 +17,7 @@ use frugal::convert::{Policy, Rule, Target, quantize_in_memory};
 use frugal::gguf::GgufFile;
 use frugal::kv::KvType;
 use frugal::quant::act::Activations;
+use frugal::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -60,7 +63,7 @@ impl Lever {
 
     /// Whether this version can search the lever.
     pub fn built(self) -> bool {
-        matches!(self, Lever::Quant | Lever::Kv)
+        matches!(self, Lever::Prune | Lever::Quant | Lever::Kv)
     }
 
     /// Parses a comma-separated list (`quant,kv`), refusing unknown levers and those not built
@@ -74,7 +77,7 @@ impl Lever {
             };
             ensure!(
                 l.built(),
-                "lever {name:?} is not built yet in this version (built: quant, kv)"
+                "lever {name:?} is not built yet in this version (built: prune, quant, kv)"
             );
             if !out.contains(l) {
                 out.push(*l);
@@ -89,15 +92,18 @@ impl Lever {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "lever", rename_all = "snake_case")]
 pub enum Stage {
+    /// A cut: structured removal or sparse zeros ([`super::prune`]).
+    Prune(super::prune::Prune),
     /// Weight formats: `format` for the bulk of the matrices, `keep` rules (`GLOB=TYPE`, first
     /// match wins, as `frugal quantize --keep`) for the tensors the allocation chose otherwise.
     Quant { format: String, keep: Vec<String> },
 }
 
 impl Stage {
-    /// `file` with this stage applied.
-    pub fn apply(&self, file: &GgufFile) -> Result<GgufFile> {
+    /// `file` with this stage applied (`cal`: the text a cut scores weights on).
+    pub fn apply(&self, file: &GgufFile, cal: &super::prune::Calibration) -> Result<GgufFile> {
         match self {
+            Stage::Prune(p) => p.apply(file, cal),
             Stage::Quant { format, keep } => {
                 let mut policy = Policy::new(format.parse::<Target>()?);
                 policy.rules = keep
@@ -115,6 +121,7 @@ impl Stage {
 impl fmt::Display for Stage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Stage::Prune(p) => write!(f, "{p}"),
             Stage::Quant { format, keep } if keep.is_empty() => write!(f, "{format}"),
             Stage::Quant { format, keep } => write!(f, "{format}+{}", keep.join("+")),
         }
@@ -186,6 +193,55 @@ impl BaseId {
     }
 }
 
+/// The calibration a recipe's cuts read: the file (by hash), and how much of it in which
+/// windows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CalibrationId {
+    pub file: BaseId,
+    /// Tokens taken from its start.
+    pub tokens: usize,
+    pub ctx: usize,
+}
+
+impl CalibrationId {
+    /// The calibration of `path` as the search reads it (the base's tokenizer, the first
+    /// `tokens` tokens).
+    pub fn of(path: &Path, tokens: usize, ctx: usize) -> Result<CalibrationId> {
+        Ok(CalibrationId {
+            file: BaseId::of(path)?,
+            tokens,
+            ctx,
+        })
+    }
+
+    /// Reads the tokens back from `path` (the recorded one unless given), refusing another
+    /// text than the one the recipe was made with.
+    pub fn load(&self, path: Option<&Path>, base: &GgufFile) -> Result<super::prune::Calibration> {
+        let path = path.unwrap_or(Path::new(&self.file.path));
+        let id = BaseId::of(path).with_context(|| {
+            format!(
+                "the recipe's cuts were scored on {}: give it with --calibration",
+                self.file.path
+            )
+        })?;
+        ensure!(
+            id.sha256 == self.file.sha256,
+            "{} is not the calibration text the recipe was made with ({}, sha256 {}…): its cuts would select other weights",
+            path.display(),
+            self.file.path,
+            &self.file.sha256[..12.min(self.file.sha256.len())]
+        );
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut tokens = Tokenizer::from_gguf(base)?.encode(&text, false)?;
+        tokens.truncate(self.tokens);
+        Ok(super::prune::Calibration {
+            tokens,
+            ctx: self.ctx,
+        })
+    }
+}
+
 /// A point of the search: the ladder's stages and the runtime settings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recipe {
@@ -195,12 +251,22 @@ pub struct Recipe {
 
 impl Recipe {
     /// The base with every stage applied, in order (the base itself for no stages).
-    pub fn build(&self, base: &GgufFile) -> Result<GgufFile> {
+    pub fn build(&self, base: &GgufFile, cal: &super::prune::Calibration) -> Result<GgufFile> {
         let mut file = GgufFile::from_bytes(base.raw_bytes().to_vec())?;
         for s in &self.stages {
-            file = s.apply(&file)?;
+            file = s.apply(&file, cal)?;
         }
         Ok(file)
+    }
+
+    /// Whether a stage reads calibration activations.
+    pub fn needs_calibration(&self) -> bool {
+        self.stages.iter().any(|s| matches!(s, Stage::Prune(_)))
+    }
+
+    /// Whether every stage is a quantization (the weights the bank assembles).
+    pub fn quant_only(&self) -> bool {
+        self.stages.iter().all(|s| matches!(s, Stage::Quant { .. }))
     }
 
     /// A stable key naming the recipe (what `--resume` matches finished candidates by).
@@ -232,6 +298,9 @@ pub struct RecipeFile {
     pub frugal_version: String,
     pub base: BaseId,
     pub recipe: Recipe,
+    /// The text the recipe's cuts were scored on (when a stage reads activations).
+    #[serde(default)]
+    pub calibration: Option<CalibrationId>,
     /// What the search measured for it (for the reader; rebuilding ignores it).
     #[serde(default)]
     pub measured: Option<super::target::Measured>,

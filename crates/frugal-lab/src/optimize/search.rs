@@ -7,10 +7,13 @@
 //! 3. Rung 0: every weight recipe (uniform formats and mixes), KL on the first tokens of the
 //!    evaluation text; then the best weight recipes with other KV-cache formats and activation
 //!    precisions.
-//! 4. Each next rung (successive halving): the points that can still meet the quality and
+//! 4. The pruning stage: each cut timed against its dense twin; the cuts this CPU rewards
+//!    combined with the best weight recipes, before and after quantization, and measured at
+//!    rung 0 with the rest.
+//! 5. Each next rung (successive halving): the points that can still meet the quality and
 //!    memory targets and are not dominated, at most half of them (by Pareto layers of KL,
 //!    memory and weight bytes), on more tokens.
-//! 5. Speed, back to back with the base, only for the contenders: points that meet the
+//! 6. Speed, back to back with the base, only for the contenders: points that meet the
 //!    quality and memory targets and whose weights are within 15% of the smallest such
 //!    point's (decode reads the weights; the rest cannot be the fastest).
 //!
@@ -31,8 +34,9 @@ use frugal::quant::GgmlType;
 use frugal::quant::act::Activations;
 use frugal::tokenizer::Tokenizer;
 
+use super::prune::Calibration;
 use super::quant::{self, Bank, Costs, Group, Mix};
-use super::recipe::{BaseId, Lever, Recipe, RecipeFile, Runtime, VERSION};
+use super::recipe::{BaseId, CalibrationId, Lever, Recipe, RecipeFile, Runtime, Stage, VERSION};
 use super::target::{Metric, Target, Unit};
 use super::{Config, Point, Rung, Sensitivity, SpeedPoint, State};
 use crate::timing::{self, SpeedTest};
@@ -40,6 +44,7 @@ use crate::{quality, size};
 
 mod finish;
 mod funnel;
+mod prune_stage;
 mod sensitivity;
 
 use funnel::{act_slow, dominates, quality_ok};
@@ -96,6 +101,7 @@ pub fn run(
             config: config.clone(),
             base: base_id,
             refused: Vec::new(),
+            gates: Vec::new(),
             sensitivity: Vec::new(),
             points: Vec::new(),
             chosen: None,
@@ -115,6 +121,10 @@ pub fn run(
     };
     let f = &config.funnel;
     let mut calib = read(&config.calibration)?;
+    let cal = Calibration {
+        tokens: calib[..calib.len().min(f.prune_tokens) / f.ctx * f.ctx].to_vec(),
+        ctx: f.ctx,
+    };
     let mut eval = read(&config.eval)?;
     ensure!(
         calib.len() >= f.ctx,
@@ -166,9 +176,12 @@ pub fn run(
         base_file,
         base,
         calib,
+        cal,
         eval,
         bank: Bank::new(),
         mixes: HashMap::new(),
+        stage_mixes: HashMap::new(),
+        pruned_bases: HashMap::new(),
         start: Instant::now(),
         evaluations: 0,
         stopped: None,
@@ -199,10 +212,16 @@ struct Search<'a> {
     base_file: GgufFile,
     base: Model,
     calib: Vec<u32>,
+    /// What the cuts score weights on.
+    cal: Calibration,
     eval: Vec<u32>,
     bank: Bank,
-    /// The weights of each key's recipe.
+    /// The weights of each quantization-only key's recipe.
     mixes: HashMap<String, Mix>,
+    /// The mix of each quantization stage seen (by its text), for recipes that start with it.
+    stage_mixes: HashMap<String, Mix>,
+    /// The base with each cut made before quantization (by the cut's text).
+    pruned_bases: HashMap<String, GgufFile>,
     start: Instant,
     evaluations: usize,
     stopped: Option<String>,
@@ -380,6 +399,9 @@ impl Search<'_> {
         }
         keys.extend(variants);
         self.drop_losers(&keys);
+        let cuts = self.prune_stage(&keys)?;
+        keys.extend(cuts);
+        self.drop_losers(&keys);
         self.save()?;
 
         // Successive halving.
@@ -428,9 +450,20 @@ impl Search<'_> {
             evals += n;
             seconds += n as f64 * r as f64 * tok_s;
         }
+        // A decode step costs about ten tokens of a batched pass.
+        let timing = f.rounds as f64 * f.gen_tokens as f64 * 10.0 * tok_s * 2.0;
+        if self.levers(Lever::Prune) {
+            // Each cut: scored on the calibration, built in two formats and timed against its
+            // twin; half of them taken, each then built and measured in both orders.
+            let cuts = super::prune::trials(&self.base.config, self.float_base()).len();
+            let per_cut = f.prune_tokens as f64 * tok_s + 4.0 * build_s + timing;
+            let taken = cuts.div_ceil(2) * (2 + 2 * f.structural_variants);
+            evals += cuts + taken;
+            seconds +=
+                cuts as f64 * per_cut + taken as f64 * (2.0 * build_s + f.rungs[0] as f64 * tok_s);
+        }
         if self.needs_speed() {
-            // About three contenders, each timed with the base per round; a decode step costs
-            // about ten tokens of a batched pass.
+            // About three contenders, each timed with the base per round.
             let per =
                 f.rounds as f64 * (f.gen_tokens as f64 * 10.0 + f.prompt as f64) * tok_s * 1.5;
             evals += 3;
@@ -484,6 +517,9 @@ impl Search<'_> {
                 bytes += t.n_bytes();
             }
         }
+        if let Some(st) = recipe.stages.first() {
+            self.stage_mixes.insert(st.to_string(), mix.clone());
+        }
         self.mixes.insert(key.clone(), mix);
         if !self.index.contains_key(&key) {
             self.index.insert(key.clone(), self.state.points.len());
@@ -506,15 +542,19 @@ impl Search<'_> {
     }
 
     /// The model of a key's recipe, set up to run as the recipe says.
-    fn model(&self, key: &str) -> Result<Model> {
+    fn model(&mut self, key: &str) -> Result<Model> {
         let p = &self.state.points[self.index[key]];
-        let bytes = if p.recipe.stages.is_empty() {
-            self.base_file.raw_bytes().to_vec()
+        let activations = p.recipe.runtime.activations;
+        let file = if p.recipe.stages.is_empty() {
+            GgufFile::from_bytes(self.base_file.raw_bytes().to_vec())?
+        } else if p.recipe.quant_only() {
+            GgufFile::from_bytes(self.bank.assemble(&self.mixes[key])?)?
         } else {
-            self.bank.assemble(&self.mixes[key])?
+            let stages = p.recipe.stages.clone();
+            self.build_stages(&stages)?
         };
-        let mut m = crate::build::load(bytes, false)?;
-        m.set_activations(p.recipe.runtime.activations);
+        let mut m = crate::build::load_file(file, false)?;
+        m.set_activations(activations);
         Ok(m)
     }
 
@@ -576,23 +616,7 @@ impl Search<'_> {
     /// with one runtime setting changed: KV-cache f16 and q8_0 (`kv`), activations q8-full and
     /// f32 (`quant`).
     fn runtime_variants(&mut self, keys: &[String]) -> Vec<String> {
-        let alive = self.alive(keys);
-        let pts: Vec<&Point> = alive
-            .iter()
-            .map(|k| &self.state.points[self.index[k]])
-            .collect();
-        let mut front: Vec<&Point> = pts
-            .iter()
-            .copied()
-            .filter(|p| !pts.iter().any(|q| dominates(q, p)))
-            .collect();
-        let targets = &self.cfg.targets;
-        front.sort_by_key(|p| (!quality_ok(targets, p), p.weight_bytes));
-        let base_keys: Vec<String> = front
-            .iter()
-            .take(self.cfg.funnel.runtime_variants)
-            .map(|p| p.key.clone())
-            .collect();
+        let base_keys = self.front(keys, self.cfg.funnel.runtime_variants);
         let mut runtimes = Vec::new();
         if self.levers(Lever::Kv) {
             for kv in [KvType::F16, KvType::Q8_0] {
@@ -615,9 +639,8 @@ impl Search<'_> {
             let p = &self.state.points[self.index[&k]];
             let recipe = p.recipe.clone();
             let float = p.recipe.stages.iter().all(|s| match s {
-                super::recipe::Stage::Quant { format, .. } => {
-                    matches!(format.as_str(), "f16" | "bf16" | "f32")
-                }
+                Stage::Quant { format, .. } => matches!(format.as_str(), "f16" | "bf16" | "f32"),
+                Stage::Prune(_) => false,
             });
             let mix = self.mixes[&k].clone();
             for &r in &runtimes {
@@ -633,6 +656,24 @@ impl Search<'_> {
             }
         }
         out
+    }
+
+    /// Up to `n` of `keys`' first Pareto layer: those meeting the quality targets first, then
+    /// the smallest.
+    fn front(&self, keys: &[String], n: usize) -> Vec<String> {
+        let alive = self.alive(keys);
+        let pts: Vec<&Point> = alive
+            .iter()
+            .map(|k| &self.state.points[self.index[k]])
+            .collect();
+        let mut front: Vec<&Point> = pts
+            .iter()
+            .copied()
+            .filter(|p| !pts.iter().any(|q| dominates(q, p)))
+            .collect();
+        let targets = &self.cfg.targets;
+        front.sort_by_key(|p| (!quality_ok(targets, p), p.weight_bytes));
+        front.iter().take(n).map(|p| p.key.clone()).collect()
     }
 
     /// When no measured point meets the speed targets, times up to three smaller points that

@@ -56,10 +56,17 @@ impl Search<'_> {
                 frugal_version: VERSION.to_string(),
                 base: self.state.base.clone(),
                 recipe: p.recipe.clone(),
+                calibration: self.calibration_id(&p.recipe)?,
                 measured: Some(p.measured()),
             };
             file.write(&self.dir.join("recipe.toml"))?;
-            let built = p.recipe.build(&self.base_file)?;
+            // The search's own path (bank, cached cuts); `--recipe` rebuilds through
+            // `Recipe::build`, and a test holds the two to the same bytes.
+            let built = if p.recipe.quant_only() && !p.recipe.stages.is_empty() {
+                GgufFile::from_bytes(self.bank.assemble(&self.mixes[&key])?)?
+            } else {
+                self.build_stages(&p.recipe.stages)?
+            };
             super::super::write_atomic(&self.dir.join("model.gguf"), built.raw_bytes())?;
         }
         Ok(())

@@ -1,0 +1,245 @@
+//! The pruning stage of the search: each cut timed against its dense twin, and the cuts this
+//! CPU rewards combined with the best weight recipes in both orders (cut, then quantize;
+//! quantize, then cut), built and measured at the first rung with everything else.
+
+use super::*;
+use crate::optimize::prune::{self, Gate, Trial};
+
+impl Search<'_> {
+    /// Runs the stage after rung 0 of the weight recipes `keys`; returns the keys of the
+    /// candidates it added (measured at rung 0).
+    pub(super) fn prune_stage(&mut self, keys: &[String]) -> Result<Vec<String>> {
+        if !self.levers(Lever::Prune) {
+            return Ok(Vec::new());
+        }
+        let float = self.float_base();
+        let trials = prune::trials(&self.base.config, float);
+        if !float {
+            self.state.refused.push(
+                "prune: sparse cuts need float weights to score and store; a quantized base takes structured cuts only"
+                    .to_string(),
+            );
+        }
+        // The best weight recipes, with the runtime settings they were measured with.
+        let weights: Vec<Recipe> = self
+            .front(keys, self.cfg.funnel.structural_variants)
+            .iter()
+            .map(|k| self.state.points[self.index[k]].recipe.clone())
+            .filter(|r| r.stages.len() == 1)
+            .collect();
+        let mut out: Vec<String> = Vec::new();
+        let rung = self.cfg.funnel.rungs[0];
+        for t in trials {
+            if self.out_of_time_keeping(self.speed_reserve()) {
+                break;
+            }
+            let Some(gate) = self.gate(&t)? else {
+                continue;
+            };
+            if !gate.taken {
+                continue;
+            }
+            let cut = Stage::Prune(t.cut.clone());
+            let mut after = t.dense();
+            after.push(Stage::Prune(t.after()));
+            let mut recipes = vec![
+                (t.pruned(), Runtime::default()),
+                (after, Runtime::default()),
+            ];
+            if t.takes_any_format() {
+                for w in &weights {
+                    let q = w.stages[0].clone();
+                    recipes.push((vec![cut.clone(), q.clone()], w.runtime));
+                    recipes.push((vec![q, cut.clone()], w.runtime));
+                }
+            }
+            for (stages, runtime) in recipes {
+                let recipe = Recipe { stages, runtime };
+                if out.contains(&recipe.key()) {
+                    continue;
+                }
+                let Some(k) = self.add_built(recipe)? else {
+                    continue;
+                };
+                self.quality(&k, rung)?;
+                out.push(k);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the base's matrices are floats (every cut can be scored and stored).
+    pub(super) fn float_base(&self) -> bool {
+        quant::formats_for(&self.base_file)
+            .base
+            .is_some_and(|t| matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16))
+    }
+
+    /// Times `t`'s cut against its dense twin (or finds the timing a resumed search made);
+    /// `None` when out of time.
+    fn gate(&mut self, t: &Trial) -> Result<Option<Gate>> {
+        if let Some(g) = self
+            .state
+            .gates
+            .iter()
+            .find(|g| g.cut == t.cut && g.format == t.format && g.dense == t.dense)
+        {
+            return Ok(Some(g.clone()));
+        }
+        if self.out_of_time_keeping(self.speed_reserve()) {
+            return Ok(None);
+        }
+        let reward = self.cfg.funnel.prune_reward;
+        let gate = match self.time_cut(t) {
+            Ok(speedup) => {
+                let taken = speedup >= reward;
+                let reason = if taken {
+                    format!("decode {speedup:.2}x its dense twin ({})", t.dense)
+                } else {
+                    format!(
+                        "decode {speedup:.2}x its dense twin ({}), under the {reward:.2}x this CPU must reward a cut with: not taken",
+                        t.dense
+                    )
+                };
+                Gate {
+                    cut: t.cut.clone(),
+                    format: t.format.clone(),
+                    dense: t.dense.clone(),
+                    speedup,
+                    taken,
+                    reason,
+                }
+            }
+            // A cut this model cannot take (too few layers, rows the pattern does not
+            // divide): skipped with the reason.
+            Err(e) => Gate {
+                cut: t.cut.clone(),
+                format: t.format.clone(),
+                dense: t.dense.clone(),
+                speedup: 0.0,
+                taken: false,
+                reason: format!("cannot be made: {e:#}"),
+            },
+        };
+        self.evaluations += 1;
+        let line = format!("{} as {}: {}", gate.cut, gate.format, gate.reason);
+        self.state.gates.push(gate.clone());
+        self.save()?;
+        self.say(line);
+        Ok(Some(gate))
+    }
+
+    /// Decode speed of `t`'s pruned model over its dense twin, timed back to back.
+    fn time_cut(&mut self, t: &Trial) -> Result<f64> {
+        let pruned = crate::build::load_file(self.build_stages(&t.pruned())?, false)?;
+        let dense = crate::build::load_file(self.build_stages(&t.dense())?, false)?;
+        let test = SpeedTest {
+            prompt: 0,
+            ..self.speed_test()
+        };
+        let r = timing::back_to_back(
+            1,
+            self.cfg.funnel.rounds,
+            |_| Some(1),
+            |s| {
+                if s == 0 {
+                    test.measure(&pruned)
+                } else {
+                    test.measure(&dense)
+                }
+            },
+            |_| {},
+        )?;
+        Ok(r.candidates[0].vs_base.decode)
+    }
+
+    /// Adds the point of a recipe with a structural stage, built to count its bytes; `None`
+    /// (with the reason on the point) when it cannot be built.
+    fn add_built(&mut self, recipe: Recipe) -> Result<Option<String>> {
+        let key = recipe.key();
+        if self.index.contains_key(&key) {
+            return Ok(Some(key));
+        }
+        let t0 = Instant::now();
+        let built = self.build_stages(&recipe.stages);
+        let build_seconds = t0.elapsed().as_secs_f64();
+        let (bytes, params, dropped) = match built {
+            Ok(f) => {
+                let (b, p) = f.tensors().iter().fold((0u64, 0u64), |(b, p), t| {
+                    (b + t.n_bytes(), p + t.n_elements())
+                });
+                (b, p, None)
+            }
+            Err(e) => (0, 1, Some(format!("cannot run: {e:#}"))),
+        };
+        self.index.insert(key.clone(), self.state.points.len());
+        self.state.points.push(Point {
+            key: key.clone(),
+            recipe,
+            bpw: bytes as f64 * 8.0 / params.max(1) as f64,
+            weight_bytes: bytes,
+            memory: None,
+            predicted_kl: None,
+            quality: Vec::new(),
+            speed: None,
+            build_seconds,
+            dropped,
+            pareto: false,
+            feasible: None,
+        });
+        Ok(Some(key))
+    }
+
+    /// The base with `stages` applied: a first cut from the cache of cut bases, a first
+    /// quantization from the bank, the rest applied in turn.
+    pub(super) fn build_stages(&mut self, stages: &[Stage]) -> Result<GgufFile> {
+        let mut cur: Option<GgufFile> = None;
+        let mut from_cut: Option<String> = None;
+        let mut rest = stages;
+        match stages.first() {
+            Some(Stage::Prune(p)) => {
+                let name = p.to_string();
+                if !self.pruned_bases.contains_key(&name) {
+                    let f = p.apply(&self.base_file, &self.cal)?;
+                    self.pruned_bases.insert(name.clone(), f);
+                }
+                from_cut = Some(name);
+                rest = &stages[1..];
+            }
+            Some(q @ Stage::Quant { .. }) => {
+                if let Some(mix) = self.stage_mixes.get(&q.to_string()) {
+                    cur = Some(GgufFile::from_bytes(self.bank.assemble(mix)?)?);
+                    rest = &stages[1..];
+                }
+            }
+            None => {}
+        }
+        for s in rest {
+            let src = match (&cur, &from_cut) {
+                (Some(f), _) => f,
+                (None, Some(name)) => &self.pruned_bases[name],
+                (None, None) => &self.base_file,
+            };
+            cur = Some(s.apply(src, &self.cal)?);
+        }
+        match (cur, from_cut) {
+            (Some(f), _) => Ok(f),
+            (None, Some(name)) => Ok(GgufFile::from_bytes(
+                self.pruned_bases[&name].raw_bytes().to_vec(),
+            )?),
+            (None, None) => Ok(GgufFile::from_bytes(self.base_file.raw_bytes().to_vec())?),
+        }
+    }
+
+    /// The calibration a recipe's cuts read, as `recipe.toml` records it.
+    pub(super) fn calibration_id(&self, recipe: &Recipe) -> Result<Option<CalibrationId>> {
+        if !recipe.needs_calibration() {
+            return Ok(None);
+        }
+        Ok(Some(CalibrationId::of(
+            &self.cfg.calibration,
+            self.cal.tokens.len(),
+            self.cal.ctx,
+        )?))
+    }
+}
