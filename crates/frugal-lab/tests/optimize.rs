@@ -412,3 +412,48 @@ fn unrewarded_cuts_are_timed_and_not_taken() {
 fn keys(s: &State) -> Vec<&str> {
     s.points.iter().map(|p| p.key.as_str()).collect()
 }
+
+/// The composition matrix measured on a small model: every planned row is built and measured
+/// (or skipped with a reason), the KV-only row keeps the base's weights, and a cut shrinks
+/// them.
+#[test]
+fn composition_matrix_measures_its_rows() {
+    use frugal_lab::optimize::composition::{self, Setup};
+    let f = files();
+    let file = GgufFile::open(&f.model).unwrap();
+    let c = frugal::model::Config::from_gguf(&file).unwrap();
+    let plan = composition::plan(&c, None);
+    let setup = Setup {
+        model: f.model.clone(),
+        calibration: f.root.join("cal.txt"),
+        eval: f.root.join("held.txt"),
+        eval_tokens: 64,
+        ctx: 32,
+        prune_tokens: 64,
+        context: 128,
+        rounds: 1,
+        gen_tokens: 2,
+        chosen: None,
+    };
+    let (rows, skipped) = composition::measure(&setup, &plan, &mut |_| {}).unwrap();
+    assert_eq!(rows.len() + skipped.len(), plan.len(), "{skipped:?}");
+    assert!(rows.len() >= plan.len() - 1, "{skipped:?}");
+    let base_bytes: u64 = file.tensors().iter().map(|t| t.n_bytes()).sum();
+    let kv = rows.iter().find(|r| r.name == "kv q8_0").unwrap();
+    assert_eq!(kv.weight_bytes, base_bytes);
+    let q8 = rows.iter().find(|r| r.name == "q8_0").unwrap();
+    let cut = rows
+        .iter()
+        .find(|r| r.name.starts_with("prune ffn") && r.name.ends_with("then q8_0"))
+        .unwrap();
+    assert!(cut.weight_bytes < q8.weight_bytes);
+    for r in &rows {
+        assert!(
+            r.quality.kl_mean.is_finite() && r.decode_ratio > 0.0,
+            "{}",
+            r.name
+        );
+    }
+    let an = composition::analyse(&rows, 0.03, 10.0);
+    assert_eq!(an.stages.len(), 2);
+}

@@ -19,6 +19,7 @@ pub mod prune;
 pub mod quantize;
 pub mod report;
 pub mod report_attention;
+pub mod report_composition;
 pub mod report_distill;
 pub mod report_moe;
 pub mod report_prune;

@@ -36,6 +36,9 @@ pub enum ReportCommand {
     /// Mixture of experts (docs/moe.md): MoEfied and upcycled variants, router training under
     /// each balancing mode, whole-model distillation; parameters, quality, routing load, speed.
     Moe(super::report_moe::Args),
+    /// The composition matrix (docs/composition.md): each lever alone, pairs and the full
+    /// ladder on each model, measured in one run, and what composed better than any lever.
+    Composition(super::report_composition::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -90,6 +93,7 @@ pub fn run(c: ReportCommand) -> Result<()> {
         ReportCommand::Distill(a) => super::report_distill::run(a),
         ReportCommand::Attention(a) => super::report_attention::run(a),
         ReportCommand::Prune(a) => super::report_prune::run(a),
+        ReportCommand::Composition(a) => super::report_composition::run(a),
         ReportCommand::Moe(a) => super::report_moe::run(a),
     }
 }

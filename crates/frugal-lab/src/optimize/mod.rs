@@ -8,9 +8,12 @@
 //! - [`prune`]: the pruning stage (structured removal and sparse zeros), taken only where a
 //!   measured speed-up over the dense twin says this CPU rewards the cut.
 //! - [`quant`]: the quantization stage (uniform formats, sensitivity-allocated mixes).
+//! - [`composition`]: the composition matrix (each lever alone, pairs, the full ladder)
+//!   measured in one run, and what it says.
 //! - [`search`]: the funnel (successive halving on KL, speed only for the points that can
 //!   still win), its budget, and `frontier.json` kept on disk after every evaluation.
 
+pub mod composition;
 pub mod prune;
 pub mod quant;
 pub mod recipe;
