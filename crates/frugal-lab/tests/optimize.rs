@@ -99,6 +99,8 @@ fn config(f: &Files, targets: &[&str]) -> Config {
             prune_tokens: 128,
             structural_variants: 2,
             prune_reward: frugal_lab::optimize::prune::REWARD,
+            distill_tokens: 4096,
+            distill_candidates: 1,
         },
     }
 }
@@ -456,4 +458,65 @@ fn composition_matrix_measures_its_rows() {
     }
     let an = composition::analyse(&rows, 0.03, 10.0);
     assert_eq!(an.stages.len(), 2);
+}
+
+/// Distillation is pulled only when nothing cheaper meets every target: here no point can
+/// (memory <= 1 KiB), so the cut candidates closest to the targets are distilled from the
+/// base, quantized again, and measured through every rung; healing lowers their KL, and the
+/// recipe rebuilds the same bytes twice (training is seeded and ordered).
+#[test]
+fn distillation_heals_cut_candidates_only_when_nothing_cheaper_meets_the_targets() {
+    let f = files();
+    std::fs::write(f.root.join("cal.txt"), TEXT.repeat(60)).unwrap();
+    let mut c = config(&f, &["kl <= 10", "memory <= 1KiB"]);
+    c.levers = vec![Lever::Prune, Lever::Distill, Lever::Quant];
+    c.objective = Objective::Memory;
+    c.funnel.prune_reward = 0.0;
+    c.funnel.distill_tokens = 4096;
+    c.funnel.distill_candidates = 1;
+    let s = run(c.clone(), &f.root.join("opt"), None).state;
+    let healed: Vec<&frugal_lab::optimize::Point> = s
+        .points
+        .iter()
+        .filter(|p| p.key.contains("distill"))
+        .collect();
+    assert_eq!(healed.len(), 1, "{:?}", keys(&s));
+    let h = healed[0];
+    assert_eq!(h.quality.len(), c.funnel.rungs.len(), "{}", h.key);
+    let twin_key = h.key.replace(" | distill 4096 tokens seed 0", "");
+    let twin = s.point(&twin_key).unwrap();
+    let at = |p: &frugal_lab::optimize::Point| {
+        p.quality
+            .iter()
+            .find(|r| r.tokens == c.funnel.rungs[0])
+            .unwrap()
+            .quality
+            .kl_mean
+    };
+    assert!(at(h) < at(twin), "healed {} vs cut {}", at(h), at(twin));
+    let base = GgufFile::open(&f.model).unwrap();
+    let tok = Tokenizer::from_gguf(&base).unwrap();
+    let cal = frugal_lab::optimize::prune::Calibration {
+        tokens: tok.encode(&TEXT.repeat(60), false).unwrap(),
+        ctx: 32,
+        cut_tokens: 128,
+    };
+    let a = h.recipe.build(&base, &cal).unwrap();
+    let b = h.recipe.build(&base, &cal).unwrap();
+    assert_eq!(a.raw_bytes(), b.raw_bytes());
+
+    // When a cheaper point meets every target, distillation is not pulled.
+    let mut easy = config(&f, &["kl <= 10"]);
+    easy.levers = vec![Lever::Prune, Lever::Distill, Lever::Quant];
+    easy.objective = Objective::Memory;
+    easy.funnel.prune_reward = 0.0;
+    let s = run(easy, &f.root.join("easy"), None).state;
+    assert!(s.points.iter().all(|p| !p.key.contains("distill")));
+    assert!(
+        s.refused
+            .iter()
+            .any(|r| r.starts_with("distill: not pulled")),
+        "{:?}",
+        s.refused
+    );
 }

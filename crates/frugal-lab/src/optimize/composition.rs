@@ -89,6 +89,9 @@ pub fn levers_of(r: &Recipe) -> Vec<Lever> {
     if r.stages.iter().any(|s| matches!(s, Stage::Prune(_))) {
         out.push(Lever::Prune);
     }
+    if r.stages.iter().any(|s| matches!(s, Stage::Distill { .. })) {
+        out.push(Lever::Distill);
+    }
     let quant = r.stages.iter().any(|s| match s {
         Stage::Quant { format, .. } => format != "f32",
         Stage::Prune(Prune::Sparse { store, .. }) => store != "f32",
@@ -232,10 +235,11 @@ pub fn measure(
         Ok(tok.encode(&text, false)?)
     };
     let mut calib = read(&s.calibration)?;
-    calib.truncate(s.prune_tokens / s.ctx * s.ctx);
+    calib.truncate(1 << 16);
     let cal = Calibration {
         tokens: calib,
         ctx: s.ctx,
+        cut_tokens: s.prune_tokens,
     };
     let mut eval = read(&s.eval)?;
     eval.truncate(s.eval_tokens.min(eval.len()) / s.ctx * s.ctx);

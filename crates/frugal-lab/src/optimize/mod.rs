@@ -7,6 +7,8 @@
 //!   it byte for byte from the same base and version, and refuses any other.
 //! - [`prune`]: the pruning stage (structured removal and sparse zeros), taken only where a
 //!   measured speed-up over the dense twin says this CPU rewards the cut.
+//! - [`distill`]: the distillation stage (a cut candidate trained on the base's outputs),
+//!   pulled only when no cheaper point meets the targets.
 //! - [`quant`]: the quantization stage (uniform formats, sensitivity-allocated mixes).
 //! - [`composition`]: the composition matrix (each lever alone, pairs, the full ladder)
 //!   measured in one run, and what it says.
@@ -14,6 +16,7 @@
 //!   still win), its budget, and `frontier.json` kept on disk after every evaluation.
 
 pub mod composition;
+pub mod distill;
 pub mod prune;
 pub mod quant;
 pub mod recipe;
@@ -68,6 +71,20 @@ pub struct Funnel {
     /// ([`prune::REWARD`]; tests take every cut with 0).
     #[serde(default = "default_prune_reward")]
     pub prune_reward: f64,
+    /// Training tokens of each distillation.
+    #[serde(default = "default_distill_tokens")]
+    pub distill_tokens: usize,
+    /// Cut candidates distilled (the closest to meeting the targets first).
+    #[serde(default = "default_distill_candidates")]
+    pub distill_candidates: usize,
+}
+
+fn default_distill_tokens() -> usize {
+    16384
+}
+
+fn default_distill_candidates() -> usize {
+    2
 }
 
 fn default_prune_reward() -> f64 {
@@ -98,6 +115,8 @@ impl Default for Funnel {
             prune_tokens: default_prune_tokens(),
             structural_variants: default_structural_variants(),
             prune_reward: default_prune_reward(),
+            distill_tokens: default_distill_tokens(),
+            distill_candidates: default_distill_candidates(),
         }
     }
 }

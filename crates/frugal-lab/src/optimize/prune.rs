@@ -31,11 +31,21 @@ use super::recipe::Stage;
 /// three back-to-back rounds on a shared machine (2-3%), and enough to be worth its KL.
 pub const REWARD: f64 = 1.04;
 
-/// Calibration text the cuts are scored on (its activations), in windows of `ctx`.
+/// The calibration text a recipe's stages read: cuts score weights on the activations of its
+/// first `cut_tokens` tokens (in windows of `ctx`); distillation trains on all of `tokens`.
 #[derive(Clone, Debug, Default)]
 pub struct Calibration {
     pub tokens: Vec<u32>,
     pub ctx: usize,
+    pub cut_tokens: usize,
+}
+
+impl Calibration {
+    /// The tokens the cuts read: whole windows of the first `cut_tokens`.
+    pub fn for_cuts(&self) -> &[u32] {
+        let n = self.cut_tokens.min(self.tokens.len());
+        &self.tokens[..n / self.ctx.max(1) * self.ctx.max(1)]
+    }
 }
 
 /// One cut.
@@ -69,8 +79,9 @@ impl fmt::Display for Prune {
 impl Prune {
     /// `file` with this cut, scored on `cal`'s activations through `file` itself.
     pub fn apply(&self, file: &GgufFile, cal: &Calibration) -> Result<GgufFile> {
+        let tokens = cal.for_cuts();
         ensure!(
-            cal.ctx > 0 && cal.tokens.len() >= cal.ctx,
+            cal.ctx > 0 && tokens.len() >= cal.ctx,
             "{self}: needs calibration text (at least one window of {} tokens)",
             cal.ctx
         );
@@ -82,7 +93,7 @@ impl Prune {
                     .parse()
                     .map_err(anyhow::Error::msg)
                     .context("prune")?;
-                let stats = prune::collect(&model, &cal.tokens, cal.ctx, false)?;
+                let stats = prune::collect(&model, tokens, cal.ctx, false)?;
                 let (w, _) = prune::structured::prune_structured(file, &stats, &target, None)?;
                 w.to_bytes()?
             }
@@ -98,7 +109,7 @@ impl Prune {
                 let stats = if method.needs_calibration() {
                     Some(prune::collect(
                         &model,
-                        &cal.tokens,
+                        tokens,
                         cal.ctx,
                         method == Method::SparseGpt,
                     )?)

@@ -186,7 +186,7 @@ impl Bank {
             .iter()
             .map(|n| format!("{n}={name}"))
             .collect();
-        let file = Stage::Quant { format: name, keep }.apply(base, &Default::default())?;
+        let file = Stage::Quant { format: name, keep }.apply(base, base, &Default::default())?;
         self.files.push((t, file, t0.elapsed().as_secs_f64()));
         Ok(())
     }

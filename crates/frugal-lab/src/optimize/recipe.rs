@@ -63,7 +63,10 @@ impl Lever {
 
     /// Whether this version can search the lever.
     pub fn built(self) -> bool {
-        matches!(self, Lever::Prune | Lever::Quant | Lever::Kv)
+        matches!(
+            self,
+            Lever::Prune | Lever::Distill | Lever::Quant | Lever::Kv
+        )
     }
 
     /// Parses a comma-separated list (`quant,kv`), refusing unknown levers and those not built
@@ -77,7 +80,7 @@ impl Lever {
             };
             ensure!(
                 l.built(),
-                "lever {name:?} is not built yet in this version (built: prune, quant, kv)"
+                "lever {name:?} is not built yet in this version (built: prune, distill, quant, kv)"
             );
             if !out.contains(l) {
                 out.push(*l);
@@ -94,16 +97,28 @@ impl Lever {
 pub enum Stage {
     /// A cut: structured removal or sparse zeros ([`super::prune`]).
     Prune(super::prune::Prune),
+    /// Distillation from the base on the calibration text ([`super::distill`]), `tokens`
+    /// training tokens, seeded.
+    Distill { tokens: usize, seed: u64 },
     /// Weight formats: `format` for the bulk of the matrices, `keep` rules (`GLOB=TYPE`, first
     /// match wins, as `frugal quantize --keep`) for the tensors the allocation chose otherwise.
     Quant { format: String, keep: Vec<String> },
 }
 
 impl Stage {
-    /// `file` with this stage applied (`cal`: the text a cut scores weights on).
-    pub fn apply(&self, file: &GgufFile, cal: &super::prune::Calibration) -> Result<GgufFile> {
+    /// `file` with this stage applied (`base`: the teacher of distillation; `cal`: the text
+    /// cuts score weights on and distillation trains on).
+    pub fn apply(
+        &self,
+        file: &GgufFile,
+        base: &GgufFile,
+        cal: &super::prune::Calibration,
+    ) -> Result<GgufFile> {
         match self {
             Stage::Prune(p) => p.apply(file, cal),
+            Stage::Distill { tokens, seed } => {
+                super::distill::apply(file, base, cal, *tokens, *seed)
+            }
             Stage::Quant { format, keep } => {
                 let mut policy = Policy::new(format.parse::<Target>()?);
                 policy.rules = keep
@@ -122,6 +137,7 @@ impl fmt::Display for Stage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Stage::Prune(p) => write!(f, "{p}"),
+            Stage::Distill { tokens, seed } => write!(f, "distill {tokens} tokens seed {seed}"),
             Stage::Quant { format, keep } if keep.is_empty() => write!(f, "{format}"),
             Stage::Quant { format, keep } => write!(f, "{format}+{}", keep.join("+")),
         }
@@ -193,24 +209,26 @@ impl BaseId {
     }
 }
 
-/// The calibration a recipe's cuts read: the file (by hash), and how much of it in which
-/// windows.
+/// The calibration a recipe's stages read: the file (by hash), how many of its tokens are
+/// kept, how many the cuts read, and in which windows.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CalibrationId {
     pub file: BaseId,
-    /// Tokens taken from its start.
+    /// Tokens kept from its start (what distillation trains on).
     pub tokens: usize,
+    /// Tokens the cuts score weights on.
+    pub cut_tokens: usize,
     pub ctx: usize,
 }
 
 impl CalibrationId {
-    /// The calibration of `path` as the search reads it (the base's tokenizer, the first
-    /// `tokens` tokens).
-    pub fn of(path: &Path, tokens: usize, ctx: usize) -> Result<CalibrationId> {
+    /// The identity of `cal`, read from `path`.
+    pub fn of(path: &Path, cal: &super::prune::Calibration) -> Result<CalibrationId> {
         Ok(CalibrationId {
             file: BaseId::of(path)?,
-            tokens,
-            ctx,
+            tokens: cal.tokens.len(),
+            cut_tokens: cal.cut_tokens,
+            ctx: cal.ctx,
         })
     }
 
@@ -220,7 +238,7 @@ impl CalibrationId {
         let path = path.unwrap_or(Path::new(&self.file.path));
         let id = BaseId::of(path).with_context(|| {
             format!(
-                "the recipe's cuts were scored on {}: give it with --calibration",
+                "the recipe's stages read {}: give it with --calibration",
                 self.file.path
             )
         })?;
@@ -238,6 +256,7 @@ impl CalibrationId {
         Ok(super::prune::Calibration {
             tokens,
             ctx: self.ctx,
+            cut_tokens: self.cut_tokens,
         })
     }
 }
@@ -254,14 +273,16 @@ impl Recipe {
     pub fn build(&self, base: &GgufFile, cal: &super::prune::Calibration) -> Result<GgufFile> {
         let mut file = GgufFile::from_bytes(base.raw_bytes().to_vec())?;
         for s in &self.stages {
-            file = s.apply(&file, cal)?;
+            file = s.apply(&file, base, cal)?;
         }
         Ok(file)
     }
 
     /// Whether a stage reads calibration activations.
     pub fn needs_calibration(&self) -> bool {
-        self.stages.iter().any(|s| matches!(s, Stage::Prune(_)))
+        self.stages
+            .iter()
+            .any(|s| matches!(s, Stage::Prune(_) | Stage::Distill { .. }))
     }
 
     /// Whether every stage is a quantization (the weights the bank assembles).

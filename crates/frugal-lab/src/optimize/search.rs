@@ -42,12 +42,16 @@ use super::{Config, Point, Rung, Sensitivity, SpeedPoint, State};
 use crate::timing::{self, SpeedTest};
 use crate::{quality, size};
 
+mod distill_stage;
 mod finish;
 mod funnel;
 mod prune_stage;
 mod sensitivity;
 
 use funnel::{act_slow, dominates, quality_ok};
+
+/// Calibration tokens kept for the stages that read them (distillation trains on them).
+const MAX_CALIBRATION: usize = 1 << 16;
 
 /// What the search tells its caller as it goes.
 #[derive(Clone, Debug)]
@@ -122,8 +126,9 @@ pub fn run(
     let f = &config.funnel;
     let mut calib = read(&config.calibration)?;
     let cal = Calibration {
-        tokens: calib[..calib.len().min(f.prune_tokens) / f.ctx * f.ctx].to_vec(),
+        tokens: calib[..calib.len().min(MAX_CALIBRATION)].to_vec(),
         ctx: f.ctx,
+        cut_tokens: f.prune_tokens,
     };
     let mut eval = read(&config.eval)?;
     ensure!(
@@ -181,7 +186,7 @@ pub fn run(
         bank: Bank::new(),
         mixes: HashMap::new(),
         stage_mixes: HashMap::new(),
-        pruned_bases: HashMap::new(),
+        structural: HashMap::new(),
         start: Instant::now(),
         evaluations: 0,
         stopped: None,
@@ -220,8 +225,9 @@ struct Search<'a> {
     mixes: HashMap<String, Mix>,
     /// The mix of each quantization stage seen (by its text), for recipes that start with it.
     stage_mixes: HashMap<String, Mix>,
-    /// The base with each cut made before quantization (by the cut's text).
-    pruned_bases: HashMap<String, GgufFile>,
+    /// The base with its leading structural stages applied (cuts, distillation), by their
+    /// text.
+    structural: HashMap<String, GgufFile>,
     start: Instant,
     evaluations: usize,
     stopped: Option<String>,
@@ -424,6 +430,7 @@ impl Search<'_> {
             }
             self.measure_closest_if_short(&active)?;
         }
+        self.distill_stage()?;
         Ok(())
     }
 
@@ -640,7 +647,7 @@ impl Search<'_> {
             let recipe = p.recipe.clone();
             let float = p.recipe.stages.iter().all(|s| match s {
                 Stage::Quant { format, .. } => matches!(format.as_str(), "f16" | "bf16" | "f32"),
-                Stage::Prune(_) => false,
+                Stage::Prune(_) | Stage::Distill { .. } => false,
             });
             let mix = self.mixes[&k].clone();
             for &r in &runtimes {
@@ -676,14 +683,18 @@ impl Search<'_> {
         front.iter().take(n).map(|p| p.key.clone()).collect()
     }
 
+    /// Whether some measured point meets every target.
+    fn meets_all(&self) -> bool {
+        self.state.points.iter().any(|p| {
+            let m = p.measured();
+            self.cfg.targets.iter().all(|t| t.met(&m) == Some(true))
+        })
+    }
+
     /// When no measured point meets the speed targets, times up to three smaller points that
     /// miss a quality target, so that the report can say which constraint binds.
     fn measure_closest_if_short(&mut self, active: &[String]) -> Result<()> {
-        let meets_all = self.state.points.iter().any(|p| {
-            let m = p.measured();
-            self.cfg.targets.iter().all(|t| t.met(&m) == Some(true))
-        });
-        if meets_all {
+        if self.meets_all() {
             return Ok(());
         }
         let min_ok = self

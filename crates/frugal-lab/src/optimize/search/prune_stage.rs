@@ -155,7 +155,7 @@ impl Search<'_> {
 
     /// Adds the point of a recipe with a structural stage, built to count its bytes; `None`
     /// (with the reason on the point) when it cannot be built.
-    fn add_built(&mut self, recipe: Recipe) -> Result<Option<String>> {
+    pub(super) fn add_built(&mut self, recipe: Recipe) -> Result<Option<String>> {
         let key = recipe.key();
         if self.index.contains_key(&key) {
             return Ok(Some(key));
@@ -190,45 +190,54 @@ impl Search<'_> {
         Ok(Some(key))
     }
 
-    /// The base with `stages` applied: a first cut from the cache of cut bases, a first
+    /// The base with `stages` applied: the leading structural stages (cuts, distillation:
+    /// the slow ones, shared by many recipes) from a cache of their results, a leading
     /// quantization from the bank, the rest applied in turn.
     pub(super) fn build_stages(&mut self, stages: &[Stage]) -> Result<GgufFile> {
+        let n = stages
+            .iter()
+            .take_while(|s| !matches!(s, Stage::Quant { .. }))
+            .count();
         let mut cur: Option<GgufFile> = None;
-        let mut from_cut: Option<String> = None;
+        let mut cached: Option<String> = None;
         let mut rest = stages;
-        match stages.first() {
-            Some(Stage::Prune(p)) => {
-                let name = p.to_string();
-                if !self.pruned_bases.contains_key(&name) {
-                    let f = p.apply(&self.base_file, &self.cal)?;
-                    self.pruned_bases.insert(name.clone(), f);
+        if n > 0 {
+            for i in 1..=n {
+                let key = prefix_key(&stages[..i]);
+                if self.structural.contains_key(&key) {
+                    continue;
                 }
-                from_cut = Some(name);
-                rest = &stages[1..];
+                let src = match i {
+                    1 => &self.base_file,
+                    _ => &self.structural[&prefix_key(&stages[..i - 1])],
+                };
+                let f = stages[i - 1].apply(src, &self.base_file, &self.cal)?;
+                self.structural.insert(key, f);
             }
-            Some(q @ Stage::Quant { .. }) => {
-                if let Some(mix) = self.stage_mixes.get(&q.to_string()) {
-                    cur = Some(GgufFile::from_bytes(self.bank.assemble(mix)?)?);
-                    rest = &stages[1..];
-                }
-            }
-            None => {}
+            cached = Some(prefix_key(&stages[..n]));
+            rest = &stages[n..];
+        } else if let Some(q) = stages.first()
+            && let Some(mix) = self.stage_mixes.get(&q.to_string())
+        {
+            cur = Some(GgufFile::from_bytes(self.bank.assemble(mix)?)?);
+            rest = &stages[1..];
         }
         for s in rest {
-            let src = match (&cur, &from_cut) {
+            let src = match (&cur, &cached) {
                 (Some(f), _) => f,
-                (None, Some(name)) => &self.pruned_bases[name],
+                (None, Some(key)) => &self.structural[key],
                 (None, None) => &self.base_file,
             };
-            cur = Some(s.apply(src, &self.cal)?);
+            cur = Some(s.apply(src, &self.base_file, &self.cal)?);
         }
-        match (cur, from_cut) {
-            (Some(f), _) => Ok(f),
-            (None, Some(name)) => Ok(GgufFile::from_bytes(
-                self.pruned_bases[&name].raw_bytes().to_vec(),
-            )?),
-            (None, None) => Ok(GgufFile::from_bytes(self.base_file.raw_bytes().to_vec())?),
+        if let Some(f) = cur {
+            return Ok(f);
         }
+        let bytes = match &cached {
+            Some(key) => self.structural[key].raw_bytes().to_vec(),
+            None => self.base_file.raw_bytes().to_vec(),
+        };
+        Ok(GgufFile::from_bytes(bytes)?)
     }
 
     /// The calibration a recipe's cuts read, as `recipe.toml` records it.
@@ -236,10 +245,12 @@ impl Search<'_> {
         if !recipe.needs_calibration() {
             return Ok(None);
         }
-        Ok(Some(CalibrationId::of(
-            &self.cfg.calibration,
-            self.cal.tokens.len(),
-            self.cal.ctx,
-        )?))
+        Ok(Some(CalibrationId::of(&self.cfg.calibration, &self.cal)?))
     }
+}
+
+/// The cache key of a run of leading stages.
+fn prefix_key(stages: &[Stage]) -> String {
+    let names: Vec<String> = stages.iter().map(|s| s.to_string()).collect();
+    names.join(" | ")
 }

@@ -1,0 +1,63 @@
+//! The distillation stage of the ladder: a cut candidate trained to match the base's
+//! next-token distributions on the calibration text ([`crate::heal`]: forward KL at τ = 2,
+//! AdamW, cosine schedule), its zeros kept at zero, then stored again by the quantization stage
+//! that follows it in the recipe.
+//!
+//! It is the most expensive lever (minutes of training where every other stage takes
+//! seconds), so the search pulls it last and only when no cheaper point meets the targets.
+//! Training is seeded and runs in a fixed order, so a recipe rebuilds the same bytes on the
+//! same machine and thread count.
+
+use anyhow::Result;
+use frugal::gguf::GgufFile;
+use frugal::model::Model;
+use frugal_train::Params;
+use frugal_train::data::{split, windows_of};
+use frugal_train::teacher::OnlineTeachers;
+
+use super::prune::Calibration;
+use crate::heal::{self, Recovery};
+
+/// Training window and batch: as `frugal report prune` heals (256 tokens, batch 4), halved in
+/// length so that the calibration text gives twice the windows.
+pub const SEQ: usize = 128;
+pub const BATCH: usize = 4;
+pub const LR: f32 = 3e-4;
+
+/// `file` distilled from `base` for `tokens` training tokens of the calibration text (its
+/// last tenth held out), in f32.
+pub fn apply(
+    file: &GgufFile,
+    base: &GgufFile,
+    cal: &Calibration,
+    tokens: usize,
+    seed: u64,
+) -> Result<GgufFile> {
+    let data = split(windows_of(&cal.tokens, SEQ), 0.1, "the calibration text")?;
+    let teacher = crate::build::load_file(GgufFile::from_bytes(base.raw_bytes().to_vec())?, false)?;
+    let teachers = OnlineTeachers {
+        models: vec![(teacher, 1.0)],
+    };
+    let candidate = Model::from_file(GgufFile::from_bytes(file.raw_bytes().to_vec())?)?;
+    let keep_sparsity = crate::size::zero_fraction(file)? > 0.1;
+    let recovery = Recovery {
+        seq: SEQ,
+        batch: BATCH,
+        lr: LR,
+        points: 1,
+        eval_windows: 4,
+        seed,
+        run: heal::run_options(),
+    };
+    let run = recovery.distil(
+        Params::from_model(&candidate)?,
+        recovery.steps(tokens),
+        &data,
+        &teachers,
+        keep_sparsity,
+        |_| {},
+    )?;
+    Ok(GgufFile::from_bytes(
+        run.params.to_gguf(&candidate.file).to_bytes()?,
+    )?)
+}
