@@ -15,6 +15,7 @@ pub mod generate;
 pub mod info;
 pub mod moefy;
 pub mod optimize;
+pub mod optimize_chart;
 pub mod prune;
 pub mod quantize;
 pub mod report;

@@ -1,6 +1,6 @@
 //! `frugal optimize`: flags and printing. The search is `frugal_lab::optimize`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use frugal_lab::optimize::recipe::Lever;
@@ -9,6 +9,7 @@ use frugal_lab::optimize::target::{Objective, Target, parse_budget};
 use frugal_lab::optimize::{self, Config, Funnel, Point, State};
 
 use super::common::human_bytes;
+use super::optimize_chart;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -42,7 +43,7 @@ pub struct Args {
     /// Evaluation tokens at each rung of the funnel (comma-separated, growing)
     #[arg(long, default_value = "512,1024,2048,4096")]
     pub rungs: String,
-    /// Output directory: frontier.json, recipe.toml, model.gguf
+    /// Output directory: frontier.json, frontier.svg, frontier.html, recipe.toml, model.gguf
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Continue the search in DIR without redoing finished candidates
@@ -51,9 +52,15 @@ pub struct Args {
     /// Rebuild a recipe's model (byte for byte) into --out
     #[arg(long, value_name = "FILE", conflicts_with = "resume")]
     pub recipe: Option<PathBuf>,
+    /// Draw frontier.svg and frontier.html again from DIR/frontier.json (no search)
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["resume", "recipe", "out"])]
+    pub chart: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if let Some(dir) = &a.chart {
+        return chart(&State::read(dir)?, dir);
+    }
     if let Some(recipe) = &a.recipe {
         let out = a.out.as_ref().context("--recipe needs --out DIR")?;
         let r = optimize::rebuild(recipe, a.model.as_deref(), a.calibration.as_deref(), out)?;
@@ -95,7 +102,28 @@ pub fn run(a: Args) -> Result<()> {
     };
     let out = search::run(config, &dir, resume, &mut progress)?;
     print_outcome(&out.state, out.evaluations, &dir);
+    // The search's result is on disk already: a chart that cannot be drawn costs a warning,
+    // not the run.
+    if let Err(e) = chart(&out.state, &dir) {
+        eprintln!("warning: {e:#}");
+    }
     Ok(())
+}
+
+/// Writes `frontier.svg` and `frontier.html` beside `frontier.json` and says so; an error
+/// when either could not be made (the page is still written when only the drawing failed).
+fn chart(state: &State, dir: &Path) -> Result<()> {
+    let w = optimize_chart::write(state, dir).context("writing the frontier chart")?;
+    match w.svg {
+        Ok(svg) => {
+            println!("wrote {} and {}", svg.display(), w.html.display());
+            Ok(())
+        }
+        Err(e) => {
+            println!("wrote {}", w.html.display());
+            bail!("no frontier chart drawn: {e}")
+        }
+    }
 }
 
 fn config(a: &Args) -> Result<Config> {
@@ -151,7 +179,7 @@ fn row(p: &Point, chosen: bool) -> String {
     )
 }
 
-fn print_outcome(s: &State, evaluations: usize, dir: &std::path::Path) {
+fn print_outcome(s: &State, evaluations: usize, dir: &Path) {
     println!(
         "{} points evaluated ({} by this run); status: {}",
         s.points.iter().filter(|p| p.latest().is_some()).count(),

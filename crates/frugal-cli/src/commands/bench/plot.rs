@@ -51,11 +51,13 @@ pub fn write(chart: &Chart, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
     Ok(vec![svg, png])
 }
 
-fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+/// A plotters error as ours (every chart of the CLI draws through these helpers).
+pub(crate) fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing the chart: {e}")
 }
 
-const COLORS: [RGBColor; 8] = [
+/// The series colours (matplotlib's), shared by the CLI's charts.
+pub(crate) const COLORS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
@@ -67,7 +69,7 @@ const COLORS: [RGBColor; 8] = [
 ];
 
 /// Log-axis bounds around the positive values, padded so points do not sit on the frame.
-fn bounds(v: impl Iterator<Item = f64>) -> (f64, f64) {
+pub(crate) fn bounds(v: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = v
         .filter(|x| *x > 0.0 && x.is_finite())
         .fold((f64::INFINITY, 0f64), |(l, h), x| (l.min(x), h.max(x)));
