@@ -1268,8 +1268,8 @@ fn optimize_refuses_unbuilt_levers_and_bad_targets() {
         out.to_str().unwrap(),
     ];
     let run = |extra: &[&str]| frugal(&[&base[..], extra].concat(), None);
-    let o = run(&["--target", "kl <= 0.05", "--levers", "quant,distill"]);
-    assert_clean_error(&o, "lever \"distill\" is not built yet in this version");
+    let o = run(&["--target", "kl <= 0.05", "--levers", "quant,speculate"]);
+    assert_clean_error(&o, "lever \"speculate\" is not built yet in this version");
     let o = run(&["--target", "decode >= fastx"]);
     assert_clean_error(&o, "\"fast\" is not a number");
     let o = run(&["--target", "kl <= 0.05", "--budget", "soon"]);

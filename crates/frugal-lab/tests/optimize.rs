@@ -424,7 +424,7 @@ fn composition_matrix_measures_its_rows() {
     let f = files();
     let file = GgufFile::open(&f.model).unwrap();
     let c = frugal::model::Config::from_gguf(&file).unwrap();
-    let plan = composition::plan(&c, None);
+    let plan = composition::plan(&c, None, &composition::PlanOptions { distill_tokens: 0 });
     let setup = Setup {
         model: f.model.clone(),
         calibration: f.root.join("cal.txt"),
@@ -516,6 +516,42 @@ fn distillation_heals_cut_candidates_only_when_nothing_cheaper_meets_the_targets
         s.refused
             .iter()
             .any(|r| r.starts_with("distill: not pulled")),
+        "{:?}",
+        s.refused
+    );
+}
+
+/// The attention stage is pulled when a memory target binds: MQA and latent layouts, each
+/// with the best weight recipes, hold less KV than the same weights in the original layout;
+/// without a memory target it is not pulled, and says why.
+#[test]
+fn attention_layouts_are_tried_when_a_memory_target_binds() {
+    let f = files();
+    let mut c = config(&f, &["kl <= 10", "memory <= 1KiB"]);
+    c.levers = vec![Lever::Attention, Lever::Quant, Lever::Kv];
+    c.objective = Objective::Memory;
+    let s = run(c.clone(), &f.root.join("opt"), None).state;
+    let kv = |p: &frugal_lab::optimize::Point| p.memory.unwrap().kv;
+    for layout in ["mqa", "mla:64"] {
+        let p = s
+            .points
+            .iter()
+            .find(|p| p.key.starts_with(&format!("attention {layout} | ")))
+            .unwrap_or_else(|| panic!("no {layout} point: {:?}", keys(&s)));
+        let twin = s
+            .point(p.key.trim_start_matches(&format!("attention {layout} | ")))
+            .unwrap();
+        assert!(kv(p) < kv(twin), "{}: {} vs {}", p.key, kv(p), kv(twin));
+        assert!(p.latest().is_some_and(|q| q.kl_mean.is_finite()));
+    }
+    let mut easy = c;
+    easy.targets = vec!["kl <= 10".parse().unwrap()];
+    let s = run(easy, &f.root.join("easy"), None).state;
+    assert!(s.points.iter().all(|p| !p.key.contains("attention")));
+    assert!(
+        s.refused
+            .iter()
+            .any(|r| r.contains("attention: not pulled: no memory target")),
         "{:?}",
         s.refused
     );

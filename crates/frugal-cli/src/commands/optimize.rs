@@ -36,9 +36,10 @@ pub struct Args {
     /// Time for the search: it stops there and still leaves a result (45m, 90s, 1h30m)
     #[arg(long, default_value = "45m")]
     pub budget: String,
-    /// The ladder's stages to use (built: prune, quant, kv; not yet: attention, moe, distill,
-    /// speculate)
-    #[arg(long, default_value = "prune,quant,kv")]
+    /// The ladder's stages to use (built: prune, attention, distill, quant, kv; not yet: moe,
+    /// speculate). Attention is pulled only when a memory target binds, distill only when no
+    /// cheaper point meets every target
+    #[arg(long, default_value = "prune,attention,distill,quant,kv")]
     pub levers: String,
     /// Evaluation tokens at each rung of the funnel (comma-separated, growing)
     #[arg(long, default_value = "512,1024,2048,4096")]

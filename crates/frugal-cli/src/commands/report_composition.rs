@@ -47,6 +47,9 @@ pub struct Args {
     /// Decode ratio within which a lever alone buys no speed (1 + this)
     #[arg(long, default_value_t = 0.03)]
     pub noise: f64,
+    /// Training tokens of the distilled ladder rows (0: none)
+    #[arg(long = "distill-tokens", default_value_t = 16384)]
+    pub distill_tokens: usize,
     /// Where composition.md is written
     #[arg(long, default_value = "docs")]
     pub out: PathBuf,
@@ -84,7 +87,13 @@ pub fn run(a: Args) -> Result<()> {
             gen_tokens: a.gen_tokens,
             chosen: chosen.clone().map(|r| r.recipe),
         };
-        let plan = composition::plan(&c, setup.chosen.as_ref());
+        let plan = composition::plan(
+            &c,
+            setup.chosen.as_ref(),
+            &composition::PlanOptions {
+                distill_tokens: a.distill_tokens,
+            },
+        );
         eprintln!("{}: {} rows", model.display(), plan.len());
         let (rows, skipped) =
             composition::measure(&setup, &plan, &mut |s: &str| eprintln!("  {s}"))?;
@@ -108,7 +117,7 @@ Do not edit: `frugal report composition` writes this file. Every row is a recipe
 `frugal optimize` (docs/optimize.md), built from the base and measured in the same run: KL to \
 the base (nats, mean ± standard error), top-1 agreement, decode speed over the base's (median of \
 back-to-back rounds), weights plus KV cache at the stated context. The ladder's stages are \
-quantization with the KV cache first, then pruning; a pair is two levers, the ladder all three.\n\n";
+quantization with the KV cache first, then pruning, the attention layout and distillation; a pair is two levers, a ladder row three or more.\n\n";
 
 fn file_name(p: &std::path::Path) -> String {
     p.file_name().map_or_else(

@@ -48,6 +48,13 @@ pub struct Setup {
     pub chosen: Option<Recipe>,
 }
 
+/// What the plan includes beyond the single levers.
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    /// Training tokens of the distilled ladder rows (0: none).
+    pub distill_tokens: usize,
+}
+
 /// Where a row sits in the matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -89,6 +96,12 @@ pub fn levers_of(r: &Recipe) -> Vec<Lever> {
     if r.stages.iter().any(|s| matches!(s, Stage::Prune(_))) {
         out.push(Lever::Prune);
     }
+    if r.stages
+        .iter()
+        .any(|s| matches!(s, Stage::Attention { .. }))
+    {
+        out.push(Lever::Attention);
+    }
     if r.stages.iter().any(|s| matches!(s, Stage::Distill { .. })) {
         out.push(Lever::Distill);
     }
@@ -117,7 +130,11 @@ fn quant(format: &str) -> Stage {
 /// alone (float weights), pairs (formats with the cache, cuts before and after a format, the
 /// sparse cuts in their compressed type), and the full ladder (a cut, a format and the cache;
 /// the search's chosen point when given).
-pub fn plan(c: &frugal::model::Config, chosen: Option<&Recipe>) -> Vec<Planned> {
+pub fn plan(
+    c: &frugal::model::Config,
+    chosen: Option<&Recipe>,
+    opts: &PlanOptions,
+) -> Vec<Planned> {
     let kv8 = Runtime {
         kv: KvType::Q8_0,
         ..Runtime::default()
@@ -159,8 +176,32 @@ pub fn plan(c: &frugal::model::Config, chosen: Option<&Recipe>) -> Vec<Planned> 
             Runtime::default(),
         );
     }
+    // One regrouped and one latent layout, when the model takes them.
+    let (layouts, _) = super::attention::layouts(c);
+    let layouts: Vec<String> = ["mqa", "gqa:", "mla:"]
+        .iter()
+        .filter_map(|p| layouts.iter().find(|l| l.starts_with(p)).cloned())
+        .take(2)
+        .collect();
+    let layout = |l: &String| Stage::Attention { layout: l.clone() };
+    for l in &layouts {
+        add(
+            format!("attention {l}"),
+            Kind::Alone,
+            vec![layout(l)],
+            Runtime::default(),
+        );
+    }
     for f in [&q8, &q4] {
         add(format!("{f} + kv q8_0"), Kind::Pair, vec![quant(f)], kv8);
+    }
+    for l in &layouts {
+        add(
+            format!("attention {l}, then {q4}"),
+            Kind::Pair,
+            vec![layout(l), quant(&q4)],
+            Runtime::default(),
+        );
     }
     for p in &cuts {
         for f in [&q8, &q4] {
@@ -207,6 +248,25 @@ pub fn plan(c: &frugal::model::Config, chosen: Option<&Recipe>) -> Vec<Planned> 
             vec![quant(&q4), Stage::Prune(p.clone())],
             kv8,
         );
+    }
+    let distill = Stage::Distill {
+        tokens: opts.distill_tokens,
+        seed: 0,
+    };
+    if opts.distill_tokens > 0 {
+        let firsts = cuts
+            .first()
+            .map(|p| Stage::Prune(p.clone()))
+            .into_iter()
+            .chain(layouts.first().map(layout));
+        for first in firsts {
+            add(
+                format!("{first}, distilled, then {q4} + kv q8_0"),
+                Kind::Ladder,
+                vec![first, distill.clone(), quant(&q4)],
+                kv8,
+            );
+        }
     }
     if let Some(r) = chosen {
         add(
@@ -540,11 +600,17 @@ mod tests {
             .unwrap(),
         )
         .unwrap();
-        let p = plan(&c, None);
+        let p = plan(
+            &c,
+            None,
+            &PlanOptions {
+                distill_tokens: 1024,
+            },
+        );
         for k in [Kind::Alone, Kind::Pair, Kind::Ladder] {
             assert!(p.iter().any(|r| r.kind == k), "{k:?}");
         }
-        for l in [Lever::Quant, Lever::Kv, Lever::Prune] {
+        for l in [Lever::Quant, Lever::Kv, Lever::Prune, Lever::Attention] {
             assert!(
                 p.iter()
                     .any(|r| r.kind == Kind::Alone && levers_of(&r.recipe) == vec![l]),

@@ -7,6 +7,8 @@
 //!   it byte for byte from the same base and version, and refuses any other.
 //! - [`prune`]: the pruning stage (structured removal and sparse zeros), taken only where a
 //!   measured speed-up over the dense twin says this CPU rewards the cut.
+//! - [`attention`]: the attention-layout stage (fewer KV groups, latent attention), pulled
+//!   when a memory target binds.
 //! - [`distill`]: the distillation stage (a cut candidate trained on the base's outputs),
 //!   pulled only when no cheaper point meets the targets.
 //! - [`quant`]: the quantization stage (uniform formats, sensitivity-allocated mixes).
@@ -15,6 +17,7 @@
 //! - [`search`]: the funnel (successive halving on KL, speed only for the points that can
 //!   still win), its budget, and `frontier.json` kept on disk after every evaluation.
 
+pub mod attention;
 pub mod composition;
 pub mod distill;
 pub mod prune;

@@ -65,7 +65,7 @@ impl Lever {
     pub fn built(self) -> bool {
         matches!(
             self,
-            Lever::Prune | Lever::Distill | Lever::Quant | Lever::Kv
+            Lever::Prune | Lever::Attention | Lever::Distill | Lever::Quant | Lever::Kv
         )
     }
 
@@ -80,7 +80,7 @@ impl Lever {
             };
             ensure!(
                 l.built(),
-                "lever {name:?} is not built yet in this version (built: prune, distill, quant, kv)"
+                "lever {name:?} is not built yet in this version (built: prune, attention, distill, quant, kv)"
             );
             if !out.contains(l) {
                 out.push(*l);
@@ -97,6 +97,8 @@ impl Lever {
 pub enum Stage {
     /// A cut: structured removal or sparse zeros ([`super::prune`]).
     Prune(super::prune::Prune),
+    /// An attention layout (`gqa:G`, `mqa`, `mla:RANK`; [`super::attention`]).
+    Attention { layout: String },
     /// Distillation from the base on the calibration text ([`super::distill`]), `tokens`
     /// training tokens, seeded.
     Distill { tokens: usize, seed: u64 },
@@ -116,6 +118,7 @@ impl Stage {
     ) -> Result<GgufFile> {
         match self {
             Stage::Prune(p) => p.apply(file, cal),
+            Stage::Attention { layout } => super::attention::apply(file, layout, cal),
             Stage::Distill { tokens, seed } => {
                 super::distill::apply(file, base, cal, *tokens, *seed)
             }
@@ -137,6 +140,7 @@ impl fmt::Display for Stage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Stage::Prune(p) => write!(f, "{p}"),
+            Stage::Attention { layout } => write!(f, "attention {layout}"),
             Stage::Distill { tokens, seed } => write!(f, "distill {tokens} tokens seed {seed}"),
             Stage::Quant { format, keep } if keep.is_empty() => write!(f, "{format}"),
             Stage::Quant { format, keep } => write!(f, "{format}+{}", keep.join("+")),
@@ -282,7 +286,7 @@ impl Recipe {
     pub fn needs_calibration(&self) -> bool {
         self.stages
             .iter()
-            .any(|s| matches!(s, Stage::Prune(_) | Stage::Distill { .. }))
+            .any(|s| !matches!(s, Stage::Quant { .. }))
     }
 
     /// Whether every stage is a quantization (the weights the bank assembles).

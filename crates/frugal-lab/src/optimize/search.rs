@@ -42,6 +42,7 @@ use super::{Config, Point, Rung, Sensitivity, SpeedPoint, State};
 use crate::timing::{self, SpeedTest};
 use crate::{quality, size};
 
+mod attention_stage;
 mod distill_stage;
 mod finish;
 mod funnel;
@@ -406,7 +407,9 @@ impl Search<'_> {
         keys.extend(variants);
         self.drop_losers(&keys);
         let cuts = self.prune_stage(&keys)?;
+        let layouts = self.attention_stage(&keys)?;
         keys.extend(cuts);
+        keys.extend(layouts);
         self.drop_losers(&keys);
         self.save()?;
 
@@ -647,7 +650,7 @@ impl Search<'_> {
             let recipe = p.recipe.clone();
             let float = p.recipe.stages.iter().all(|s| match s {
                 Stage::Quant { format, .. } => matches!(format.as_str(), "f16" | "bf16" | "f32"),
-                Stage::Prune(_) | Stage::Distill { .. } => false,
+                _ => false,
             });
             let mix = self.mixes[&k].clone();
             for &r in &runtimes {

@@ -17,8 +17,8 @@ impl Search<'_> {
                 .push("distill: not pulled: a cheaper point meets every target".to_string());
             return Ok(());
         }
-        // Cut, then quantize: the structural candidates healing applies to (the float model
-        // after the cut is what trains).
+        // A cut or a layout, then quantization: the structural candidates healing applies to
+        // (the float model after the change is what trains).
         let mut cands: Vec<&Point> = self
             .state
             .points
@@ -31,7 +31,10 @@ impl Search<'_> {
                         .is_some_and(|d| d.starts_with("cannot run"))
                     && matches!(
                         p.recipe.stages.as_slice(),
-                        [Stage::Prune(_), Stage::Quant { .. }]
+                        [
+                            Stage::Prune(_) | Stage::Attention { .. },
+                            Stage::Quant { .. }
+                        ]
                     )
             })
             .collect();
