@@ -457,7 +457,7 @@ fn composition_matrix_measures_its_rows() {
         );
     }
     let an = composition::analyse(&rows, 0.03, 10.0);
-    assert_eq!(an.stages.len(), 2);
+    assert_eq!(an.stages.len(), 4);
 }
 
 /// Distillation is pulled only when nothing cheaper meets every target: here no point can

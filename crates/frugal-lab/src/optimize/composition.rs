@@ -434,13 +434,16 @@ pub struct StageFrontier {
     pub added: Vec<String>,
 }
 
-/// Reads `rows`: the ladder's stages are quantization with the cache, then pruning (the order
-/// the search pulls them); `noise` is the decode ratio within which a lever buys nothing;
+/// Reads `rows`: the ladder's stages are quantization with the cache, then pruning, attention
+/// layout and distillation (the order the search pulls them); `noise` is the decode ratio within which a lever buys nothing;
 /// `kl_bound` the quality the best rows are picked under.
 pub fn analyse(rows: &[Row], noise: f64, kl_bound: f64) -> Analysis {
+    use Lever::*;
     let ladder = [
-        vec![Lever::Quant, Lever::Kv],
-        vec![Lever::Quant, Lever::Kv, Lever::Prune],
+        vec![Quant, Kv],
+        vec![Quant, Kv, Prune],
+        vec![Quant, Kv, Prune, Attention],
+        vec![Quant, Kv, Prune, Attention, Distill],
     ];
     let mut stages = Vec::new();
     let mut prev: Vec<String> = Vec::new();
