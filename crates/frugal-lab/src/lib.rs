@@ -16,13 +16,23 @@
 //! [`router`] trains a MoE model's routers against the dense FFN; [`corpus`] generates the
 //! model's own answers (what draft heads and retrieval stores learn from).
 //!
-//! Nothing here prints: long pipelines report progress through callbacks.
+//! A [`candidate::Candidate`] is one such model measured (name, size, quality, speed). The
+//! studies behind the reports put the levers and measurements together into rows:
+//! [`prune_study`] (`report prune`), [`moe_study`] (`report moe`), [`distill_study`]
+//! (`report distill`); the CLI turns their rows into tables and charts.
+//!
+//! Nothing here prints: long pipelines report [`progress::Progress`] through callbacks.
 
 pub mod build;
+pub mod candidate;
 pub mod corpus;
+pub mod distill_study;
 pub mod heal;
 pub mod moe;
+pub mod moe_study;
 pub mod optimize;
+pub mod progress;
+pub mod prune_study;
 pub mod quality;
 pub mod router;
 pub mod size;

@@ -385,3 +385,21 @@ pub fn training_progress(steps: usize) -> impl FnMut(frugal_train::trainer::Even
         Event::Saved(_) => {}
     }
 }
+
+/// Prints a lab study's progress on stderr: lines as they come, a step counter rewritten in
+/// place, training runs as [`training_progress`] does.
+pub fn lab_progress() -> impl FnMut(frugal_lab::progress::Progress) {
+    use frugal_lab::progress::Progress;
+    let mut in_place = false;
+    move |p| match p {
+        Progress::Line(s) => {
+            eprintln!("{}{s}", if in_place { "\r" } else { "" });
+            in_place = false;
+        }
+        Progress::Status(s) => {
+            eprint!("\r{s}   ");
+            in_place = true;
+        }
+        Progress::Train { steps, event } => training_progress(steps)(event),
+    }
+}

@@ -10,25 +10,21 @@
 //!   leading channels, with a hidden-state term through a learned projection;
 //! - the held-out perplexity curve of each run against training tokens, and the students'
 //!   prefill and decode speed against the teacher's, in the same format, in the same run.
+//!
+//! The study itself is [`frugal_lab::distill_study`]: here the flags become its plan, and
+//! its rows a table and charts.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use frugal::gguf::GgufFile;
-use frugal::model::Model;
-use frugal::quant::act::Activations;
 use frugal::tokenizer::Tokenizer;
-use frugal_lab::heal::{self, Recovery, soft};
-use frugal_lab::timing::{Speed, SpeedTest};
-use frugal_lab::{size, student};
-use frugal_train::Params;
+use frugal_lab::distill_study::{self, Arch, Ensemble, Inputs, Plan, RunResult, Study, TopK};
+use frugal_lab::heal::{self, Recovery};
+use frugal_lab::timing::SpeedTest;
 use frugal_train::data::{Corpus, corpus_from_files};
 use frugal_train::gemm::{self, Precision};
-use frugal_train::hidden::HiddenKind;
-use frugal_train::output::{Provenance, write_model};
-use frugal_train::teacher::{OnlineTeachers, TopKCache};
-use frugal_train::trainer::{EvalPoint, HiddenConfig, LossConfig, Signal, Trainer, evaluate};
 
 use super::bench::plot::{self, Chart, Series};
 use super::common::{self, ModelArgs};
@@ -85,285 +81,51 @@ pub struct Args {
     pub model: ModelArgs,
 }
 
-/// One run's outcome.
-struct RunResult {
-    name: String,
-    history: Vec<EvalPoint>,
-    tokens_per_s: f64,
-    params: Params,
-}
-
-/// Prefill of 256 and decode of 64 tokens, each the median of 3 runs, 8-bit activations.
-fn speed_of(path: &Path) -> Result<(f64, f64)> {
-    let mut m = Model::load(path)?;
-    m.set_activations(Activations::Q8);
-    let test = SpeedTest {
-        prompt: 256,
-        gen_tokens: 64,
-        depth: 0,
-        reps: 3,
-    };
-    let Speed { prefill, decode } = test.measure(&m)?;
-    Ok((prefill, decode))
-}
-
 pub fn run(a: Args) -> Result<()> {
     frugal_train::keep_freed_memory();
     let teacher_path = common::model_path(&a.model)?;
-    let teacher_file = GgufFile::open(&teacher_path)?;
-    let tok = Tokenizer::from_gguf(&teacher_file)?;
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&teacher_path)?)?;
     let data = corpus_from_files(&tok, &a.data, a.seq, a.heldout)?;
-    let mut teacher = Model::load(&teacher_path)?;
-    let t_params = Params::from_model(&teacher)?;
-    teacher.set_activations(Activations::Q8);
-    let teachers = OnlineTeachers {
-        models: vec![(teacher, 1.0)],
-    };
-    let n_layers = a
-        .student_layers
-        .unwrap_or(t_params.config.n_layers.div_ceil(3));
-    ensure!(
-        n_layers >= 1 && n_layers < t_params.config.n_layers,
-        "--student-layers must be below the teacher's {}",
-        t_params.config.n_layers
-    );
-    let tokens = parse_count(&a.tokens)?;
-    let per_step = a.seq * a.batch;
-    let steps = tokens.div_ceil(per_step).max(1);
-    let run_opts = heal::run_options();
-    let prec = run_opts.precision;
-    let recovery = Recovery {
-        seq: a.seq,
-        batch: a.batch,
-        lr: a.lr,
-        points: a.points,
-        eval_windows: a.eval_windows,
-        seed: a.seed,
-        run: run_opts,
+    let plan = Plan {
+        student_layers: a.student_layers,
+        tokens: parse_count(&a.tokens)?,
+        temperatures: a.temperatures.clone(),
+        recovery: Recovery {
+            seq: a.seq,
+            batch: a.batch,
+            lr: a.lr,
+            points: a.points,
+            eval_windows: a.eval_windows,
+            seed: a.seed,
+            run: heal::run_options(),
+        },
+        topk: a.topk,
+        ensemble_tokens: parse_count(&a.ensemble_tokens).unwrap_or(0),
+        arch: !a.no_arch,
+        speed: SpeedTest {
+            prompt: 256,
+            gen_tokens: 64,
+            depth: 0,
+            reps: 3,
+        },
     };
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let assets = a.out.join("distillation");
     std::fs::create_dir_all(&assets)?;
-
-    // The student as cut.
-    eprintln!("measuring layer importance...");
-    let student::Cut {
-        importance,
-        keep,
-        params: cut,
-    } = student::layer_dropped(&t_params, n_layers, &data.train.first(4), prec)?;
-    let teacher_eval = evaluate(
-        &t_params,
-        &data.heldout,
-        a.eval_windows,
-        a.batch,
-        None,
-        run_opts,
-    )?;
-    let cut_eval = evaluate(
-        &cut,
-        &data.heldout,
-        a.eval_windows,
-        a.batch,
-        Some(&teachers),
-        run_opts,
-    )?;
-
-    let mut results: Vec<RunResult> = Vec::new();
-    let go = |name: &str,
-              student: Params,
-              loss: LossConfig,
-              signal: Signal,
-              eval_t: Option<&OnlineTeachers>,
-              data: &Corpus|
-     -> Result<RunResult> {
-        eprintln!("run: {name}");
-        let run = heal::train(
-            student,
-            recovery.config(loss, steps),
-            data,
-            (signal, eval_t.or(Some(&teachers))),
-            false,
-            common::training_progress(steps),
-        )?;
-        Ok(RunResult {
-            name: name.into(),
-            history: run.history,
-            tokens_per_s: run.tokens_per_s,
-            params: run.params,
-        })
+    let inputs = Inputs {
+        teacher: &teacher_path,
+        data: &data,
+        work: &assets,
     };
-    results.push(go(
-        "hard labels",
-        cut.clone(),
-        LossConfig::default(),
-        Signal::None,
-        None,
-        &data,
-    )?);
-    for &tau in &a.temperatures {
-        results.push(go(
-            &format!("distilled, τ = {tau}"),
-            cut.clone(),
-            soft(tau),
-            Signal::Online(&teachers),
-            None,
-            &data,
-        )?);
-    }
-    let mut topk_note = String::new();
-    if a.topk > 0 {
-        let cache = TopKCache::build(&teachers, &data.train, a.topk, |_, _| {})?;
-        topk_note = format!(
-            "The top-{} cache covers {} windows ({} positions): on average {:.4} of the teacher's probability mass lies outside the top {}, so renormalizing costs KL(p̃ ‖ p) = −ln P_k = {:.4} nats per position; the file takes {} MiB against {} MiB for full f32 logits.",
-            cache.k,
-            cache.windows,
-            cache.windows * cache.seq,
-            cache.mean_missing_mass,
-            cache.k,
-            cache.mean_truncation_kl,
-            (cache.ids.len() * 8) >> 20,
-            (cache.windows * cache.seq * cache.n_vocab * 4) >> 20,
-        );
-        results.push(go(
-            &format!("distilled, τ = 2, cached top-{}", a.topk),
-            cut.clone(),
-            soft(2.0),
-            Signal::Cached(&cache),
-            Some(&teachers),
-            &data,
-        )?);
-    }
-    // Ensemble: the teacher and a copy fine-tuned on the corpus.
-    let ens_tokens = parse_count(&a.ensemble_tokens).unwrap_or(0);
-    let mut ensemble_note = String::new();
-    if ens_tokens > 0 {
-        eprintln!("fine-tuning the second teacher...");
-        let ens_steps = ens_tokens.div_ceil(per_step).max(1);
-        let mut c = recovery.config(LossConfig::default(), ens_steps);
-        c.schedule.lr = a.lr / 3.0;
-        c.eval_every = 0;
-        let mut ft = Trainer::new(t_params.clone(), c, &data, Signal::None, None)?;
-        ft.run(|_| {})?;
-        let (before, after) = (
-            ft.history.first().map(|p| p.ppl).unwrap_or(0.0),
-            ft.history.last().map(|p| p.ppl).unwrap_or(0.0),
-        );
-        let second = assets.join("teacher-tuned.gguf");
-        let prov = Provenance {
-            mode: "train".into(),
-            student: "teacher".into(),
-            loss: "ce".into(),
-            temperature: 1.0,
-            tokens: (ens_steps * per_step) as u64,
-            seed: a.seed,
-            ..Default::default()
-        };
-        write_model(&ft.params, &teacher_file, &prov, Some("q8_0"), &second)?;
-        drop(ft);
-        let mut m2 = Model::load(&second)?;
-        m2.set_activations(Activations::Q8);
-        let mut t1 = Model::load(&teacher_path)?;
-        t1.set_activations(Activations::Q8);
-        let ensemble = OnlineTeachers {
-            models: vec![(t1, 1.0), (m2, 1.0)],
-        };
-        ensemble_note = format!(
-            "The second teacher is the teacher fine-tuned on the training windows for {} tokens (hard labels, lr {:.0e}): held-out PPL {before:.3} → {after:.3}. The ensemble averages the two teachers' probabilities with equal weights; KL in the table is still measured against the original teacher.",
-            ens_steps * per_step,
-            a.lr / 3.0
-        );
-        results.push(go(
-            "distilled from the ensemble, τ = 2",
-            cut.clone(),
-            soft(2.0),
-            Signal::Online(&ensemble),
-            Some(&teachers),
-            &data,
-        )?);
-    }
-    // Another architecture: narrower (384 wide, 6 heads, 2 KV heads, FFN 1024).
-    let mut arch_desc = String::new();
-    if !a.no_arch {
-        let c = &t_params.config;
-        let narrow = student::narrower(&t_params, &keep, a.seed)?;
-        let nc = &narrow.config;
-        arch_desc = format!(
-            "{} layers, width {}, FFN {}, {} query / {} KV heads of {} ({:.1}M parameters), initialized from the kept teacher layers' leading channels, heads and FFN units",
-            nc.n_layers,
-            nc.n_embd,
-            nc.n_ff,
-            nc.n_head,
-            nc.n_head_kv,
-            nc.head_dim,
-            narrow.n_params() as f64 / 1e6
-        );
-        let mut loss = soft(2.0);
-        loss.hidden = Some(HiddenConfig {
-            weight: 0.5,
-            kind: HiddenKind::Cosine,
-            pairs: vec![(n_layers - 1, c.n_layers - 1)],
-        });
-        let cut_arch = evaluate(
-            &narrow,
-            &data.heldout,
-            a.eval_windows,
-            a.batch,
-            Some(&teachers),
-            run_opts,
-        )?;
-        arch_desc += &format!(
-            "; as initialized: held-out PPL {:.2}, KL {:.3}",
-            cut_arch.0.exp(),
-            cut_arch.1.unwrap_or(f64::NAN)
-        );
-        results.push(go(
-            "other architecture, τ = 2 + hidden cosine",
-            narrow,
-            loss,
-            Signal::Online(&teachers),
-            None,
-            &data,
-        )?);
-    }
-
-    // Speed: teacher and students in the teacher's storage format, same run.
-    eprintln!("measuring speed...");
-    let ty = size::dominant_type(&teacher_file).map_or("q8_0".into(), str::to_lowercase);
-    let (t_pp, t_tg) = speed_of(&teacher_path)?;
-    let mut speed_rows = Vec::new();
-    let mut written = Vec::new();
-    for (i, r) in results.iter().enumerate() {
-        if i != 0 && !r.name.starts_with("other") && i != best_index(&results) {
-            continue;
-        }
-        let p = assets.join(format!("student-{i}.gguf"));
-        let prov = Provenance {
-            mode: "distill".into(),
-            student: r.name.clone(),
-            tokens: (steps * per_step) as u64,
-            seed: a.seed,
-            kept_layers: keep.clone(),
-            ..Default::default()
-        };
-        write_model(&r.params, &teacher_file, &prov, Some(&ty), &p)?;
-        let (pp, tg) = speed_of(&p)?;
-        speed_rows.push((
-            r.name.clone(),
-            r.params.config.n_layers,
-            r.params.n_params(),
-            pp,
-            tg,
-        ));
-        written.push(p);
-    }
+    let study = distill_study::run(&plan, &inputs, &mut common::lab_progress())?;
 
     // Charts and the report.
     let chart = Chart {
         title: "Held-out perplexity against training tokens".into(),
         x_desc: "training tokens",
         y_desc: "held-out perplexity",
-        series: results
+        series: study
+            .results
             .iter()
             .map(|r| Series {
                 name: r.name.clone(),
@@ -382,88 +144,67 @@ pub fn run(a: Args) -> Result<()> {
             .to_string(),
         Err(e) => format!("(no chart: {e})\n"),
     };
+    let teacher = teacher_path.display().to_string();
     let md = report(
         &a,
+        &study,
         &ReportData {
-            teacher: teacher_path.display().to_string(),
-            teacher_eval,
-            keep: &keep,
-            importance: &importance,
-            cut_eval,
-            results: &results,
-            steps,
-            per_step,
-            topk_note,
-            ensemble_note,
-            arch_desc,
-            speed: (
-                ty,
-                t_pp,
-                t_tg,
-                t_params.n_params(),
-                t_params.config.n_layers,
-                &speed_rows,
-            ),
+            teacher,
             chart_note,
-            prec,
+            prec: plan.recovery.run.precision,
             corpus: &data,
-            head_params: t_params.token_embd.data.len()
-                + t_params.output.as_ref().map_or(0, |o| o.data.len()),
+            speed: plan.speed,
         },
     );
     let path = a.out.join("distillation.md");
     std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
-    for p in written {
-        let _ = std::fs::remove_file(p);
-    }
-    let _ = std::fs::remove_file(assets.join("teacher-tuned.gguf"));
     eprintln!("wrote {}", path.display());
     Ok(())
 }
 
-/// The run (after the hard-label one) with the lowest final held-out PPL.
-fn best_index(results: &[RunResult]) -> usize {
-    (1..results.len())
-        .min_by(|&a, &b| last(&results[a]).ppl.total_cmp(&last(&results[b]).ppl))
-        .unwrap_or(0)
-}
-
-fn last(r: &RunResult) -> EvalPoint {
-    r.history.last().cloned().unwrap_or_default()
-}
-
-/// Speed rows: the teacher's format, prefill and decode tokens/s, parameters and layers, then
-/// `(run, layers, parameters, prefill, decode)` per measured student.
-type Speeds<'a> = (
-    String,
-    f64,
-    f64,
-    usize,
-    usize,
-    &'a [(String, usize, usize, f64, f64)],
-);
-
+/// What the report reads beside the study.
 struct ReportData<'a> {
     teacher: String,
-    teacher_eval: (f64, Option<f64>),
-    keep: &'a [usize],
-    importance: &'a [f64],
-    cut_eval: (f64, Option<f64>),
-    results: &'a [RunResult],
-    steps: usize,
-    per_step: usize,
-    topk_note: String,
-    ensemble_note: String,
-    arch_desc: String,
-    speed: Speeds<'a>,
     chart_note: String,
     prec: Precision,
     corpus: &'a Corpus,
-    /// Embedding and output head parameters of the teacher.
-    head_params: usize,
+    /// The speed test of the teacher and the students.
+    speed: SpeedTest,
 }
 
-fn report(a: &Args, d: &ReportData) -> String {
+/// The top-k note: what the cache holds and what its truncation costs.
+fn topk_note(c: &TopK) -> String {
+    format!(
+        "The top-{} cache covers {} windows ({} positions): on average {:.4} of the teacher's probability mass lies outside the top {}, so renormalizing costs KL(p̃ ‖ p) = −ln P_k = {:.4} nats per position; the file takes {} MiB against {} MiB for full f32 logits.",
+        c.k, c.windows, c.positions, c.missing_mass, c.k, c.truncation_kl, c.mib, c.full_mib,
+    )
+}
+
+fn ensemble_note(e: &Ensemble) -> String {
+    format!(
+        "The second teacher is the teacher fine-tuned on the training windows for {} tokens (hard labels, lr {:.0e}): held-out PPL {:.3} → {:.3}. The ensemble averages the two teachers' probabilities with equal weights; KL in the table is still measured against the original teacher.",
+        e.tokens, e.lr, e.before, e.after
+    )
+}
+
+/// The student of another architecture as initialized.
+fn arch_desc(arch: &Arch) -> String {
+    let nc = &arch.config;
+    format!(
+        "{} layers, width {}, FFN {}, {} query / {} KV heads of {} ({:.1}M parameters), initialized from the kept teacher layers' leading channels, heads and FFN units; as initialized: held-out PPL {:.2}, KL {:.3}",
+        nc.n_layers,
+        nc.n_embd,
+        nc.n_ff,
+        nc.n_head,
+        nc.n_head_kv,
+        nc.head_dim,
+        arch.params as f64 / 1e6,
+        arch.eval.0.exp(),
+        arch.eval.1.unwrap_or(f64::NAN)
+    )
+}
+
+fn report(a: &Args, study: &Study, d: &ReportData) -> String {
     let mut s = String::new();
     let files: Vec<String> = a
         .data
@@ -499,9 +240,9 @@ fn report(a: &Args, d: &ReportData) -> String {
         d.corpus.heldout.len(),
         a.seq,
         100.0 * a.heldout,
-        d.steps,
-        d.per_step,
-        d.steps * d.per_step,
+        study.steps,
+        study.per_step,
+        study.steps * study.per_step,
         a.lr,
         if a.eval_windows == 0 {
             d.corpus.heldout.len()
@@ -509,7 +250,7 @@ fn report(a: &Args, d: &ReportData) -> String {
             a.eval_windows.min(d.corpus.heldout.len())
         }
     );
-    let imp: Vec<String> = d
+    let imp: Vec<String> = study
         .importance
         .iter()
         .enumerate()
@@ -519,9 +260,9 @@ fn report(a: &Args, d: &ReportData) -> String {
         s,
         "## The student\n\nThe teacher's layers ranked by the held-out loss increase when each one alone is skipped (nats; first and last always kept):\n\n`{}`\n\nKept: `{:?}` ({} of {} layers).\n",
         imp.join(", "),
-        d.keep,
-        d.keep.len(),
-        d.importance.len()
+        study.keep,
+        study.keep.len(),
+        study.importance.len()
     );
     let _ = writeln!(s, "## Quality\n");
     let _ = writeln!(
@@ -532,17 +273,17 @@ fn report(a: &Args, d: &ReportData) -> String {
     let _ = writeln!(
         s,
         "| teacher ({} layers) | — | {:.3} | 0 | — |",
-        d.importance.len(),
-        d.teacher_eval.0.exp()
+        study.importance.len(),
+        study.teacher_eval.0.exp()
     );
     let _ = writeln!(
         s,
         "| student, as cut | none | {:.3} | {:.4} | — |",
-        d.cut_eval.0.exp(),
-        d.cut_eval.1.unwrap_or(f64::NAN)
+        study.cut_eval.0.exp(),
+        study.cut_eval.1.unwrap_or(f64::NAN)
     );
-    for r in d.results {
-        let l = last(r);
+    for r in &study.results {
+        let l = r.last();
         let _ = writeln!(
             s,
             "| student | {} | {:.3} | {:.4} | {:.0} |",
@@ -553,18 +294,18 @@ fn report(a: &Args, d: &ReportData) -> String {
         );
     }
     // What the soft targets bought.
-    if let Some(hard) = d.results.first() {
-        let h = last(hard);
-        let soft: Vec<&RunResult> = d
+    if let Some(hard) = study.results.first() {
+        let h = hard.last();
+        let soft: Vec<&RunResult> = study
             .results
             .iter()
             .filter(|r| r.name.starts_with("distilled, τ"))
             .collect();
         if let Some(best) = soft
             .iter()
-            .min_by(|a, b| last(a).ppl.total_cmp(&last(b).ppl))
+            .min_by(|a, b| a.last().ppl.total_cmp(&b.last().ppl))
         {
-            let b = last(best);
+            let b = best.last();
             let dp = 100.0 * (h.ppl - b.ppl) / h.ppl;
             let dk = 100.0 * (h.kl.unwrap_or(0.0) - b.kl.unwrap_or(0.0))
                 / h.kl.unwrap_or(1.0).max(1e-12);
@@ -598,17 +339,17 @@ fn report(a: &Args, d: &ReportData) -> String {
             let _ = writeln!(s, "\n{verdict}\n");
         }
     }
-    if !d.topk_note.is_empty() {
-        let _ = writeln!(s, "{}\n", d.topk_note);
+    if let Some(t) = &study.topk {
+        let _ = writeln!(s, "{}\n", topk_note(t));
     }
-    if !d.ensemble_note.is_empty() {
-        let _ = writeln!(s, "{}\n", d.ensemble_note);
+    if let Some(e) = &study.ensemble {
+        let _ = writeln!(s, "{}\n", ensemble_note(e));
     }
-    if !d.arch_desc.is_empty() {
+    if let Some(arch) = &study.arch {
         let _ = writeln!(
             s,
             "The student of another architecture: {}. Its loss adds 0.5 × (1 − cos) between its last layer's output and the teacher's, through a learned student-to-teacher-width projection.\n",
-            d.arch_desc
+            arch_desc(arch)
         );
     }
     let _ = writeln!(
@@ -619,7 +360,8 @@ fn report(a: &Args, d: &ReportData) -> String {
     let _ = writeln!(
         s,
         "| run | {} |",
-        d.results
+        study
+            .results
             .first()
             .map(|r| r
                 .history
@@ -632,9 +374,9 @@ fn report(a: &Args, d: &ReportData) -> String {
     let _ = writeln!(
         s,
         "|---|{}",
-        "---|".repeat(d.results.first().map(|r| r.history.len()).unwrap_or(0))
+        "---|".repeat(study.results.first().map(|r| r.history.len()).unwrap_or(0))
     );
-    for r in d.results {
+    for r in &study.results {
         let _ = writeln!(
             s,
             "| {} | {} |",
@@ -646,26 +388,33 @@ fn report(a: &Args, d: &ReportData) -> String {
                 .join(" | ")
         );
     }
-    let (ty, t_pp, t_tg, t_n, t_l, rows) = &d.speed;
+    let t = &study.teacher;
+    let (t_pp, t_tg) = (t.speed.prefill, t.speed.decode);
     let _ = writeln!(
         s,
-        "\n## Speed, same run, all stored as {ty} (8-bit activations)\n"
+        "\n## Speed, same run, all stored as {} (8-bit activations)\n",
+        study.format
     );
     let _ = writeln!(
         s,
-        "| model | layers | parameters | prefill 256 tok/s | decode 64 tok/s | prefill speed-up | decode speed-up |"
+        "| model | layers | parameters | prefill {} tok/s | decode {} tok/s | prefill speed-up | decode speed-up |",
+        d.speed.prompt, d.speed.gen_tokens
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     let _ = writeln!(
         s,
-        "| teacher | {t_l} | {:.1}M | {t_pp:.0} | {t_tg:.0} | 1.00x | 1.00x |",
-        *t_n as f64 / 1e6
+        "| teacher | {} | {:.1}M | {t_pp:.0} | {t_tg:.0} | 1.00x | 1.00x |",
+        t.layers,
+        t.params as f64 / 1e6
     );
-    for (name, l, n, pp, tg) in rows.iter() {
+    for r in &study.students {
+        let (pp, tg) = (r.speed.prefill, r.speed.decode);
         let _ = writeln!(
             s,
-            "| student: {name} | {l} | {:.1}M | {pp:.0} | {tg:.0} | {:.2}x | {:.2}x |",
-            *n as f64 / 1e6,
+            "| student: {} | {} | {:.1}M | {pp:.0} | {tg:.0} | {:.2}x | {:.2}x |",
+            r.name,
+            r.layers,
+            r.params as f64 / 1e6,
             pp / t_pp,
             tg / t_tg
         );
@@ -673,8 +422,8 @@ fn report(a: &Args, d: &ReportData) -> String {
     let _ = writeln!(
         s,
         "\nThe layer-dropped students keep the teacher's embedding and output head ({:.1}M of its {:.1}M parameters), which every token still pays for, so a third of the layers costs more than a third of the time.",
-        d.head_params as f64 / 1e6,
-        *t_n as f64 / 1e6
+        study.head_params as f64 / 1e6,
+        t.params as f64 / 1e6
     );
     s
 }

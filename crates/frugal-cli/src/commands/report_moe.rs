@@ -7,25 +7,24 @@
 //! balancing mode: the busiest expert's load step by step (the collapse and its cure) and the
 //! quality after. (3) Distillation of whole MoE models from the dense one (experts, routers
 //! and the rest trained together), at a stated token budget.
+//!
+//! The study itself is [`frugal_lab::moe_study`]: here the flags become its plan, and
+//! its rows a table and charts.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
-use frugal::convert::Target;
 use frugal::gguf::GgufFile;
 use frugal::model::Model;
 use frugal::quant::act::Activations;
 use frugal::tokenizer::Tokenizer;
-use frugal_lab::build;
 use frugal_lab::heal::{self, Recovery};
-use frugal_lab::moe::{MoeQuality, Variant, measure};
-use frugal_lab::router::{Phase, Plan, quarters, train_routers};
-use frugal_lab::timing::{self, SpeedTest};
+use frugal_lab::moe::Variant;
+use frugal_lab::moe_study::{self, Balancing, Distilling, Inputs, Plan, Study};
+use frugal_lab::timing::SpeedTest;
 use frugal_train::data::corpus_from_files;
-use frugal_train::model::RunOptions;
-use frugal_train::router::{Balance, StepReport, Teacher};
-use frugal_train::teacher::OnlineTeachers;
+use frugal_train::router::Balance;
 
 use super::bench::plot::{self, Chart, Series};
 use super::common::{self, ModelArgs};
@@ -115,53 +114,17 @@ pub struct Args {
     pub model: ModelArgs,
 }
 
-/// A variant as built, with its speed against the dense model.
-struct VariantRow {
-    variant: Variant,
-    total: u64,
-    active: u64,
-    active_ffn: f64,
-    q: MoeQuality,
-    pp: f64,
-    tg: f64,
-    vs_pp: f64,
-    vs_tg: f64,
-}
-
-/// A router-training run of one balancing mode.
-struct BalanceRow {
-    balance: Balance,
-    steps: Vec<StepReport>,
-    first: Phase,
-    last: Phase,
-    q: MoeQuality,
-    seconds: f64,
-}
-
-/// A whole-model distillation of one variant.
-struct DistillRow {
-    variant: Variant,
-    /// Weight of the Switch balancing loss during the run.
-    aux: f32,
-    before: MoeQuality,
-    after: MoeQuality,
-    tokens: usize,
-    seconds: f64,
-}
-
 pub fn run(a: Args) -> Result<()> {
     frugal_train::keep_freed_memory();
-    let variants: Vec<Variant> = a
-        .variants
-        .iter()
-        .map(|s| s.parse().map_err(anyhow::Error::msg))
-        .collect::<Result<_>>()?;
+    let parse = |specs: &[String]| -> Result<Vec<Variant>> {
+        specs
+            .iter()
+            .map(|s| s.parse().map_err(anyhow::Error::msg))
+            .collect()
+    };
+    let variants = parse(&a.variants)?;
     let balance_on: Variant = a.balance_on.parse().map_err(anyhow::Error::msg)?;
-    let distill: Vec<Variant> = a
-        .distill
-        .iter()
-        .map(|s| s.parse().map_err(anyhow::Error::msg))
-        .collect::<Result<_>>()?;
+    let distill = parse(&a.distill)?;
     let path = common::model_path(&a.model)?;
     let mut dense = Model::from_file(GgufFile::from_bytes(std::fs::read(&path)?)?)?;
     ensure!(
@@ -175,7 +138,6 @@ pub fn run(a: Args) -> Result<()> {
         |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
     let mut calib = tok.encode(&read(&a.calibration)?, false)?;
     calib.truncate(a.calibration_tokens);
-    let calib_ctx = 512.min(calib.len());
     let mut eval_ids = tok.encode(&read(&a.text)?, false)?;
     eval_ids.truncate(a.eval_tokens);
     ensure!(
@@ -184,49 +146,6 @@ pub fn run(a: Args) -> Result<()> {
         eval_ids.len(),
         a.ctx
     );
-    let dense_q = measure(&dense, &dense, &eval_ids, a.ctx)?;
-
-    // 1. The variants as built.
-    let mut rows = Vec::new();
-    let mut models = Vec::new();
-    for v in &variants {
-        eprintln!("building {} ({})", v.spec, v.describe());
-        let b = v.build(&dense, &calib, calib_ctx, a.seed)?;
-        let m = build::load(b.bytes, false)?;
-        let q = measure(&m, &dense, &eval_ids, a.ctx)?;
-        eprintln!(
-            "  {:.1}M of {:.1}M parameters active, PPL {:.2}, KL {:.3}, busiest {:.2}x",
-            b.report.active_params as f64 / 1e6,
-            b.report.total_params as f64 / 1e6,
-            q.ppl,
-            q.kl,
-            q.busiest
-        );
-        rows.push(VariantRow {
-            variant: v.clone(),
-            total: b.report.total_params,
-            active: b.report.active_params,
-            active_ffn: b.active_ffn,
-            q,
-            pp: 0.0,
-            tg: 0.0,
-            vs_pp: 1.0,
-            vs_tg: 1.0,
-        });
-        models.push(m);
-    }
-    let dense_speed = time_variants(&a, &dense, &models, &mut rows)?;
-
-    // A variant measured above is reloaded from its bytes, not rebuilt (a co-activation split
-    // takes a minute).
-    let rebuild = |v: &Variant| -> Result<Model> {
-        match variants.iter().position(|x| x == v) {
-            Some(i) => build::load(models[i].file.raw_bytes().to_vec(), false),
-            None => build::load(v.build(&dense, &calib, calib_ctx, a.seed)?.bytes, false),
-        }
-    };
-
-    // 2. Router training under each balancing mode.
     let train_text: String = a
         .data
         .iter()
@@ -234,123 +153,62 @@ pub fn run(a: Args) -> Result<()> {
         .collect::<Result<Vec<_>>>()?
         .join("\n");
     let train_ids = tok.encode(&train_text, false)?;
-    let router_tokens = parse_count(&a.router_tokens)?;
     ensure!(
         a.router_batch >= a.ctx && a.router_batch.is_multiple_of(a.ctx),
         "--router-batch {} must be a whole number of --ctx {} windows",
         a.router_batch,
         a.ctx
     );
-    let mut balance_rows = Vec::new();
-    let balance_model = if a.balance.is_empty() || router_tokens == 0 {
-        None
-    } else {
-        eprintln!("router training on {}", balance_on.spec);
-        Some(rebuild(&balance_on)?)
-    };
-    if let Some(student) = &balance_model {
-        let teacher = Teacher::new(&dense, student)?;
-        for &balance in &a.balance {
-            let plan = Plan {
-                ctx: a.ctx,
-                batch: a.router_batch,
-                tokens: router_tokens,
-                balance,
-                lr: a.router_lr,
-                recon: 1.0,
-            };
-            let t0 = std::time::Instant::now();
-            let steps = plan.steps();
-            let (tr, reports) = train_routers(student, &teacher, &train_ids, &plan, |i, r| {
-                eprint!(
-                    "\r  {balance}: step {}/{steps}, busiest {:.2}x   ",
-                    i + 1,
-                    r.max_over_mean
-                );
-                Ok(())
-            })?;
-            let seconds = t0.elapsed().as_secs_f64();
-            let used = (steps * a.router_batch) as u64;
-            let m = build::load(tr.to_gguf(&student.file, used).to_bytes()?, false)?;
-            let q = measure(&m, &dense, &eval_ids, a.ctx)?;
-            eprintln!(
-                "\r  {balance}: PPL {:.2}, busiest {:.2}x on the text",
-                q.ppl, q.busiest
-            );
-            let (first, last) = quarters(&reports);
-            balance_rows.push(BalanceRow {
-                balance,
-                first,
-                last,
-                steps: reports,
-                q,
-                seconds,
-            });
-        }
-    }
-
-    // 3. Distillation of whole MoE models.
     let distill_tokens = parse_count(&a.distill_tokens)?;
-    let mut distill_rows = Vec::new();
-    if distill_tokens > 0 && !distill.is_empty() {
-        let data = corpus_from_files(&tok, &a.data, a.seq, a.heldout)?;
-        let teachers = OnlineTeachers {
-            models: vec![(build::load(dense.file.raw_bytes().to_vec(), false)?, 1.0)],
-        };
-        let recovery = Recovery {
-            seq: a.seq,
-            batch: a.batch,
-            lr: a.lr,
-            points: 4,
-            eval_windows: 16,
-            seed: a.seed,
-            run: heal::run_options(),
-        };
-        let steps = recovery.steps(distill_tokens);
-        let q8: Target = "q8_0".parse().map_err(anyhow::Error::msg)?;
-        for (v, &aux) in distill
-            .iter()
-            .flat_map(|v| a.distill_aux.iter().map(move |x| (v, x)))
-        {
-            eprintln!("distilling {} ({steps} steps, aux {aux})", v.spec);
-            let recovery = Recovery {
-                run: RunOptions {
-                    moe_aux: aux,
-                    ..recovery.run
-                },
-                ..recovery
-            };
-            let m = rebuild(v)?;
-            let before = match rows.iter().find(|r| &r.variant == v) {
-                Some(r) => r.q,
-                None => measure(&m, &dense, &eval_ids, a.ctx)?,
-            };
-            let t0 = std::time::Instant::now();
-            let progress = common::training_progress(steps);
-            let (_, h) = recovery.heal(&m, steps, &data, &teachers, (false, q8), progress)?;
-            let seconds = t0.elapsed().as_secs_f64();
-            let after = measure(&h, &dense, &eval_ids, a.ctx)?;
-            eprintln!("  PPL {:.2} -> {:.2}", before.ppl, after.ppl);
-            distill_rows.push(DistillRow {
-                variant: v.clone(),
-                aux,
-                before,
-                after,
-                tokens: steps * a.seq * a.batch,
-                seconds,
-            });
-        }
-    }
+    let data = match distill_tokens > 0 && !distill.is_empty() {
+        true => Some(corpus_from_files(&tok, &a.data, a.seq, a.heldout)?),
+        false => None,
+    };
+    let recovery = Recovery {
+        seq: a.seq,
+        batch: a.batch,
+        lr: a.lr,
+        points: 4,
+        eval_windows: 16,
+        seed: a.seed,
+        run: heal::run_options(),
+    };
+    let plan = Plan {
+        variants,
+        speed: SpeedTest::once(a.prompt, a.gen_tokens),
+        reps: a.reps,
+        balancing: Some(Balancing {
+            on: balance_on.clone(),
+            modes: a.balance.clone(),
+            text: &train_ids,
+            tokens: parse_count(&a.router_tokens)?,
+            batch: a.router_batch,
+            lr: a.router_lr,
+        }),
+        distilling: data.as_ref().map(|data| Distilling {
+            variants: distill,
+            aux: a.distill_aux.clone(),
+            tokens: distill_tokens,
+            data,
+            recovery,
+        }),
+    };
+    let inputs = Inputs {
+        dense: &dense,
+        calib: &calib,
+        eval: &eval_ids,
+        ctx: a.ctx,
+        seed: a.seed,
+    };
+    let study = moe_study::run(&plan, &inputs, &mut common::lab_progress())?;
 
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let charts = write_charts(&rows, &balance_rows, &distill_rows, &a.out.join("moe"));
+    let charts = write_charts(&study, &a.out.join("moe"));
     let md = report(
         &a,
         &path.display().to_string(),
-        (&dense_q, dense_speed),
-        &rows,
-        (&balance_on, &balance_rows),
-        &distill_rows,
+        &study,
+        &balance_on,
         &charts,
     );
     let out = a.out.join("moe.md");
@@ -359,51 +217,8 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Prefill and decode of every variant against the dense model, timed back to back (the dense
-/// model right before each variant) and repeated; each ratio is the median of those pairs.
-/// Returns the dense model's median speeds.
-fn time_variants(
-    a: &Args,
-    dense: &Model,
-    models: &[Model],
-    rows: &mut [VariantRow],
-) -> Result<(f64, f64)> {
-    let test = SpeedTest::once(a.prompt, a.gen_tokens);
-    let n = models.len();
-    let timed = timing::back_to_back(
-        n,
-        a.reps,
-        |_| Some(n),
-        |i| test.measure(models.get(i).unwrap_or(dense)),
-        |t| {
-            let (p, tg, v) = (
-                t.speed.prefill,
-                t.speed.decode,
-                t.vs_base.unwrap_or_default(),
-            );
-            eprintln!(
-                "speed, run {}: {}: pp {p:.1} tg {tg:.1} ({:.2}x, {:.2}x the dense model)",
-                t.round + 1,
-                rows[t.candidate].variant.spec,
-                v.prefill,
-                v.decode
-            );
-        },
-    )?;
-    for (r, t) in rows.iter_mut().zip(&timed.candidates) {
-        (r.pp, r.tg) = (t.speed.prefill, t.speed.decode);
-        (r.vs_pp, r.vs_tg) = (t.vs_base.prefill, t.vs_base.decode);
-    }
-    let d = timed.baseline(n);
-    Ok((d.prefill, d.decode))
-}
-
-fn write_charts(
-    rows: &[VariantRow],
-    balance: &[BalanceRow],
-    distill: &[DistillRow],
-    dir: &Path,
-) -> String {
+fn write_charts(study: &Study, dir: &Path) -> String {
+    let (rows, balance, distill) = (&study.variants, &study.balance, &study.distill);
     let collapse = Chart {
         title: "Busiest expert over the mean load while the routers train".into(),
         x_desc: "step",
@@ -466,7 +281,7 @@ fn write_charts(
             name: "MoE variants".into(),
             points: rows
                 .iter()
-                .map(|r| (r.active as f64 / 1e6, r.vs_tg))
+                .map(|r| (r.active as f64 / 1e6, r.speed.vs_base.decode))
                 .collect(),
         }],
         y_fmt: |v| format!("{v:.2}"),
@@ -497,15 +312,9 @@ fn write_charts(
     )
 }
 
-fn report(
-    a: &Args,
-    model: &str,
-    (dense_q, (dense_pp, dense_tg)): (&MoeQuality, (f64, f64)),
-    rows: &[VariantRow],
-    (balance_on, balance): (&Variant, &[BalanceRow]),
-    distill: &[DistillRow],
-    charts: &str,
-) -> String {
+fn report(a: &Args, model: &str, study: &Study, balance_on: &Variant, charts: &str) -> String {
+    let (rows, balance, distill) = (&study.variants, &study.balance, &study.distill);
+    let (dense_pp, dense_tg) = (study.dense_speed.prefill, study.dense_speed.decode);
     let mut s = String::new();
     let files = |v: &[PathBuf]| {
         v.iter()
@@ -560,7 +369,7 @@ fn report(
     let _ = writeln!(
         s,
         "| dense | 100% | - | - | {:.2} | 0 | - | - | {dense_pp:.1} | 1.00x | {dense_tg:.1} | 1.00x |",
-        dense_q.ppl
+        study.dense.ppl
     );
     for r in rows {
         let _ = writeln!(
@@ -575,10 +384,10 @@ fn report(
             r.q.busiest,
             r.q.worst,
             r.q.cv,
-            r.pp,
-            r.vs_pp,
-            r.tg,
-            r.vs_tg,
+            r.speed.speed.prefill,
+            r.speed.vs_base.prefill,
+            r.speed.speed.decode,
+            r.speed.vs_base.decode,
         );
     }
     let _ = writeln!(s);
@@ -657,12 +466,13 @@ fn report(
         .iter()
         .filter(|r| !r.variant.upcycle && (r.active_ffn - 0.25).abs() < 1e-9)
     {
+        let vs_dense = r.speed.vs_base.decode;
         let _ = writeln!(
             s,
             "- {} (25% of the FFN active) decodes at {:.2}x the dense model (target ≥ 1.4x) — {}.",
             r.variant.describe(),
-            r.vs_tg,
-            if r.vs_tg >= 1.4 { "met" } else { "not met" }
+            vs_dense,
+            if vs_dense >= 1.4 { "met" } else { "not met" }
         );
     }
     let none = balance.iter().find(|b| b.balance == Balance::None);

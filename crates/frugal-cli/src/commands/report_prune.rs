@@ -7,6 +7,9 @@
 //! dense model on a held-out text, prefill and decode speed against the dense baseline in the
 //! same run; for the rows asked, the same after distillation from the dense model (the sparsity
 //! pattern kept by masked updates).
+//!
+//! The study itself is [`frugal_lab::prune_study`]: here the flags become its plan, and
+//! its rows a table and charts.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -14,15 +17,15 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 use frugal::convert::Target;
 use frugal::model::Model;
+use frugal::quant::GgmlType;
 use frugal::quant::act::Activations;
-use frugal::quant::{GgmlType, kernels, sparse};
 use frugal::surgery::prune::structured::StructuredTarget;
-use frugal::surgery::prune::{self, Method, Pattern};
+use frugal::surgery::prune::{Method, Pattern};
 use frugal::tokenizer::Tokenizer;
+use frugal_lab::candidate::Candidate;
 use frugal_lab::heal::{self, Recovery};
-use frugal_lab::size::{self, Footprint};
-use frugal_lab::timing::{self, SpeedTest};
-use frugal_lab::{build, quality};
+use frugal_lab::prune_study::{self, Inputs, Kind, Plan, Row, Study, base_of};
+use frugal_lab::timing::SpeedTest;
 use frugal_train::data::corpus_from_files;
 use frugal_train::teacher::OnlineTeachers;
 
@@ -116,48 +119,6 @@ pub struct Args {
     pub model: ModelArgs,
 }
 
-/// One row's measurements.
-struct Row {
-    name: String,
-    /// `method@pattern`, `structured`, or `dense`.
-    key: String,
-    kind: Kind,
-    /// Fraction of the block matrices' weights that are zero.
-    zeros: f64,
-    params: u64,
-    bytes: u64,
-    ppl: f64,
-    kl: f64,
-    after: Option<(f64, f64)>,
-    /// The key of the row its speed is compared with (same value format, nothing pruned).
-    base: String,
-    /// Held as an unstructured bitmap at run time (`Model::use_bitmap_storage`).
-    bitmap: bool,
-    pp: f64,
-    tg: f64,
-    /// Prefill and decode over the baseline, the median of ratios measured back to back.
-    vs_pp: f64,
-    vs_tg: f64,
-}
-
-/// A model the report measures: its name, key, kind, baseline key, bitmap storage, file bytes.
-struct Made {
-    name: String,
-    key: String,
-    kind: Kind,
-    base: String,
-    bitmap: bool,
-    bytes: Vec<u8>,
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    Dense,
-    Unstructured,
-    NofM,
-    Structured,
-}
-
 pub fn run(a: Args) -> Result<()> {
     frugal_train::keep_freed_memory();
     let path = common::model_path(&a.model)?;
@@ -178,18 +139,21 @@ pub fn run(a: Args) -> Result<()> {
     );
     let format = GgmlType::from_name(&a.format)
         .with_context(|| format!("--format {}: not a GGUF type", a.format))?;
-    let target_fmt: Target = a
+    // The structured and healed rows are re-encoded in it: it must be a type `quantize` writes.
+    let _: Target = a
         .format
         .parse()
         .map_err(|e| anyhow::anyhow!("--format {}: {e}", a.format))?;
-    eprintln!("calibrating on {} tokens...", calib.len());
-    let ctx = 512.min(calib.len());
-    let stats = prune::collect(
-        &original,
-        &calib,
-        ctx,
-        a.methods.contains(&Method::SparseGpt),
-    )?;
+    let patterns = a
+        .patterns
+        .iter()
+        .map(|p| p.parse().map_err(anyhow::Error::msg))
+        .collect::<Result<Vec<Pattern>>>()?;
+    let structured = a
+        .structured
+        .iter()
+        .map(|spec| Ok((spec.clone(), spec.parse().map_err(anyhow::Error::msg)?)))
+        .collect::<Result<Vec<(String, StructuredTarget)>>>()?;
     let data = corpus_from_files(&tok, &a.data, a.seq, a.heldout)?;
     let teacher = {
         let mut t = Model::load(&path)?;
@@ -209,254 +173,55 @@ pub fn run(a: Args) -> Result<()> {
         run: heal::run_options(),
     };
     let steps = recovery.steps(parse_count(&a.tokens)?);
+    let plan = Plan {
+        methods: a.methods.clone(),
+        sparsities: a.sparsities.clone(),
+        patterns,
+        structured,
+        format,
+        four_bit: a.four_bit,
+        recover: a.recover.clone(),
+        heal_steps: steps,
+        speed: SpeedTest::once(a.prompt, a.gen_tokens),
+        reps: a.reps,
+    };
     let work = std::env::temp_dir().join(format!("frugal-report-prune-{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
-
-    let made_of = |name: String, key: &str, kind: Kind, base: &str, bytes: Vec<u8>| Made {
-        name,
-        key: key.into(),
-        kind,
-        base: base.into(),
-        bitmap: false,
-        bytes,
+    let inputs = Inputs {
+        base: &original,
+        stored: std::fs::read(&path)?,
+        calib: &calib,
+        eval: &eval_ids,
+        ctx: a.ctx,
+        data: &data,
+        teachers: &teachers,
+        recovery,
+        work: &work,
     };
-    let dense_in = |format| {
-        build::pruned(
-            &original.file,
-            None,
-            Method::Magnitude,
-            Pattern::Unstructured(0.0),
-            format,
-        )
-    };
-    let mut made: Vec<Made> = vec![
-        made_of(
-            "dense (as stored)".into(),
-            "dense",
-            Kind::Dense,
-            "dense",
-            std::fs::read(&path)?,
-        ),
-        made_of(
-            format!("dense, {}", format.name()),
-            "dense-format",
-            Kind::Dense,
-            "dense-format",
-            dense_in(format)?,
-        ),
-    ];
-    let compressed = sparse::sparse_type(format);
-    let bitmaps = format == GgmlType::Q8_0 && kernels::sparse_available(kernels::detect());
-    let mut patterns: Vec<(Pattern, Kind)> = a
-        .sparsities
-        .iter()
-        .map(|&s| (Pattern::Unstructured(s), Kind::Unstructured))
-        .collect();
-    for p in &a.patterns {
-        patterns.push((p.parse().map_err(anyhow::Error::msg)?, Kind::NofM));
-    }
-    let two_four = Pattern::NofM { n: 2, m: 4 };
-    let prune_to = |method, pattern, format| {
-        build::pruned(&original.file, Some(&stats), method, pattern, format)
-    };
-    for &method in &a.methods {
-        for &(pattern, kind) in &patterns {
-            eprintln!("pruning: {method} {pattern}");
-            let key = match pattern {
-                Pattern::Unstructured(s) => format!("{method}@{s}"),
-                Pattern::NofM { n, m } => format!("{method}@{n}:{m}"),
-            };
-            let bytes = prune_to(method, pattern, format)?;
-            if kind == Kind::Unstructured && bitmaps {
-                made.push(Made {
-                    bitmap: true,
-                    ..made_of(
-                        format!("{method}, {pattern}, bitmap"),
-                        &format!("{key}+bitmap"),
-                        kind,
-                        "dense-format",
-                        bytes.clone(),
-                    )
-                });
-            }
-            made.push(made_of(
-                format!("{method}, {pattern}"),
-                &key,
-                kind,
-                "dense-format",
-                bytes,
-            ));
-            if let Some(c) = compressed.filter(|_| pattern == two_four) {
-                made.push(made_of(
-                    format!("{method}, {pattern}, compressed {}", c.name()),
-                    &format!("{key}+compressed"),
-                    kind,
-                    "dense-format",
-                    prune_to(method, pattern, c)?,
-                ));
-            }
-        }
-    }
-    if let Some(&method) = a.methods.first().filter(|_| a.four_bit) {
-        eprintln!("pruning: {method} 2:4, 4-bit values");
-        made.push(made_of(
-            "dense, Q4_0".into(),
-            "dense-q4",
-            Kind::Dense,
-            "dense-q4",
-            dense_in(GgmlType::Q4_0)?,
-        ));
-        made.push(made_of(
-            format!("{method}, 2:4, Q4_0"),
-            &format!("{method}@2:4/q4"),
-            Kind::NofM,
-            "dense-q4",
-            prune_to(method, two_four, GgmlType::Q4_0)?,
-        ));
-        made.push(made_of(
-            format!("{method}, 2:4, compressed Q4_0_24"),
-            &format!("{method}@2:4/q4+compressed"),
-            Kind::NofM,
-            "dense-q4",
-            prune_to(method, two_four, GgmlType::Q4_0_24)?,
-        ));
-    }
-    for spec in &a.structured {
-        let t: StructuredTarget = spec.parse().map_err(anyhow::Error::msg)?;
-        eprintln!("pruning: structured {spec}");
-        // Re-encoded in the rows' value format, so that its baseline is the dense model in the
-        // same format: in the file as stored the head is Q8_0 beside 4-bit layers, a heavier
-        // share of every step that no layer surgery touches.
-        let (q, r) = build::structured(&original.file, &stats, &t, target_fmt)?;
-        let what = format!(
-            "structured {spec} (FFN {}, heads {}/{}, {} layers)",
-            r.n_ff.1,
-            r.n_head.1,
-            r.n_head_kv.1,
-            r.kept_layers.len()
-        );
-        made.push(made_of(
-            what,
-            "structured",
-            Kind::Structured,
-            "dense-format",
-            q.raw_bytes().to_vec(),
-        ));
-    }
+    let study = prune_study::run(&plan, inputs, &mut common::lab_progress())?;
 
-    let mut rows = Vec::new();
-    // Each row's bytes wait on disk for the speed runs: holding 30-odd models in memory at once
-    // made some of them decode measurably slower than the same file alone in a process
-    // (structured ffn:0.25 0.99x in-process against 1.18x as separate `frugal bench` runs, same
-    // minutes), so each is loaded only while it is timed.
-    let mut files = Vec::new();
-    for Made {
-        name,
-        key,
-        kind,
-        base,
-        bitmap,
-        bytes,
-    } in made
-    {
-        eprintln!("measuring: {name}");
-        let file = work.join(format!("row{}.gguf", files.len()));
-        std::fs::write(&file, &bytes).with_context(|| format!("writing {}", file.display()))?;
-        files.push(file);
-        let m = build::load(bytes, bitmap)?;
-        let size = Footprint::of(&m.file);
-        let zeros = size::zero_fraction(&m.file)?;
-        let q = quality::against(&m, &original, &eval_ids, a.ctx)?;
-        let recover = steps > 0
-            && !bitmap
-            && (a.recover.iter().any(|r| r == &key)
-                || (kind == Kind::Structured && a.recover.iter().any(|r| r == "structured")));
-        let after = if recover {
-            eprintln!("recovering: {name}");
-            let keep = kind != Kind::Structured;
-            let progress = common::training_progress(steps);
-            let how = (keep, target_fmt);
-            let (_, h) = recovery.heal(&m, steps, &data, &teachers, how, progress)?;
-            let c = quality::against(&h, &original, &eval_ids, a.ctx)?;
-            Some((c.ppl, c.kl_mean))
-        } else {
-            None
-        };
-        rows.push(Row {
-            name,
-            key,
-            kind,
-            zeros,
-            params: size.params,
-            bytes: size.bytes,
-            ppl: q.ppl,
-            kl: q.kl_mean,
-            after,
-            base,
-            bitmap,
-            pp: 0.0,
-            tg: 0.0,
-            vs_pp: 1.0,
-            vs_tg: 1.0,
-        });
-    }
-
-    // Speed last, rows taking turns within each repetition.
-    // Each row is timed right after its baseline, and its speed-up is the median of those
-    // back-to-back ratios: on a shared machine the load drifts within a run, and a ratio of two
-    // neighbouring measurements cancels most of it.
-    let base_index: Vec<usize> = rows
-        .iter()
-        .map(|r| rows.iter().position(|b| b.key == r.base).unwrap_or(0))
-        .collect();
-    let test = SpeedTest::once(a.prompt, a.gen_tokens);
-    let timed = timing::back_to_back(
-        rows.len(),
-        a.reps,
-        |i| Some(base_index[i]),
-        |i| {
-            let bytes = std::fs::read(&files[i])
-                .with_context(|| format!("reading {}", files[i].display()))?;
-            test.measure(&build::load(bytes, rows[i].bitmap)?)
-        },
-        |t| {
-            let (p, tg) = (t.speed.prefill, t.speed.decode);
-            eprintln!(
-                "speed, run {}: {}: pp {p:.1} tg {tg:.1}{}",
-                t.round + 1,
-                rows[t.candidate].name,
-                t.vs_base.map_or(String::new(), |v| format!(
-                    " ({:.2}x, {:.2}x its baseline)",
-                    v.prefill, v.decode
-                ))
-            );
-        },
-    )?;
-    for (r, t) in rows.iter_mut().zip(timed.candidates) {
-        (r.pp, r.tg) = (t.speed.prefill, t.speed.decode);
-        (r.vs_pp, r.vs_tg) = (t.vs_base.prefill, t.vs_base.decode);
-    }
-
-    let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let charts = write_charts(&rows, &a.methods, &a.out.join("pruning"));
-    let md = report(
-        &a,
-        &rows,
-        &path.display().to_string(),
-        steps,
-        &charts,
-        &stats,
-    );
+    let rows = &study.rows;
+    let charts = write_charts(rows, &a.methods, &a.out.join("pruning"));
+    let model = path.display().to_string();
+    let md = report(&a, &study, &model, steps, &charts);
     let out = a.out.join("pruning.md");
     std::fs::write(&out, md).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("wrote {}", out.display());
     Ok(())
 }
 
-/// The row `r`'s speed is compared with.
-fn base_of<'a>(rows: &'a [Row], r: &Row) -> Option<&'a Row> {
-    rows.iter().find(|b| b.key == r.base)
+/// The figures the report reads of a row.
+fn ppl(r: &Row) -> f64 {
+    r.candidate.quality.ppl
+}
+
+fn bytes(r: &Row) -> u64 {
+    r.candidate.size.bytes
+}
+
+/// Decode over the row's baseline (the median of back-to-back ratios).
+fn speedup(r: &Row) -> f64 {
+    r.candidate.speed.vs_base.decode
 }
 
 fn write_charts(rows: &[Row], methods: &[Method], dir: &Path) -> String {
@@ -471,13 +236,12 @@ fn write_charts(rows: &[Row], methods: &[Method], dir: &Path) -> String {
                 points: rows
                     .iter()
                     .filter(|r| r.kind == Kind::Unstructured && r.key.starts_with(&format!("{m}@")))
-                    .map(|r| (r.zeros, r.ppl))
+                    .map(|r| (r.zeros, ppl(r)))
                     .collect(),
             })
             .collect(),
         y_fmt: |v| format!("{v:.0}"),
     };
-    let vs_base = |r: &Row| r.vs_tg;
     type Pick = fn(&Row) -> bool;
     let kinds: [(&str, Pick); 5] = [
         ("unstructured, stored densely", |r| {
@@ -501,7 +265,7 @@ fn write_charts(rows: &[Row], methods: &[Method], dir: &Path) -> String {
                 points: rows
                     .iter()
                     .filter(|r| pick(r))
-                    .map(|r| (r.bytes as f64 / (1u64 << 20) as f64, vs_base(r)))
+                    .map(|r| (bytes(r) as f64 / (1u64 << 20) as f64, speedup(r)))
                     .collect(),
             })
             .collect(),
@@ -519,7 +283,7 @@ fn write_charts(rows: &[Row], methods: &[Method], dir: &Path) -> String {
                 points: rows
                     .iter()
                     .filter(|r| r.kind == Kind::Unstructured && r.bitmap == bm)
-                    .map(|r| (r.zeros, vs_base(r)))
+                    .map(|r| (r.zeros, speedup(r)))
                     .collect(),
             })
             .collect(),
@@ -544,14 +308,8 @@ fn write_charts(rows: &[Row], methods: &[Method], dir: &Path) -> String {
     )
 }
 
-fn report(
-    a: &Args,
-    rows: &[Row],
-    model: &str,
-    steps: usize,
-    charts: &str,
-    stats: &prune::PruneStats,
-) -> String {
+fn report(a: &Args, study: &Study, model: &str, steps: usize, charts: &str) -> String {
+    let rows = &study.rows;
     let mut s = String::new();
     let list = |v: &[String]| v.join(",");
     let _ = writeln!(s, "# Pruning, measured\n");
@@ -588,7 +346,7 @@ fn report(
     let _ = writeln!(
         s,
         "Scores come from {} calibration tokens of `{}`. Perplexity and KL(dense ‖ pruned) are measured on {} tokens of `{}` in windows of {} (8-bit activations, against the dense model as stored). The unstructured and N:M rows keep every matrix's shape and store the zeros densely in {}; \"dense, {}\" is the same model without zeros in that format, the fair baseline for their speed (the `base` column names each row's baseline: same value format, nothing pruned; structured rows are re-encoded in {} too). \"Bitmap\" rows are the same files held at run time as bitmaps of their nonzero bytes, \"compressed\" rows the same 2:4 weights in the compressed 2:4 storage (kept values plus 2-bit positions; a frugal-only GGUF type); both compute exactly the logits of their densely stored twin (a test checks it bit for bit; 4-bit compressed rows agree with Q4_0 to a few ulps), so their quality columns repeat and only bytes and speed differ. \"After\" is after {} steps × {} tokens of distillation from the dense model on the --data text (KL at τ = 2, AdamW lr {}, zeros held by masked updates), re-encoded in {}. Speed: prefill of {} tokens and decode of {} tokens, the median of {} runs, all rows taking turns within each run, each run starting at another row; each model is loaded alone for its timing, right after its baseline, and the speed-up is the median of those back-to-back ratios.\n\nBytes per 32 weights: Q8_0 34, its 2:4 compression Q8_0_24 22 (0.65x); Q4_0 18, Q4_0_24 14 (0.78x); a Q8_0 bitmap 2 (scale) + 4 (mask) + one byte per nonzero, so 6 + 32(1 - s) at sparsity s, below Q8_0 from s = 12.5% on. The output head (tied embedding, about a fifth of the bytes a decode step reads) is never pruned.\n",
-        stats.tokens,
+        study.calibration_tokens,
         a.calibration.display(),
         a.eval_tokens,
         a.text.display(),
@@ -613,25 +371,31 @@ fn report(
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for r in rows {
-        let (pa, ka) = r.after.map_or(("-".into(), "-".into()), |(p, k)| {
-            (format!("{p:.2}"), format!("{k:.4}"))
+        let (pa, ka) = r.after.map_or(("-".into(), "-".into()), |q| {
+            (format!("{:.2}", q.ppl), format!("{:.4}", q.kl_mean))
         });
         let b = base_of(rows, r);
+        let Candidate {
+            name,
+            size,
+            quality,
+            speed,
+        } = &r.candidate;
         let _ = writeln!(
             s,
             "| {} | {:.1}% | {:.1}M | {} | {:.2} | {:.2} | {:.4} | {pa} | {ka} | {:.1} | {:.2}x | {:.1} | {:.2}x | {} |",
-            r.name,
+            name,
             100.0 * r.zeros,
-            r.params as f64 / 1e6,
-            human_bytes(r.bytes),
-            r.bytes as f64 * 8.0 / r.params as f64,
-            r.ppl,
-            r.kl,
-            r.pp,
-            r.vs_pp,
-            r.tg,
-            r.vs_tg,
-            b.map_or("-", |b| b.name.as_str()),
+            size.params as f64 / 1e6,
+            human_bytes(size.bytes),
+            size.bits_per_weight(),
+            quality.ppl,
+            quality.kl_mean,
+            speed.speed.prefill,
+            speed.vs_base.prefill,
+            speed.speed.decode,
+            speed.vs_base.decode,
+            b.map_or("-", |b| b.candidate.name.as_str()),
         );
     }
     let _ = writeln!(s);
@@ -642,32 +406,31 @@ fn report(
         let _ = writeln!(
             s,
             "- Wanda's PPL below magnitude's at 50% unstructured: {:.2} against {:.2} — {}.",
-            w.ppl,
-            m.ppl,
-            if w.ppl < m.ppl { "met" } else { "not met" }
+            ppl(w),
+            ppl(m),
+            if ppl(w) < ppl(m) { "met" } else { "not met" }
         );
     }
-    let speedup = |r: &Row| r.vs_tg;
     // A decode step reads every weight once (the head is the tied embedding), so where decode
     // is bound by memory bandwidth its speed-up cannot pass the ratio of the files' bytes.
     let ceiling = |r: &Row| {
         base_of(rows, r).map_or(String::new(), |b| {
             format!(
                 " The file is {:.1}% smaller than {}: {:.2}x fewer bytes read per step, the speed-up if decode were bound by memory bandwidth alone (past it, what is saved is compute).",
-                100.0 * (1.0 - r.bytes as f64 / b.bytes as f64),
-                b.name,
-                b.bytes as f64 / r.bytes as f64
+                100.0 * (1.0 - bytes(r) as f64 / bytes(b) as f64),
+                b.candidate.name,
+                bytes(b) as f64 / bytes(r) as f64
             )
         })
     };
     if let Some(f) = rows
         .iter()
-        .find(|r| r.key == "structured" && r.name.contains("ffn:"))
+        .find(|r| r.key == "structured" && r.candidate.name.contains("ffn:"))
     {
         let _ = writeln!(
             s,
             "- {} decodes at {:.2}x the dense model in {} (target ≥ 1.15x) — {}.{}",
-            f.name,
+            f.candidate.name,
             speedup(f),
             a.format,
             if speedup(f) >= 1.15 { "met" } else { "not met" },
@@ -685,11 +448,11 @@ fn report(
         );
     }
     for r in compressed {
-        let b = base_of(rows, r).map_or("-", |b| b.name.as_str());
+        let b = base_of(rows, r).map_or("-", |b| b.candidate.name.as_str());
         let _ = writeln!(
             s,
             "- {} decodes at {:.2}x {b} (target ≥ 1.3x) — {}.{}",
-            r.name,
+            r.candidate.name,
             speedup(r),
             if speedup(r) >= 1.3 { "met" } else { "not met" },
             ceiling(r)
@@ -722,7 +485,7 @@ fn report(
             .iter()
             .find(|r| r.bitmap)
             .and_then(|r| base_of(rows, r))
-            .map_or("-", |b| b.name.as_str());
+            .map_or("-", |b| b.candidate.name.as_str());
         let _ = writeln!(
             s,
             "- Bitmap storage against {base} (decode, median over the methods at each sparsity): {}. {}",
