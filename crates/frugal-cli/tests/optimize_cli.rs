@@ -219,6 +219,7 @@ fn synthetic_state(model: &Path) -> State {
         },
         base: BaseId::of(model).unwrap(),
         refused: Vec::new(),
+        gates: Vec::new(),
         sensitivity: Vec::new(),
         chosen: Some(chosen.key.clone()),
         points: vec![f16, q8, chosen, slow, q2, never],

@@ -190,6 +190,9 @@ fn print_outcome(s: &State, evaluations: usize, dir: &Path) {
     for r in &s.refused {
         println!("skipped {r}");
     }
+    for g in &s.gates {
+        println!("{} as {}: {}", g.cut, g.format, g.reason);
+    }
     println!("  bpw        KL    ± KL  decode     memory  recipe (frontier and timed points)");
     let mut shown: Vec<&Point> = s
         .points

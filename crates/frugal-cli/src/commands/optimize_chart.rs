@@ -690,6 +690,19 @@ pub fn page(s: &State, svg: std::result::Result<&str, &str>) -> String {
         }
         h += "</ul>\n";
     }
+    if !s.gates.is_empty() {
+        h += "<h2>Cuts timed against their dense twin</h2>\n<ul>\n";
+        for g in &s.gates {
+            let _ = writeln!(
+                h,
+                "<li>{} as {}: {}</li>",
+                esc(&g.cut.to_string()),
+                esc(&g.format),
+                esc(&g.reason)
+            );
+        }
+        h += "</ul>\n";
+    }
     table(&mut h, s);
     h += "</body>\n</html>\n";
     h
