@@ -339,7 +339,7 @@ fn prune_stage_builds_both_orders_and_rebuilds_byte_for_byte() {
     let dense = point("q8_0 | kv f32 | act q8");
     assert!(before.weight_bytes < dense.weight_bytes * 4 / 5);
     assert_eq!(before.weight_bytes, after.weight_bytes);
-    let sparse = point("prune wanda 2:4 as f32 | q8_0_24 | kv f32 | act q8");
+    let sparse = point("prune wanda 2:4 | q8_0_24 | kv f32 | act q8");
     let sparse_after = point("q8_0 | prune wanda 2:4 as q8_0_24 | kv f32 | act q8");
     assert!(sparse.weight_bytes < dense.weight_bytes);
     assert_eq!(sparse.weight_bytes, sparse_after.weight_bytes);

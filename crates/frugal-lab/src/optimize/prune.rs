@@ -71,6 +71,11 @@ impl fmt::Display for Prune {
                 method,
                 pattern,
                 store,
+            } if store == "f32" => write!(f, "prune {method} {pattern}"),
+            Prune::Sparse {
+                method,
+                pattern,
+                store,
             } => write!(f, "prune {method} {pattern} as {store}"),
         }
     }

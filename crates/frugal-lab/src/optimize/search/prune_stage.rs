@@ -5,6 +5,10 @@
 use super::*;
 use crate::optimize::prune::{self, Gate, Trial};
 
+/// Decode tokens and back-to-back rounds a gate times (at least).
+const GATE_TOKENS: usize = 128;
+const GATE_ROUNDS: usize = 5;
+
 impl Search<'_> {
     /// Runs the stage after rung 0 of the weight recipes `keys`; returns the keys of the
     /// candidates it added (measured at rung 0).
@@ -133,13 +137,17 @@ impl Search<'_> {
     fn time_cut(&mut self, t: &Trial) -> Result<f64> {
         let pruned = crate::build::load_file(self.build_stages(&t.pruned())?, false)?;
         let dense = crate::build::load_file(self.build_stages(&t.dense())?, false)?;
+        // Longer than a contender's timing: the gate decides from a few percent, and 32
+        // tokens at 200 tok/s timed three times spread by ±10% on this VM (a dense-stored
+        // unstructured cut, which cannot be faster, read 1.09x).
         let test = SpeedTest {
             prompt: 0,
+            gen_tokens: self.cfg.funnel.gen_tokens.max(GATE_TOKENS),
             ..self.speed_test()
         };
         let r = timing::back_to_back(
             1,
-            self.cfg.funnel.rounds,
+            self.cfg.funnel.rounds.max(GATE_ROUNDS),
             |_| Some(1),
             |s| {
                 if s == 0 {
