@@ -182,6 +182,32 @@ pub struct Point {
 }
 
 impl Point {
+    /// A point not measured yet: its recipe, its size (`bytes` of weights over `params`), what
+    /// building it costs, and why it cannot run (if it cannot be built).
+    pub fn unmeasured(
+        key: String,
+        recipe: Recipe,
+        (bytes, params): (u64, u64),
+        build_seconds: f64,
+        predicted_kl: Option<f64>,
+        dropped: Option<String>,
+    ) -> Point {
+        Point {
+            key,
+            recipe,
+            bpw: bytes as f64 * 8.0 / params.max(1) as f64,
+            weight_bytes: bytes,
+            memory: None,
+            predicted_kl,
+            quality: Vec::new(),
+            speed: None,
+            build_seconds,
+            dropped,
+            pareto: false,
+            feasible: None,
+        }
+    }
+
     /// Quality at its latest rung.
     pub fn latest(&self) -> Option<&Quality> {
         self.quality.last().map(|r| &r.quality)

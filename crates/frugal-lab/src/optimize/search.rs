@@ -533,20 +533,14 @@ impl Search<'_> {
         self.mixes.insert(key.clone(), mix);
         if !self.index.contains_key(&key) {
             self.index.insert(key.clone(), self.state.points.len());
-            self.state.points.push(Point {
-                key: key.clone(),
+            self.state.points.push(Point::unmeasured(
+                key.clone(),
                 recipe,
-                bpw: bytes as f64 * 8.0 / params.max(1) as f64,
-                weight_bytes: bytes,
-                memory: None,
+                (bytes, params),
+                secs,
                 predicted_kl,
-                quality: Vec::new(),
-                speed: None,
-                build_seconds: secs,
-                dropped: None,
-                pareto: false,
-                feasible: None,
-            });
+                None,
+            ));
         }
         key
     }

@@ -36,12 +36,7 @@ impl Search<'_> {
             refuse(self, "a point already meets the memory and quality targets");
             return Ok(Vec::new());
         }
-        let weights: Vec<Recipe> = self
-            .front(keys, self.cfg.funnel.structural_variants)
-            .iter()
-            .map(|k| self.state.points[self.index[k]].recipe.clone())
-            .filter(|r| r.stages.len() == 1)
-            .collect();
+        let weights = self.best_weights(keys);
         let rung = self.cfg.funnel.rungs[0];
         let mut out = Vec::new();
         for layout in layouts {

@@ -24,13 +24,7 @@ impl Search<'_> {
                     .to_string(),
             );
         }
-        // The best weight recipes, with the runtime settings they were measured with.
-        let weights: Vec<Recipe> = self
-            .front(keys, self.cfg.funnel.structural_variants)
-            .iter()
-            .map(|k| self.state.points[self.index[k]].recipe.clone())
-            .filter(|r| r.stages.len() == 1)
-            .collect();
+        let weights = self.best_weights(keys);
         let mut out: Vec<String> = Vec::new();
         let rung = self.cfg.funnel.rungs[0];
         for t in trials {
@@ -70,6 +64,17 @@ impl Search<'_> {
             }
         }
         Ok(out)
+    }
+
+    /// The best weight recipes of `keys` (the first Pareto layer, `structural_variants` of
+    /// them), with the runtime settings they were measured with: what structural stages are
+    /// combined with.
+    pub(super) fn best_weights(&self, keys: &[String]) -> Vec<Recipe> {
+        self.front(keys, self.cfg.funnel.structural_variants)
+            .iter()
+            .map(|k| self.state.points[self.index[k]].recipe.clone())
+            .filter(|r| r.stages.len() == 1)
+            .collect()
     }
 
     /// Whether the base's matrices are floats (every cut can be scored and stored).
@@ -181,20 +186,14 @@ impl Search<'_> {
             Err(e) => (0, 1, Some(format!("cannot run: {e:#}"))),
         };
         self.index.insert(key.clone(), self.state.points.len());
-        self.state.points.push(Point {
-            key: key.clone(),
+        self.state.points.push(Point::unmeasured(
+            key.clone(),
             recipe,
-            bpw: bytes as f64 * 8.0 / params.max(1) as f64,
-            weight_bytes: bytes,
-            memory: None,
-            predicted_kl: None,
-            quality: Vec::new(),
-            speed: None,
+            (bytes, params),
             build_seconds,
+            None,
             dropped,
-            pareto: false,
-            feasible: None,
-        });
+        ));
         Ok(Some(key))
     }
 
