@@ -4,12 +4,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use frugal_lab::optimize::recipe::Lever;
-use frugal_lab::optimize::search::{self, Progress, fmt_value};
+use frugal_lab::optimize::search::{self, Progress};
 use frugal_lab::optimize::target::{Objective, Target, parse_budget};
 use frugal_lab::optimize::{self, Config, Funnel, Point, State};
 
 use super::common::human_bytes;
 use super::optimize_chart;
+
+/// The search's time when `--budget` is not given (the default: at most 45 minutes).
+const DEFAULT_BUDGET: &str = "45m";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -33,9 +36,10 @@ pub struct Args {
     /// The context (batch 1) memory targets count the KV cache at
     #[arg(long, default_value_t = 4096)]
     pub context: usize,
-    /// Time for the search: it stops there and still leaves a result (45m, 90s, 1h30m)
-    #[arg(long, default_value = "45m")]
-    pub budget: String,
+    /// Time for the search: it stops there and still leaves a result (45m, 90s, 1h30m;
+    /// default 45m, or with --resume the search's own)
+    #[arg(long)]
+    pub budget: Option<String>,
     /// The ladder's stages to use (built: prune, attention, distill, quant, kv; not yet: moe,
     /// speculate). Attention is pulled only when a memory target binds, distill only when no
     /// cheaper point meets every target
@@ -78,8 +82,8 @@ pub fn run(a: Args) -> Result<()> {
         Some(dir) => {
             let state = State::read(dir)?;
             let mut config = state.config.clone();
-            if a.budget != "45m" {
-                config.budget_seconds = parse_budget(&a.budget).map_err(anyhow::Error::msg)?;
+            if let Some(b) = &a.budget {
+                config.budget_seconds = parse_budget(b).map_err(anyhow::Error::msg)?;
             }
             (config, dir.clone(), Some(state))
         }
@@ -156,7 +160,8 @@ fn config(a: &Args) -> Result<Config> {
             .parse::<Objective>()
             .map_err(anyhow::Error::msg)?,
         context: a.context,
-        budget_seconds: parse_budget(&a.budget).map_err(anyhow::Error::msg)?,
+        budget_seconds: parse_budget(a.budget.as_deref().unwrap_or(DEFAULT_BUDGET))
+            .map_err(anyhow::Error::msg)?,
         levers: Lever::parse_list(&a.levers)?,
         funnel: Funnel {
             rungs,
@@ -209,17 +214,9 @@ fn print_outcome(s: &State, evaluations: usize, dir: &Path) {
     match &s.chosen {
         Some(k) => {
             let p = s.point(k).expect("chosen point");
-            let m = p.measured();
-            let met: Vec<String> = s
-                .config
-                .targets
-                .iter()
-                .map(|t| {
-                    format!(
-                        "{t}: {}",
-                        t.read(&m).map_or("-".into(), |v| fmt_value(t, v))
-                    )
-                })
+            let met: Vec<String> = search::readings(&s.config.targets, &p.measured())
+                .into_iter()
+                .map(|(t, v)| format!("{t}: {v}"))
                 .collect();
             println!("chosen: {k} ({})", met.join(", "));
             let r = p.recipe.runtime;

@@ -26,7 +26,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use frugal_lab::optimize::search::fmt_value;
+use frugal_lab::optimize::search;
 use frugal_lab::optimize::target::{Metric, Unit};
 use frugal_lab::optimize::{Point, State, write_atomic};
 use plotters::coord::Shift;
@@ -643,15 +643,9 @@ pub fn page(s: &State, svg: std::result::Result<&str, &str>) -> String {
     );
     match s.chosen.as_deref().and_then(|k| s.point(k)) {
         Some(p) => {
-            let m = p.measured();
-            let met: Vec<String> = s
-                .config
-                .targets
-                .iter()
-                .map(|t| {
-                    let v = t.read(&m).map_or("-".into(), |v| fmt_value(t, v));
-                    format!("{}: {}", esc(&t.to_string()), esc(&v))
-                })
+            let met: Vec<String> = search::readings(&s.config.targets, &p.measured())
+                .into_iter()
+                .map(|(t, v)| format!("{}: {}", esc(&t), esc(&v)))
                 .collect();
             let r = p.recipe.runtime;
             let _ = write!(

@@ -90,37 +90,38 @@ impl Prune {
             "{self}: needs calibration text (at least one window of {} tokens)",
             cal.ctx
         );
-        let model =
-            crate::build::load_file(GgufFile::from_bytes(file.raw_bytes().to_vec())?, false)?;
+        let sparse_method = match self {
+            Prune::Structured { .. } => None,
+            Prune::Sparse { method, .. } => {
+                Some(method.parse::<Method>().map_err(anyhow::Error::msg)?)
+            }
+        };
+        // The activations the scores read (with Gram matrices for SparseGPT); magnitude
+        // pruning reads none, so the model is not even loaded.
+        let stats = if sparse_method.is_none_or(Method::needs_calibration) {
+            let model =
+                crate::build::load_file(GgufFile::from_bytes(file.raw_bytes().to_vec())?, false)?;
+            let gram = sparse_method == Some(Method::SparseGpt);
+            Some(prune::collect(&model, tokens, cal.ctx, gram)?)
+        } else {
+            None
+        };
         let bytes = match self {
             Prune::Structured { remove } => {
                 let target: StructuredTarget = remove
                     .parse()
                     .map_err(anyhow::Error::msg)
                     .context("prune")?;
-                let stats = prune::collect(&model, tokens, cal.ctx, false)?;
-                let (w, _) = prune::structured::prune_structured(file, &stats, &target, None)?;
-                w.to_bytes()?
+                let stats = stats.as_ref().expect("structured cuts read activations");
+                prune::structured::prune_structured(file, stats, &target, None)?
+                    .0
+                    .to_bytes()?
             }
-            Prune::Sparse {
-                method,
-                pattern,
-                store,
-            } => {
-                let method: Method = method.parse().map_err(anyhow::Error::msg)?;
+            Prune::Sparse { pattern, store, .. } => {
                 let pattern: Pattern = pattern.parse().map_err(anyhow::Error::msg)?;
                 let format = GgmlType::from_name(store)
                     .with_context(|| format!("{store}: not a GGUF type"))?;
-                let stats = if method.needs_calibration() {
-                    Some(prune::collect(
-                        &model,
-                        tokens,
-                        cal.ctx,
-                        method == Method::SparseGpt,
-                    )?)
-                } else {
-                    None
-                };
+                let method = sparse_method.expect("parsed above");
                 crate::build::pruned(file, stats.as_ref(), method, pattern, format)?
             }
         };

@@ -796,6 +796,19 @@ pub fn fmt_value(t: &Target, v: f64) -> String {
     }
 }
 
+/// Each target as written, with the figure `m` reads for it (`-` when not measured).
+pub fn readings(targets: &[Target], m: &super::target::Measured) -> Vec<(String, String)> {
+    targets
+        .iter()
+        .map(|t| {
+            let v = t
+                .read(m)
+                .map_or_else(|| "-".to_string(), |v| fmt_value(t, v));
+            (t.to_string(), v)
+        })
+        .collect()
+}
+
 /// Checks a config before a search starts: targets present, the levers built, the funnel sane.
 pub fn check(config: &Config) -> Result<()> {
     ensure!(

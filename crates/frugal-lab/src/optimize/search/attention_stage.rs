@@ -53,9 +53,7 @@ impl Search<'_> {
                     ],
                     runtime: w.runtime,
                 };
-                let Some(k) = self.add_built(recipe)? else {
-                    continue;
-                };
+                let k = self.add_built(recipe)?;
                 self.quality(&k, rung)?;
                 out.push(k);
             }

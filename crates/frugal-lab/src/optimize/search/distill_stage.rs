@@ -69,9 +69,7 @@ impl Search<'_> {
             if self.out_of_time() {
                 break;
             }
-            let Some(k) = self.add_built(r)? else {
-                continue;
-            };
+            let k = self.add_built(r)?;
             self.say(format!("distilled {k}"));
             for &tokens in &rungs {
                 self.quality(&k, tokens)?;

@@ -56,9 +56,7 @@ impl Search<'_> {
                 if out.contains(&recipe.key()) {
                     continue;
                 }
-                let Some(k) = self.add_built(recipe)? else {
-                    continue;
-                };
+                let k = self.add_built(recipe)?;
                 self.quality(&k, rung)?;
                 out.push(k);
             }
@@ -166,12 +164,12 @@ impl Search<'_> {
         Ok(r.candidates[0].vs_base.decode)
     }
 
-    /// Adds the point of a recipe with a structural stage, built to count its bytes; `None`
-    /// (with the reason on the point) when it cannot be built.
-    pub(super) fn add_built(&mut self, recipe: Recipe) -> Result<Option<String>> {
+    /// Adds the point of a recipe with a structural stage, built to count its bytes (one that
+    /// cannot be built is added dropped, with the reason).
+    pub(super) fn add_built(&mut self, recipe: Recipe) -> Result<String> {
         let key = recipe.key();
         if self.index.contains_key(&key) {
-            return Ok(Some(key));
+            return Ok(key);
         }
         let t0 = Instant::now();
         let built = self.build_stages(&recipe.stages);
@@ -194,7 +192,7 @@ impl Search<'_> {
             None,
             dropped,
         ));
-        Ok(Some(key))
+        Ok(key)
     }
 
     /// The base with `stages` applied: the leading structural stages (cuts, distillation:
