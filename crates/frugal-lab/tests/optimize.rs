@@ -101,7 +101,9 @@ fn config(f: &Files, targets: &[&str]) -> Config {
             prune_reward: frugal_lab::optimize::prune::REWARD,
             distill_tokens: 4096,
             distill_candidates: 1,
+            speculate_reward: frugal_lab::optimize::speculate::REWARD,
         },
+        prompts: None,
     }
 }
 
@@ -554,5 +556,84 @@ fn attention_layouts_are_tried_when_a_memory_target_binds() {
             .any(|r| r.contains("attention: not pulled: no memory target")),
         "{:?}",
         s.refused
+    );
+}
+
+/// The speculation stage times every drafter with the chosen point on the user's prompts
+/// (each trial checks that speculation kept every token), pairs the fastest over the bar (0
+/// here, so one is always paired), and `recipe.toml` carries the pairing; resuming redoes no
+/// trial, and a pairing with a draft model rebuilds the draft beside the model.
+#[test]
+fn speculation_is_timed_on_the_chosen_point_and_paired_in_the_recipe() {
+    use frugal_lab::optimize::recipe::RecipeFile;
+    use frugal_lab::optimize::speculate::{DRAFT_FILE, Pairing};
+    let f = files();
+    let dir = f.root.join("spec");
+    let mut c = config(&f, &["kl <= 0.5"]);
+    c.levers = vec![Lever::Quant, Lever::Kv, Lever::Speculate];
+    c.funnel.speculate_reward = 0.0;
+    let prompts = f.root.join("prompts.txt");
+    std::fs::write(
+        &prompts,
+        format!("{}\n---\n{}\n---\n", &TEXT[..60], &HELD[..50]),
+    )
+    .unwrap();
+    c.prompts = Some(prompts);
+    let s = run(c, &dir, None).state;
+    let chosen = s.chosen.clone().expect("a point meets kl <= 0.5");
+    let names: Vec<&str> = s.speculation.iter().map(|t| t.drafter.as_str()).collect();
+    assert!(
+        names.starts_with(&["ngram", "self:1"]),
+        "{names:?} (refused: {:?})",
+        s.refused
+    );
+    assert!(s.speculation.iter().all(|t| t.target == chosen));
+    assert!(
+        s.speculation
+            .iter()
+            .all(|t| t.speedup > 0.0 && t.plain_tok_s > 0.0 && t.base_tok_s > 0.0)
+    );
+    let taken: Vec<_> = s.speculation.iter().filter(|t| t.taken).collect();
+    assert_eq!(taken.len(), 1);
+    let best = s.speculation.iter().map(|t| t.speedup).fold(0.0, f64::max);
+    assert_eq!(taken[0].speedup, best);
+    let r = RecipeFile::read(&dir.join("recipe.toml")).unwrap();
+    let pairing = r.speculate.clone().expect("a pairing in the recipe");
+    assert_eq!(pairing.drafter, taken[0].drafter);
+    assert_eq!(pairing.draft.is_some(), dir.join(DRAFT_FILE).exists());
+
+    // Resuming keeps the trials.
+    let again = run(s.config.clone(), &dir, Some(s.clone()));
+    assert_eq!(again.evaluations, 0);
+    assert_eq!(again.state.speculation, s.speculation);
+
+    // A draft pairing rebuilds the draft (the smallest point's weights) beside the model.
+    let small = s
+        .points
+        .iter()
+        .filter(|p| !p.recipe.stages.is_empty())
+        .min_by_key(|p| p.weight_bytes)
+        .unwrap();
+    let mut with_draft = r.clone();
+    with_draft.speculate = Some(Pairing {
+        drafter: format!("draft:{DRAFT_FILE}"),
+        draft: Some(small.recipe.clone()),
+        speedup: 1.0,
+    });
+    let recipe = f.root.join("with-draft.toml");
+    with_draft.write(&recipe).unwrap();
+    let out = f.root.join("rebuilt");
+    rebuild(&recipe, None, None, &out).unwrap();
+    let base = GgufFile::open(&f.model).unwrap();
+    let want = small
+        .recipe
+        .build(&base, &Default::default())
+        .unwrap()
+        .raw_bytes()
+        .to_vec();
+    assert_eq!(std::fs::read(out.join(DRAFT_FILE)).unwrap(), want);
+    assert_eq!(
+        std::fs::read(out.join("model.gguf")).unwrap(),
+        std::fs::read(dir.join("model.gguf")).unwrap()
     );
 }

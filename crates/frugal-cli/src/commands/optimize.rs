@@ -40,11 +40,15 @@ pub struct Args {
     /// default 45m, or with --resume the search's own)
     #[arg(long)]
     pub budget: Option<String>,
-    /// The ladder's stages to use (built: prune, attention, distill, quant, kv; not yet: moe,
-    /// speculate). Attention is pulled only when a memory target binds, distill only when no
-    /// cheaper point meets every target
-    #[arg(long, default_value = "prune,attention,distill,quant,kv")]
+    /// The ladder's stages to use (built: prune, attention, distill, quant, kv, speculate;
+    /// not yet: moe). Attention is pulled only when a memory target binds, distill only when
+    /// no cheaper point meets every target, speculate on the chosen point
+    #[arg(long, default_value = "prune,attention,distill,quant,kv,speculate")]
     pub levers: String,
+    /// The kind of prompt the model will serve, prompts separated by lines holding only
+    /// '---': speculative decoding is timed on them (default: windows of --eval)
+    #[arg(long, value_name = "FILE")]
+    pub prompts: Option<PathBuf>,
     /// Evaluation tokens at each rung of the funnel (comma-separated, growing)
     #[arg(long, default_value = "512,1024,2048,4096")]
     pub rungs: String,
@@ -167,6 +171,7 @@ fn config(a: &Args) -> Result<Config> {
             rungs,
             ..Funnel::default()
         },
+        prompts: a.prompts.clone(),
     })
 }
 
@@ -208,6 +213,17 @@ fn print_outcome(s: &State, evaluations: usize, dir: &Path) {
     for p in shown {
         println!("{}", row(p, s.chosen.as_deref() == Some(&p.key)));
     }
+    for t in &s.speculation {
+        println!(
+            "speculate {}: {:.2}x over plain decoding, {:.2}x over the base (acceptance {:.2}, {:.2} tokens per pass){}",
+            t.drafter,
+            t.speedup,
+            t.over_base,
+            t.acceptance,
+            t.tokens_per_pass,
+            if t.taken { ": paired" } else { "" }
+        );
+    }
     for w in &s.warnings {
         println!("warning: {w}");
     }
@@ -220,12 +236,29 @@ fn print_outcome(s: &State, evaluations: usize, dir: &Path) {
                 .collect();
             println!("chosen: {k} ({})", met.join(", "));
             let r = p.recipe.runtime;
-            println!(
-                "run it with: frugal serve -m {} --kv-type {} --activations {}",
-                dir.join("model.gguf").display(),
+            let model = dir.join("model.gguf");
+            let run = format!(
+                "-m {} --kv-type {} --activations {}",
+                model.display(),
                 r.kv,
                 r.activations
             );
+            match s.speculation.iter().find(|t| t.taken) {
+                Some(t) if t.drafter.starts_with("ngram") => {
+                    println!("run it with: frugal serve {run} --speculate {}", t.drafter)
+                }
+                Some(t) => {
+                    let drafter = match t.drafter.strip_prefix("draft:") {
+                        Some(f) => format!("draft:{}", dir.join(f).display()),
+                        None => t.drafter.clone(),
+                    };
+                    println!("run it with: frugal chat {run} --speculate {drafter}");
+                    println!(
+                        "or serve it with: frugal serve {run} (the server drafts by prompt lookup only)"
+                    );
+                }
+                None => println!("run it with: frugal serve {run}"),
+            }
             println!(
                 "wrote {}, {} and {}",
                 dir.join("frontier.json").display(),

@@ -697,6 +697,21 @@ pub fn page(s: &State, svg: std::result::Result<&str, &str>) -> String {
         }
         h += "</ul>\n";
     }
+    if !s.speculation.is_empty() {
+        h += "<h2>Speculative decoding with the chosen point</h2>\n<ul>\n";
+        for t in &s.speculation {
+            let _ = writeln!(
+                h,
+                "<li>{}: {:.2}x over plain decoding, {:.2}x over the base (acceptance {:.2}){}</li>",
+                esc(&t.drafter),
+                t.speedup,
+                t.over_base,
+                t.acceptance,
+                if t.taken { ", paired" } else { "" }
+            );
+        }
+        h += "</ul>\n";
+    }
     table(&mut h, s);
     h += "</body>\n</html>\n";
     h

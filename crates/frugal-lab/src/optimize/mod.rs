@@ -24,6 +24,7 @@ pub mod prune;
 pub mod quant;
 pub mod recipe;
 pub mod search;
+pub mod speculate;
 pub mod target;
 
 use std::path::{Path, PathBuf};
@@ -80,6 +81,14 @@ pub struct Funnel {
     /// Cut candidates distilled (the closest to meeting the targets first).
     #[serde(default = "default_distill_candidates")]
     pub distill_candidates: usize,
+    /// The speed-up over plain decoding a drafter must show to be paired
+    /// ([`speculate::REWARD`]; tests pair the fastest with 0).
+    #[serde(default = "default_speculate_reward")]
+    pub speculate_reward: f64,
+}
+
+fn default_speculate_reward() -> f64 {
+    speculate::REWARD
 }
 
 fn default_distill_tokens() -> usize {
@@ -120,6 +129,7 @@ impl Default for Funnel {
             prune_reward: default_prune_reward(),
             distill_tokens: default_distill_tokens(),
             distill_candidates: default_distill_candidates(),
+            speculate_reward: default_speculate_reward(),
         }
     }
 }
@@ -138,6 +148,10 @@ pub struct Config {
     pub budget_seconds: f64,
     pub levers: Vec<Lever>,
     pub funnel: Funnel,
+    /// The user's kind of prompt, `---`-separated, that speculative decoding is timed on
+    /// (windows of the evaluation text when none).
+    #[serde(default)]
+    pub prompts: Option<PathBuf>,
 }
 
 /// Quality at one rung of the funnel.
@@ -252,6 +266,9 @@ pub struct State {
     /// Each cut timed against its dense twin, and whether it was taken.
     #[serde(default)]
     pub gates: Vec<prune::Gate>,
+    /// Each drafter timed with the chosen point, and whether it was paired with it.
+    #[serde(default)]
+    pub speculation: Vec<speculate::Trial>,
     pub sensitivity: Vec<Sensitivity>,
     pub points: Vec<Point>,
     pub chosen: Option<String>,
@@ -309,7 +326,11 @@ pub fn rebuild(
     let id = BaseId::of(&base_path)?;
     r.check(&id)?;
     let file = frugal::gguf::GgufFile::open(&base_path)?;
-    let cal = match (&r.calibration, r.recipe.needs_calibration()) {
+    let draft_recipe = r.speculate.as_ref().and_then(|s| s.draft.as_ref());
+    let cal = match (
+        &r.calibration,
+        r.recipe.needs_calibration_with(draft_recipe),
+    ) {
         (Some(c), true) => c.load(calibration, &file)?,
         (None, true) => anyhow::bail!(
             "the recipe prunes but does not say which calibration text scored the cut"
@@ -317,8 +338,17 @@ pub fn rebuild(
         _ => prune::Calibration::default(),
     };
     let built = r.recipe.build(&file, &cal)?;
+    let draft = r
+        .speculate
+        .as_ref()
+        .and_then(|s| s.draft.as_ref())
+        .map(|d| d.build(&file, &cal))
+        .transpose()?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     write_atomic(&out.join("model.gguf"), built.raw_bytes())?;
+    if let Some(d) = draft {
+        write_atomic(&out.join(speculate::DRAFT_FILE), d.raw_bytes())?;
+    }
     r.write(&out.join("recipe.toml"))?;
     Ok(r)
 }

@@ -63,10 +63,7 @@ impl Lever {
 
     /// Whether this version can search the lever.
     pub fn built(self) -> bool {
-        matches!(
-            self,
-            Lever::Prune | Lever::Attention | Lever::Distill | Lever::Quant | Lever::Kv
-        )
+        self != Lever::Moe
     }
 
     /// Parses a comma-separated list (`quant,kv`), refusing unknown levers and those not built
@@ -80,7 +77,7 @@ impl Lever {
             };
             ensure!(
                 l.built(),
-                "lever {name:?} is not built yet in this version (built: prune, attention, distill, quant, kv)"
+                "lever {name:?} is not built yet in this version (built: prune, attention, distill, quant, kv, speculate)"
             );
             if !out.contains(l) {
                 out.push(*l);
@@ -282,6 +279,12 @@ impl Recipe {
         Ok(file)
     }
 
+    /// Whether a stage reads calibration activations (of this recipe or of `draft`, the
+    /// draft model's paired with it).
+    pub fn needs_calibration_with(&self, draft: Option<&Recipe>) -> bool {
+        self.needs_calibration() || draft.is_some_and(Recipe::needs_calibration)
+    }
+
     /// Whether a stage reads calibration activations.
     pub fn needs_calibration(&self) -> bool {
         self.stages
@@ -329,6 +332,9 @@ pub struct RecipeFile {
     /// What the search measured for it (for the reader; rebuilding ignores it).
     #[serde(default)]
     pub measured: Option<super::target::Measured>,
+    /// The drafter paired with it (a runtime setting; a draft model is rebuilt beside it).
+    #[serde(default)]
+    pub speculate: Option<super::speculate::Pairing>,
 }
 
 impl RecipeFile {

@@ -48,6 +48,7 @@ mod finish;
 mod funnel;
 mod prune_stage;
 mod sensitivity;
+mod speculate_stage;
 
 use funnel::{act_slow, dominates, quality_ok};
 
@@ -107,6 +108,7 @@ pub fn run(
             base: base_id,
             refused: Vec::new(),
             gates: Vec::new(),
+            speculation: Vec::new(),
             sensitivity: Vec::new(),
             points: Vec::new(),
             chosen: None,
@@ -545,18 +547,28 @@ impl Search<'_> {
         key
     }
 
-    /// The model of a key's recipe, set up to run as the recipe says.
-    fn model(&mut self, key: &str) -> Result<Model> {
+    /// The file of a key's recipe: the bank's assembly for quantization alone, the stages
+    /// (their structural prefix cached) otherwise. `--recipe` rebuilds through
+    /// [`Recipe::build`], and a test holds the two to the same bytes.
+    fn built_file(&mut self, key: &str) -> Result<GgufFile> {
         let p = &self.state.points[self.index[key]];
-        let activations = p.recipe.runtime.activations;
-        let file = if p.recipe.stages.is_empty() {
-            GgufFile::from_bytes(self.base_file.raw_bytes().to_vec())?
+        if p.recipe.stages.is_empty() {
+            Ok(GgufFile::from_bytes(self.base_file.raw_bytes().to_vec())?)
         } else if p.recipe.quant_only() {
-            GgufFile::from_bytes(self.bank.assemble(&self.mixes[key])?)?
+            Ok(GgufFile::from_bytes(self.bank.assemble(&self.mixes[key])?)?)
         } else {
             let stages = p.recipe.stages.clone();
-            self.build_stages(&stages)?
-        };
+            self.build_stages(&stages)
+        }
+    }
+
+    /// The model of a key's recipe, set up to run as the recipe says.
+    fn model(&mut self, key: &str) -> Result<Model> {
+        let activations = self.state.points[self.index[key]]
+            .recipe
+            .runtime
+            .activations;
+        let file = self.built_file(key)?;
         let mut m = crate::build::load_file(file, false)?;
         m.set_activations(activations);
         Ok(m)

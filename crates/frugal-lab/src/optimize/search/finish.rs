@@ -51,23 +51,35 @@ impl Search<'_> {
         };
         self.save()?;
         if let Some(key) = chosen {
+            let speculate = self.speculate_stage(&key)?;
+            self.save()?;
             let p = self.state.point(&key).context("chosen point")?.clone();
+            let draft = speculate.as_ref().and_then(|s| s.draft.clone());
+            let needs = p.recipe.needs_calibration_with(draft.as_ref());
             let file = RecipeFile {
                 frugal_version: VERSION.to_string(),
                 base: self.state.base.clone(),
                 recipe: p.recipe.clone(),
-                calibration: self.calibration_id(&p.recipe)?,
+                calibration: if needs {
+                    Some(CalibrationId::of(&self.cfg.calibration, &self.cal)?)
+                } else {
+                    None
+                },
                 measured: Some(p.measured()),
+                speculate,
             };
             file.write(&self.dir.join("recipe.toml"))?;
-            // The search's own path (bank, cached cuts); `--recipe` rebuilds through
-            // `Recipe::build`, and a test holds the two to the same bytes.
-            let built = if p.recipe.quant_only() && !p.recipe.stages.is_empty() {
-                GgufFile::from_bytes(self.bank.assemble(&self.mixes[&key])?)?
-            } else {
-                self.build_stages(&p.recipe.stages)?
-            };
+            let built = self.built_file(&key)?;
             super::super::write_atomic(&self.dir.join("model.gguf"), built.raw_bytes())?;
+            let draft_path = self.dir.join(crate::optimize::speculate::DRAFT_FILE);
+            match draft.map(|d| d.key()) {
+                Some(k) => {
+                    let d = self.built_file(&k)?;
+                    super::super::write_atomic(&draft_path, d.raw_bytes())?;
+                }
+                None if draft_path.exists() => std::fs::remove_file(&draft_path)?,
+                None => {}
+            }
         }
         Ok(())
     }

@@ -244,14 +244,6 @@ impl Search<'_> {
         };
         Ok(GgufFile::from_bytes(bytes)?)
     }
-
-    /// The calibration a recipe's cuts read, as `recipe.toml` records it.
-    pub(super) fn calibration_id(&self, recipe: &Recipe) -> Result<Option<CalibrationId>> {
-        if !recipe.needs_calibration() {
-            return Ok(None);
-        }
-        Ok(Some(CalibrationId::of(&self.cfg.calibration, &self.cal)?))
-    }
 }
 
 /// The cache key of a run of leading stages.
