@@ -1246,10 +1246,11 @@ fn fetch_an_unknown_model_is_a_clean_error() {
     assert_clean_error(&out, "smollm2-135m, gemma3-270m");
 }
 
-/// `frugal optimize`: levers not built yet are refused by name, bad targets name the bad piece,
-/// and a recipe needs --out; each a one-line error, never a panic.
+/// `frugal optimize`: unknown levers are refused by name, bad targets name the bad piece, a
+/// missing prompts file is named, and a recipe needs --out; each a one-line error, never a
+/// panic.
 #[test]
-fn optimize_refuses_unbuilt_levers_and_bad_targets() {
+fn optimize_refuses_unknown_levers_and_bad_targets() {
     let dir = tempfile::tempdir().unwrap();
     let m = write_model(dir.path(), "m.gguf", &tiny());
     let text = dir.path().join("t.txt");
@@ -1268,8 +1269,15 @@ fn optimize_refuses_unbuilt_levers_and_bad_targets() {
         out.to_str().unwrap(),
     ];
     let run = |extra: &[&str]| frugal(&[&base[..], extra].concat(), None);
-    let o = run(&["--target", "kl <= 0.05", "--levers", "quant,speculate"]);
-    assert_clean_error(&o, "lever \"speculate\" is not built yet in this version");
+    let o = run(&["--target", "kl <= 0.05", "--levers", "quant,sparsify"]);
+    assert_clean_error(&o, "unknown lever \"sparsify\"");
+    let o = run(&[
+        "--target",
+        "kl <= 0.05",
+        "--prompts",
+        "/nonexistent/prompts.txt",
+    ]);
+    assert_clean_error(&o, "/nonexistent/prompts.txt");
     let o = run(&["--target", "decode >= fastx"]);
     assert_clean_error(&o, "\"fast\" is not a number");
     let o = run(&["--target", "kl <= 0.05", "--budget", "soon"]);

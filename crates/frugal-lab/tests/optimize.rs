@@ -24,10 +24,14 @@ numbers like 12345 and 67890 and words in other orders keep the evaluation hones
 /// scaled down so that the random model's next-token distributions are soft (as a trained
 /// model's are) and rounding moves them measurably.
 fn model(seed: u64) -> Vec<u8> {
+    model_with_ffn(seed, 512)
+}
+
+fn model_with_ffn(seed: u64, n_ff: usize) -> Vec<u8> {
     let bytes = build(&SyntheticSpec {
         n_layers: 2,
         n_embd: 256,
-        n_ff: 512,
+        n_ff,
         n_head: 4,
         n_head_kv: 2,
         n_ctx: 128,
@@ -636,4 +640,92 @@ fn speculation_is_timed_on_the_chosen_point_and_paired_in_the_recipe() {
         std::fs::read(out.join("model.gguf")).unwrap(),
         std::fs::read(dir.join("model.gguf")).unwrap()
     );
+}
+
+/// With `moe` asked for, the FFN split into experts passes the same gate as a cut (timed
+/// against its dense twin), is built before quantization only (experts split float weights),
+/// is combined with the best weight recipes and measured; the recipe of an expert point
+/// rebuilds its bytes through `--recipe`.
+#[test]
+fn experts_are_gated_built_before_quantization_and_rebuilt() {
+    let f = files();
+    // 768 neurons: a shared expert of 256 and 8 routed experts of 64 (a sixth leaves 640,
+    // which 8 experts of whole 32-blocks do not divide: refused with the reason).
+    std::fs::write(&f.model, model_with_ffn(1, 768)).unwrap();
+    let dir = f.root.join("opt");
+    let mut c = config(&f, &["kl <= 100"]);
+    c.levers = vec![Lever::Moe, Lever::Quant];
+    c.objective = Objective::Memory;
+    c.funnel.prune_reward = 0.0;
+    let s = run(c, &dir, None).state;
+    let gates: Vec<String> = s.gates.iter().map(|g| g.cut.to_string()).collect();
+    assert_eq!(gates, ["moe s256+8x2 seed 1"], "{:?}", s.gates);
+    assert!(s.gates[0].taken && s.gates[0].speedup > 0.0);
+    assert!(
+        s.refused.iter().any(|r| r.contains("s128+8x2")),
+        "{:?}",
+        s.refused
+    );
+    let moe: Vec<&str> = keys(&s).into_iter().filter(|k| k.contains("moe")).collect();
+    assert!(
+        moe.contains(&"moe s256+8x2 seed 1 | q8_0 | kv f32 | act q8"),
+        "{moe:?}"
+    );
+    assert!(
+        moe.len() >= 2,
+        "not combined with other weight recipes: {moe:?}"
+    );
+    assert!(moe.iter().all(|k| k.starts_with("moe")), "{moe:?}");
+    for k in &moe {
+        let p = s.point(k).unwrap();
+        assert!(p.latest().is_some_and(|q| q.kl_mean.is_finite()), "{k}");
+    }
+    // Rebuilt through the recipe file (what `--recipe` runs): the same weights as the search
+    // measured (the same KL to the last bit on the same tokens), and twice the same bytes.
+    use frugal_lab::optimize::recipe::{BaseId, CalibrationId, RecipeFile, VERSION};
+    let k = "moe s256+8x2 seed 1 | q8_0 | kv f32 | act q8";
+    let p = s.point(k).unwrap();
+    let base_model = lab_build::load(std::fs::read(&f.model).unwrap(), false).unwrap();
+    let tok = Tokenizer::from_gguf(&base_model.file).unwrap();
+    let cal_path = f.root.join("cal.txt");
+    let cal_tokens = tok
+        .encode(&std::fs::read_to_string(&cal_path).unwrap(), false)
+        .unwrap();
+    let r = RecipeFile {
+        frugal_version: VERSION.to_string(),
+        base: BaseId::of(&f.model).unwrap(),
+        recipe: p.recipe.clone(),
+        calibration: Some(CalibrationId {
+            file: BaseId::of(&cal_path).unwrap(),
+            tokens: cal_tokens.len(),
+            cut_tokens: s.config.funnel.prune_tokens,
+            ctx: s.config.funnel.ctx,
+        }),
+        measured: None,
+        speculate: None,
+    };
+    let path = f.root.join("moe.toml");
+    r.write(&path).unwrap();
+    let (a, b) = (f.root.join("a"), f.root.join("b"));
+    rebuild(&path, None, None, &a).unwrap();
+    rebuild(&path, None, None, &b).unwrap();
+    let bytes = std::fs::read(a.join("model.gguf")).unwrap();
+    assert_eq!(bytes, std::fs::read(b.join("model.gguf")).unwrap());
+    let rebuilt = lab_build::load(bytes, false).unwrap();
+    assert!(rebuilt.config.moe.is_some());
+    let eval = tok
+        .encode(
+            &std::fs::read_to_string(f.root.join("held.txt")).unwrap(),
+            false,
+        )
+        .unwrap();
+    let rung = &p.quality[0];
+    let q = quality::against(
+        &rebuilt,
+        &base_model,
+        &eval[..rung.tokens],
+        s.config.funnel.ctx,
+    )
+    .unwrap();
+    assert_eq!(q.kl_mean, rung.quality.kl_mean);
 }

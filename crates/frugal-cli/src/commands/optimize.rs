@@ -40,9 +40,9 @@ pub struct Args {
     /// default 45m, or with --resume the search's own)
     #[arg(long)]
     pub budget: Option<String>,
-    /// The ladder's stages to use (built: prune, attention, distill, quant, kv, speculate;
-    /// not yet: moe). Attention is pulled only when a memory target binds, distill only when
-    /// no cheaper point meets every target, speculate on the chosen point
+    /// The ladder's stages to use: prune, attention, moe, distill, quant, kv, speculate (moe
+    /// only when named). Attention is pulled only when a memory target binds, distill only
+    /// when no cheaper point meets every target, speculate on the chosen point
     #[arg(long, default_value = "prune,attention,distill,quant,kv,speculate")]
     pub levers: String,
     /// The kind of prompt the model will serve, prompts separated by lines holding only

@@ -102,6 +102,9 @@ pub fn levers_of(r: &Recipe) -> Vec<Lever> {
     {
         out.push(Lever::Attention);
     }
+    if r.stages.iter().any(|s| matches!(s, Stage::Moe { .. })) {
+        out.push(Lever::Moe);
+    }
     if r.stages.iter().any(|s| matches!(s, Stage::Distill { .. })) {
         out.push(Lever::Distill);
     }
@@ -156,7 +159,7 @@ pub fn plan(
     let structured: Vec<Prune> = ts
         .iter()
         .filter(|t| t.takes_any_format())
-        .map(|t| t.cut.clone())
+        .filter_map(|t| t.prune().cloned())
         .collect();
     // The lightest FFN cut and the lightest layer cut.
     let mut cuts: Vec<Prune> = Vec::new();
@@ -226,14 +229,14 @@ pub fn plan(
             t.pruned(),
             Runtime::default(),
         );
-        let mut after = t.dense();
-        after.push(Stage::Prune(t.after()));
-        add(
-            format!("{}, then {}", t.dense, t.after()),
-            Kind::Pair,
-            after,
-            Runtime::default(),
-        );
+        if let Some(cut) = t.after() {
+            add(
+                format!("{}, then {cut}", t.dense),
+                Kind::Pair,
+                [t.dense(), vec![cut.clone()]].concat(),
+                Runtime::default(),
+            );
+        }
     }
     if let Some(p) = cuts.first() {
         add(

@@ -20,6 +20,7 @@
 pub mod attention;
 pub mod composition;
 pub mod distill;
+pub mod experts;
 pub mod prune;
 pub mod quant;
 pub mod recipe;

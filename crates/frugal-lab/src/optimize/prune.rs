@@ -129,11 +129,11 @@ impl Prune {
     }
 }
 
-/// A cut and the quantization it is timed with: the candidate `[Prune, Quant(format)]` against
-/// its dense twin `[Quant(dense)]`.
+/// A structural stage (a cut, or a conversion to experts) and the quantization it is timed
+/// with: the candidate `[cut, Quant(format)]` against its dense twin `[Quant(dense)]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Trial {
-    pub cut: Prune,
+    pub cut: Stage,
     /// The cut's storage after quantization (a compressed 2:4 type for sparse cuts that have
     /// one).
     pub format: String,
@@ -145,7 +145,7 @@ impl Trial {
     /// The pruned candidate of the gate: the cut on the float base, then quantized.
     pub fn pruned(&self) -> Vec<Stage> {
         vec![
-            Stage::Prune(self.cut.clone()),
+            self.cut.clone(),
             Stage::Quant {
                 format: self.format.clone(),
                 keep: Vec::new(),
@@ -161,11 +161,20 @@ impl Trial {
         }]
     }
 
-    /// The same cut made after the twin's quantization (scored on the quantized model), in
-    /// the pruned storage.
-    pub fn after(&self) -> Prune {
+    /// The cut, when the stage is one.
+    pub fn prune(&self) -> Option<&Prune> {
         match &self.cut {
-            Prune::Structured { .. } => self.cut.clone(),
+            Stage::Prune(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The same cut made after the twin's quantization (scored on the quantized model), in
+    /// the pruned storage; `None` for a stage that reads float weights (experts are split
+    /// from the float FFN).
+    pub fn after(&self) -> Option<Stage> {
+        let p = match self.prune()? {
+            Prune::Structured { .. } => self.prune()?.clone(),
             Prune::Sparse {
                 method, pattern, ..
             } => Prune::Sparse {
@@ -173,20 +182,24 @@ impl Trial {
                 pattern: pattern.clone(),
                 store: self.format.clone(),
             },
-        }
+        };
+        Some(Stage::Prune(p))
     }
 
-    /// Whether the weight stages of other candidates can follow the cut (structured cuts:
-    /// any format; sparse cuts keep their own storage).
+    /// Whether the weight stages of other candidates can follow the stage (structured cuts
+    /// and experts: any format; sparse cuts keep their own storage).
     pub fn takes_any_format(&self) -> bool {
-        matches!(self.cut, Prune::Structured { .. })
+        !matches!(self.cut, Stage::Prune(Prune::Sparse { .. }))
     }
 }
 
 /// What timing a cut against its dense twin found.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Gate {
-    pub cut: Prune,
+    /// A cut or a conversion to experts (a bare cut in searches begun before experts were a
+    /// stage, read as one).
+    #[serde(deserialize_with = "stage_or_cut")]
+    pub cut: Stage,
     pub format: String,
     pub dense: String,
     /// Decode speed of the pruned model over its dense twin, timed back to back.
@@ -194,6 +207,19 @@ pub struct Gate {
     /// Whether the search builds candidates from it (speed-up at least [`REWARD`]).
     pub taken: bool,
     pub reason: String,
+}
+
+fn stage_or_cut<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Stage, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Stage(Stage),
+        Cut(Prune),
+    }
+    Ok(match Either::deserialize(d)? {
+        Either::Stage(s) => s,
+        Either::Cut(p) => Stage::Prune(p),
+    })
 }
 
 /// The cuts worth timing on a model of this shape: FFN neurons in steps of whole K-quant
@@ -204,7 +230,7 @@ pub fn trials(c: &Config, float_base: bool) -> Vec<Trial> {
     let mut out = Vec::new();
     let q8 = type_name(GgmlType::Q8_0);
     let structured = |remove: String| Trial {
-        cut: Prune::Structured { remove },
+        cut: Stage::Prune(Prune::Structured { remove }),
         format: q8.clone(),
         dense: q8.clone(),
     };
@@ -233,24 +259,52 @@ pub fn trials(c: &Config, float_base: bool) -> Vec<Trial> {
             (GgmlType::Q4_0_24, GgmlType::Q4_0),
         ] {
             out.push(Trial {
-                cut: Prune::Sparse {
+                cut: Stage::Prune(Prune::Sparse {
                     method: Method::Wanda.to_string(),
                     pattern: "2:4".to_string(),
                     store: type_name(GgmlType::F32),
-                },
+                }),
                 format: type_name(sparse),
                 dense: type_name(dense),
             });
         }
         out.push(Trial {
-            cut: Prune::Sparse {
+            cut: Stage::Prune(Prune::Sparse {
                 method: Method::Wanda.to_string(),
                 pattern: "0.5".to_string(),
                 store: type_name(GgmlType::F32),
-            },
+            }),
             format: q8.clone(),
             dense: q8,
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gate written before experts were a stage holds a bare cut; it still reads (a search
+    /// begun then resumes), and a gate written now round-trips.
+    #[test]
+    fn gates_read_bare_cuts_and_stages() {
+        let old = r#"{"cut":{"kind":"structured","remove":"layers:2"},"format":"q8_0","dense":"q8_0","speedup":1.1,"taken":true,"reason":"r"}"#;
+        let g: Gate = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            g.cut,
+            Stage::Prune(Prune::Structured {
+                remove: "layers:2".into()
+            })
+        );
+        let moe = Gate {
+            cut: Stage::Moe {
+                variant: "s512+8x2".into(),
+                seed: 1,
+            },
+            ..g
+        };
+        let back: Gate = serde_json::from_str(&serde_json::to_string(&moe).unwrap()).unwrap();
+        assert_eq!(back, moe);
+    }
 }

@@ -61,13 +61,7 @@ impl Lever {
         }
     }
 
-    /// Whether this version can search the lever.
-    pub fn built(self) -> bool {
-        self != Lever::Moe
-    }
-
-    /// Parses a comma-separated list (`quant,kv`), refusing unknown levers and those not built
-    /// yet by name.
+    /// Parses a comma-separated list (`quant,kv`), refusing unknown levers by name.
     pub fn parse_list(s: &str) -> Result<Vec<Lever>> {
         let mut out = Vec::new();
         for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -75,10 +69,6 @@ impl Lever {
                 let all: Vec<&str> = Lever::ALL.iter().map(|l| l.name()).collect();
                 bail!("unknown lever {name:?} (levers: {})", all.join(", "));
             };
-            ensure!(
-                l.built(),
-                "lever {name:?} is not built yet in this version (built: prune, attention, distill, quant, kv, speculate)"
-            );
             if !out.contains(l) {
                 out.push(*l);
             }
@@ -96,6 +86,10 @@ pub enum Stage {
     Prune(super::prune::Prune),
     /// An attention layout (`gqa:G`, `mqa`, `mla:RANK`; [`super::attention`]).
     Attention { layout: String },
+    /// The FFN split into experts (`frugal moefy`; [`super::experts`]): `variant` as
+    /// `frugal report moe` writes it (`s512+8x2`: a shared expert of 512 neurons and 8 routed
+    /// experts, 2 per token), the split and routers from the calibration text, seeded.
+    Moe { variant: String, seed: u64 },
     /// Distillation from the base on the calibration text ([`super::distill`]), `tokens`
     /// training tokens, seeded.
     Distill { tokens: usize, seed: u64 },
@@ -116,6 +110,7 @@ impl Stage {
         match self {
             Stage::Prune(p) => p.apply(file, cal),
             Stage::Attention { layout } => super::attention::apply(file, layout, cal),
+            Stage::Moe { variant, seed } => super::experts::apply(file, variant, cal, *seed),
             Stage::Distill { tokens, seed } => {
                 super::distill::apply(file, base, cal, *tokens, *seed)
             }
@@ -138,6 +133,7 @@ impl fmt::Display for Stage {
         match self {
             Stage::Prune(p) => write!(f, "{p}"),
             Stage::Attention { layout } => write!(f, "attention {layout}"),
+            Stage::Moe { variant, seed } => write!(f, "moe {variant} seed {seed}"),
             Stage::Distill { tokens, seed } => write!(f, "distill {tokens} tokens seed {seed}"),
             Stage::Quant { format, keep } if keep.is_empty() => write!(f, "{format}"),
             Stage::Quant { format, keep } => write!(f, "{format}+{}", keep.join("+")),

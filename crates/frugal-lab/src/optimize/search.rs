@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use frugal::eval::EvalOptions;
 use frugal::gguf::GgufFile;
 use frugal::kv::{KvFormat, KvOptions, KvType};
@@ -46,9 +46,9 @@ mod attention_stage;
 mod distill_stage;
 mod finish;
 mod funnel;
-mod prune_stage;
 mod sensitivity;
 mod speculate_stage;
+mod structural_stage;
 
 use funnel::{act_slow, dominates, quality_ok};
 
@@ -148,6 +148,17 @@ pub fn run(
         eval.len(),
         f.ctx
     );
+    // Read now, so that a bad prompts file fails before the search rather than after it.
+    let prompts = if config.levers.contains(&Lever::Speculate) {
+        super::speculate::prompts(
+            config.prompts.as_deref(),
+            &tok,
+            &eval,
+            base.config.n_ctx_train,
+        )?
+    } else {
+        Vec::new()
+    };
     calib.truncate(f.calibration_tokens.max(f.ctx));
     eval.truncate(f.rungs.iter().copied().max().unwrap_or(f.ctx));
     // A resumed search replays its decisions on the measurements it already has: each is
@@ -186,6 +197,7 @@ pub fn run(
         calib,
         cal,
         eval,
+        prompts,
         bank: Bank::new(),
         mixes: HashMap::new(),
         stage_mixes: HashMap::new(),
@@ -223,6 +235,8 @@ struct Search<'a> {
     /// What the cuts score weights on.
     cal: Calibration,
     eval: Vec<u32>,
+    /// What speculative decoding is timed on.
+    prompts: Vec<Vec<u32>>,
     bank: Bank,
     /// The weights of each quantization-only key's recipe.
     mixes: HashMap<String, Mix>,
@@ -408,7 +422,7 @@ impl Search<'_> {
         }
         keys.extend(variants);
         self.drop_losers(&keys);
-        let cuts = self.prune_stage(&keys)?;
+        let cuts = self.structural_stage(&keys)?;
         let layouts = self.attention_stage(&keys)?;
         keys.extend(cuts);
         keys.extend(layouts);
@@ -821,7 +835,7 @@ pub fn readings(targets: &[Target], m: &super::target::Measured) -> Vec<(String,
         .collect()
 }
 
-/// Checks a config before a search starts: targets present, the levers built, the funnel sane.
+/// Checks a config before a search starts: targets and levers present, the funnel sane.
 pub fn check(config: &Config) -> Result<()> {
     ensure!(
         !config.targets.is_empty(),
@@ -831,10 +845,6 @@ pub fn check(config: &Config) -> Result<()> {
         !config.funnel.rungs.is_empty() && config.funnel.ctx >= 4,
         "the funnel needs at least one rung and a window of 4 tokens"
     );
-    for l in &config.levers {
-        if !l.built() {
-            bail!("lever {:?} is not built yet in this version", l.name());
-        }
-    }
+    ensure!(!config.levers.is_empty(), "--levers names no lever");
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The distillation stage of the search: pulled last, and only when no cheaper point meets
-//! every target. The cut candidates closest to the targets are distilled from the base on the
+//! every target. The structural candidates (cuts, layouts, experts) closest to the targets are distilled from the base on the
 //! calibration text, quantized again as before, and measured through every rung (and timed
 //! when they meet the quality targets).
 
@@ -17,8 +17,8 @@ impl Search<'_> {
                 .push("distill: not pulled: a cheaper point meets every target".to_string());
             return Ok(());
         }
-        // A cut or a layout, then quantization: the structural candidates healing applies to
-        // (the float model after the change is what trains).
+        // A cut, a layout or experts, then quantization: the structural candidates healing
+        // applies to (the float model after the change is what trains).
         let mut cands: Vec<&Point> = self
             .state
             .points
@@ -32,7 +32,7 @@ impl Search<'_> {
                     && matches!(
                         p.recipe.stages.as_slice(),
                         [
-                            Stage::Prune(_) | Stage::Attention { .. },
+                            Stage::Prune(_) | Stage::Attention { .. } | Stage::Moe { .. },
                             Stage::Quant { .. }
                         ]
                     )

@@ -41,12 +41,7 @@ impl Search<'_> {
         // A resumed search keeps the trials it made with this point.
         self.state.speculation.retain(|t| t.target == chosen);
         let tok = Tokenizer::from_gguf(&self.base.file)?;
-        let prompts = speculate::prompts(
-            self.cfg.prompts.as_deref(),
-            &tok,
-            &self.eval,
-            self.base.config.n_ctx_train,
-        )?;
+        let prompts = self.prompts.clone();
         let model = self.model(chosen)?;
         let runner = Runner {
             model: &model,

@@ -1,6 +1,8 @@
-//! The pruning stage of the search: each cut timed against its dense twin, and the cuts this
-//! CPU rewards combined with the best weight recipes in both orders (cut, then quantize;
-//! quantize, then cut), built and measured at the first rung with everything else.
+//! The structural stages of the search, pruning and (when asked for) conversion to experts:
+//! each cut or conversion timed against its dense twin, and those this CPU rewards combined
+//! with the best weight recipes, in both orders where the stage can follow quantization (cut,
+//! then quantize; quantize, then cut), built and measured at the first rung with everything
+//! else.
 
 use super::*;
 use crate::optimize::prune::{self, Gate, Trial};
@@ -12,17 +14,22 @@ const GATE_ROUNDS: usize = 5;
 impl Search<'_> {
     /// Runs the stage after rung 0 of the weight recipes `keys`; returns the keys of the
     /// candidates it added (measured at rung 0).
-    pub(super) fn prune_stage(&mut self, keys: &[String]) -> Result<Vec<String>> {
-        if !self.levers(Lever::Prune) {
-            return Ok(Vec::new());
-        }
+    pub(super) fn structural_stage(&mut self, keys: &[String]) -> Result<Vec<String>> {
         let float = self.float_base();
-        let trials = prune::trials(&self.base.config, float);
-        if !float {
-            self.state.refused.push(
-                "prune: sparse cuts need float weights to score and store; a quantized base takes structured cuts only"
-                    .to_string(),
-            );
+        let mut trials = Vec::new();
+        if self.levers(Lever::Prune) {
+            trials = prune::trials(&self.base.config, float);
+            if !float {
+                self.state.refused.push(
+                    "prune: sparse cuts need float weights to score and store; a quantized base takes structured cuts only"
+                        .to_string(),
+                );
+            }
+        }
+        if self.levers(Lever::Moe) {
+            let (moe, refused) = crate::optimize::experts::trials(&self.base.config, float);
+            trials.extend(moe);
+            self.state.refused.extend(refused);
         }
         let weights = self.best_weights(keys);
         let mut out: Vec<String> = Vec::new();
@@ -37,18 +44,19 @@ impl Search<'_> {
             if !gate.taken {
                 continue;
             }
-            let cut = Stage::Prune(t.cut.clone());
-            let mut after = t.dense();
-            after.push(Stage::Prune(t.after()));
-            let mut recipes = vec![
-                (t.pruned(), Runtime::default()),
-                (after, Runtime::default()),
-            ];
+            let cut = t.cut.clone();
+            let after = t.after();
+            let mut recipes = vec![(t.pruned(), Runtime::default())];
+            if let Some(a) = &after {
+                recipes.push(([t.dense(), vec![a.clone()]].concat(), Runtime::default()));
+            }
             if t.takes_any_format() {
                 for w in &weights {
                     let q = w.stages[0].clone();
                     recipes.push((vec![cut.clone(), q.clone()], w.runtime));
-                    recipes.push((vec![q, cut.clone()], w.runtime));
+                    if after.is_some() {
+                        recipes.push((vec![q, cut.clone()], w.runtime));
+                    }
                 }
             }
             for (stages, runtime) in recipes {
