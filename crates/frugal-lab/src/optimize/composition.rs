@@ -252,6 +252,25 @@ pub fn plan(
             kv8,
         );
     }
+    // One split into experts (a shared third of the FFN and 8 routed experts, top-2).
+    let experts = super::experts::trials(c, true)
+        .0
+        .first()
+        .map(|t| t.cut.clone());
+    if let Some(e) = &experts {
+        add(
+            e.to_string(),
+            Kind::Alone,
+            vec![e.clone()],
+            Runtime::default(),
+        );
+        add(
+            format!("{e}, then {q4}"),
+            Kind::Pair,
+            vec![e.clone(), quant(&q4)],
+            Runtime::default(),
+        );
+    }
     let distill = Stage::Distill {
         tokens: opts.distill_tokens,
         seed: 0,
@@ -261,7 +280,8 @@ pub fn plan(
             .first()
             .map(|p| Stage::Prune(p.clone()))
             .into_iter()
-            .chain(layouts.first().map(layout));
+            .chain(layouts.first().map(layout))
+            .chain(experts.clone());
         for first in firsts {
             add(
                 format!("{first}, distilled, then {q4} + kv q8_0"),
@@ -438,15 +458,17 @@ pub struct StageFrontier {
 }
 
 /// Reads `rows`: the ladder's stages are quantization with the cache, then pruning, attention
-/// layout and distillation (the order the search pulls them); `noise` is the decode ratio within which a lever buys nothing;
-/// `kl_bound` the quality the best rows are picked under.
+/// layout, experts and distillation (the order the search pulls them); `noise` is the decode
+/// ratio within which a lever buys nothing; `kl_bound` the quality the best rows are picked
+/// under.
 pub fn analyse(rows: &[Row], noise: f64, kl_bound: f64) -> Analysis {
     use Lever::*;
     let ladder = [
         vec![Quant, Kv],
         vec![Quant, Kv, Prune],
         vec![Quant, Kv, Prune, Attention],
-        vec![Quant, Kv, Prune, Attention, Distill],
+        vec![Quant, Kv, Prune, Attention, Moe],
+        vec![Quant, Kv, Prune, Attention, Moe, Distill],
     ];
     let mut stages = Vec::new();
     let mut prev: Vec<String> = Vec::new();
@@ -591,7 +613,8 @@ mod tests {
     }
 
     /// Every row of the plan for a small model is buildable text: the kinds are all there,
-    /// each recipe names the levers its row claims, and pruning comes in both orders.
+    /// each recipe names the levers its row claims (experts too), and pruning comes in both
+    /// orders.
     #[test]
     fn plan_has_each_lever_alone_pairs_and_the_ladder() {
         let c = frugal::model::Config::from_gguf(
@@ -599,7 +622,7 @@ mod tests {
                 &frugal::model::synthetic::SyntheticSpec {
                     n_layers: 8,
                     n_embd: 64,
-                    n_ff: 512,
+                    n_ff: 768,
                     ..Default::default()
                 },
             ))
@@ -616,7 +639,13 @@ mod tests {
         for k in [Kind::Alone, Kind::Pair, Kind::Ladder] {
             assert!(p.iter().any(|r| r.kind == k), "{k:?}");
         }
-        for l in [Lever::Quant, Lever::Kv, Lever::Prune, Lever::Attention] {
+        for l in [
+            Lever::Quant,
+            Lever::Kv,
+            Lever::Prune,
+            Lever::Attention,
+            Lever::Moe,
+        ] {
             assert!(
                 p.iter()
                     .any(|r| r.kind == Kind::Alone && levers_of(&r.recipe) == vec![l]),
