@@ -154,6 +154,7 @@ fn point(
         stages: vec![Stage::Quant {
             format: format.to_string(),
             keep: keep.iter().map(|k| k.to_string()).collect(),
+            imatrix: false,
         }],
         runtime: Runtime {
             kv: kv.parse().unwrap(),

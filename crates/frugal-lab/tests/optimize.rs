@@ -680,11 +680,19 @@ fn experts_are_gated_built_before_quantization_and_rebuilt() {
         let p = s.point(k).unwrap();
         assert!(p.latest().is_some_and(|q| q.kl_mean.is_finite()), "{k}");
     }
-    // Rebuilt through the recipe file (what `--recipe` runs): the same weights as the search
-    // measured (the same KL to the last bit on the same tokens), and twice the same bytes.
+    // Rebuilt through the recipe file (what `--recipe` runs), as the search measured it.
+    rebuilds_as_measured(&f, &s, "moe s256+8x2 seed 1 | q8_0 | kv f32 | act q8");
+}
+
+/// Writes the recipe of point `key` of `s` as `recipe.toml` would hold it (with the
+/// calibration text it read), rebuilds it twice through `--recipe`, and checks the same bytes
+/// both times and, on the rebuilt model, the KL the search measured at its first rung, to the
+/// last bit (the same weights).
+fn rebuilds_as_measured(f: &Files, s: &State, key: &str) -> GgufFile {
     use frugal_lab::optimize::recipe::{BaseId, CalibrationId, RecipeFile, VERSION};
-    let k = "moe s256+8x2 seed 1 | q8_0 | kv f32 | act q8";
-    let p = s.point(k).unwrap();
+    let p = s
+        .point(key)
+        .unwrap_or_else(|| panic!("no point {key}: {:?}", keys(s)));
     let base_model = lab_build::load(std::fs::read(&f.model).unwrap(), false).unwrap();
     let tok = Tokenizer::from_gguf(&base_model.file).unwrap();
     let cal_path = f.root.join("cal.txt");
@@ -704,15 +712,14 @@ fn experts_are_gated_built_before_quantization_and_rebuilt() {
         measured: None,
         speculate: None,
     };
-    let path = f.root.join("moe.toml");
+    let path = f.root.join("point.toml");
     r.write(&path).unwrap();
-    let (a, b) = (f.root.join("a"), f.root.join("b"));
+    let (a, b) = (f.root.join("rebuilt-a"), f.root.join("rebuilt-b"));
     rebuild(&path, None, None, &a).unwrap();
     rebuild(&path, None, None, &b).unwrap();
     let bytes = std::fs::read(a.join("model.gguf")).unwrap();
     assert_eq!(bytes, std::fs::read(b.join("model.gguf")).unwrap());
-    let rebuilt = lab_build::load(bytes, false).unwrap();
-    assert!(rebuilt.config.moe.is_some());
+    let rebuilt = lab_build::load(bytes.clone(), false).unwrap();
     let eval = tok
         .encode(
             &std::fs::read_to_string(f.root.join("held.txt")).unwrap(),
@@ -727,5 +734,33 @@ fn experts_are_gated_built_before_quantization_and_rebuilt() {
         s.config.funnel.ctx,
     )
     .unwrap();
-    assert_eq!(q.kl_mean, rung.quality.kl_mean);
+    assert_eq!(q.kl_mean, rung.quality.kl_mean, "{key}");
+    GgufFile::from_bytes(bytes).unwrap()
+}
+
+/// The best weight recipes holding a format with a weighted encoder are tried again encoded
+/// by importance on the calibration text: the same bytes as their twin, other roundings (a
+/// different KL), and the recipe rebuilds them.
+#[test]
+fn imatrix_variants_reround_the_best_mixes_and_rebuild() {
+    let f = files();
+    let mut c = config(&f, &["kl <= 10"]);
+    c.levers = vec![Lever::Quant];
+    let s = run(c, &f.root.join("opt"), None).state;
+    let imatrix: Vec<&str> = keys(&s)
+        .into_iter()
+        .filter(|k| k.contains(" imatrix"))
+        .collect();
+    assert!(!imatrix.is_empty(), "{:?}", keys(&s));
+    for k in &imatrix {
+        let p = s.point(k).unwrap();
+        let twin = s.point(&k.replace(" imatrix", "")).unwrap();
+        assert_eq!(p.weight_bytes, twin.weight_bytes, "{k}");
+        let (a, b) = (
+            p.quality[0].quality.kl_mean,
+            twin.quality[0].quality.kl_mean,
+        );
+        assert!(a.is_finite() && a != b, "{k}: {a} vs {b}");
+    }
+    rebuilds_as_measured(&f, &s, imatrix[0]);
 }

@@ -126,6 +126,7 @@ fn quant(format: &str) -> Stage {
     Stage::Quant {
         format: format.to_string(),
         keep: Vec::new(),
+        imatrix: false,
     }
 }
 

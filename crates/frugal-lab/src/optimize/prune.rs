@@ -149,6 +149,7 @@ impl Trial {
             Stage::Quant {
                 format: self.format.clone(),
                 keep: Vec::new(),
+                imatrix: false,
             },
         ]
     }
@@ -158,6 +159,7 @@ impl Trial {
         vec![Stage::Quant {
             format: self.dense.clone(),
             keep: Vec::new(),
+            imatrix: false,
         }]
     }
 

@@ -186,7 +186,12 @@ impl Bank {
             .iter()
             .map(|n| format!("{n}={name}"))
             .collect();
-        let file = Stage::Quant { format: name, keep }.apply(base, base, &Default::default())?;
+        let file = Stage::Quant {
+            format: name,
+            keep,
+            imatrix: false,
+        }
+        .apply(base, base, &Default::default())?;
         self.files.push((t, file, t0.elapsed().as_secs_f64()));
         Ok(())
     }
@@ -338,6 +343,7 @@ impl Mix {
         Stage::Quant {
             format: type_name(self.bulk),
             keep,
+            imatrix: false,
         }
     }
 }
@@ -535,7 +541,7 @@ mod tests {
         let mut mix = Mix::from_groups(&groups, &formats);
         mix.per_tensor
             .insert("blk.13.ffn_up.weight".into(), GgmlType::Q2_K);
-        let Stage::Quant { format, keep } = mix.stage(&file) else {
+        let Stage::Quant { format, keep, .. } = mix.stage(&file) else {
             panic!("a mix is a quantization stage")
         };
         assert_eq!(format, type_name(mix.bulk));

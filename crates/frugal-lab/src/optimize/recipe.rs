@@ -17,6 +17,7 @@ use frugal::convert::{Policy, Rule, Target, quantize_in_memory};
 use frugal::gguf::GgufFile;
 use frugal::kv::KvType;
 use frugal::quant::act::Activations;
+use frugal::surgery::importance::Importance;
 use frugal::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -94,8 +95,16 @@ pub enum Stage {
     /// training tokens, seeded.
     Distill { tokens: usize, seed: u64 },
     /// Weight formats: `format` for the bulk of the matrices, `keep` rules (`GLOB=TYPE`, first
-    /// match wins, as `frugal quantize --keep`) for the tensors the allocation chose otherwise.
-    Quant { format: String, keep: Vec<String> },
+    /// match wins, as `frugal quantize --keep`) for the tensors the allocation chose otherwise;
+    /// with `imatrix`, the formats that have a weighted encoder (q4_0, q5_0, q4_k) round each
+    /// column by its importance on the calibration text (`frugal quantize --calibration`, as
+    /// llama.cpp's imatrix), measured through the file being quantized.
+    Quant {
+        format: String,
+        keep: Vec<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        imatrix: bool,
+    },
 }
 
 impl Stage {
@@ -114,12 +123,29 @@ impl Stage {
             Stage::Distill { tokens, seed } => {
                 super::distill::apply(file, base, cal, *tokens, *seed)
             }
-            Stage::Quant { format, keep } => {
+            Stage::Quant {
+                format,
+                keep,
+                imatrix,
+            } => {
                 let mut policy = Policy::new(format.parse::<Target>()?);
                 policy.rules = keep
                     .iter()
                     .map(|r| r.parse::<Rule>())
                     .collect::<Result<_, _>>()?;
+                if *imatrix {
+                    let tokens = cal.for_cuts();
+                    ensure!(
+                        cal.ctx > 0 && tokens.len() >= cal.ctx,
+                        "{self}: needs calibration text (at least one window of {} tokens)",
+                        cal.ctx
+                    );
+                    let model = crate::build::load_file(
+                        GgufFile::from_bytes(file.raw_bytes().to_vec())?,
+                        false,
+                    )?;
+                    policy = policy.with_importance(Importance::collect(&model, tokens, cal.ctx)?);
+                }
                 let (q, _) = quantize_in_memory(file, &policy, |_, _| {})
                     .with_context(|| format!("quantizing to {format}"))?;
                 Ok(q)
@@ -135,8 +161,12 @@ impl fmt::Display for Stage {
             Stage::Attention { layout } => write!(f, "attention {layout}"),
             Stage::Moe { variant, seed } => write!(f, "moe {variant} seed {seed}"),
             Stage::Distill { tokens, seed } => write!(f, "distill {tokens} tokens seed {seed}"),
-            Stage::Quant { format, keep } if keep.is_empty() => write!(f, "{format}"),
-            Stage::Quant { format, keep } => write!(f, "{format}+{}", keep.join("+")),
+            Stage::Quant { format, keep, .. } if keep.is_empty() => write!(f, "{format}"),
+            Stage::Quant { format, keep, .. } => write!(f, "{format}+{}", keep.join("+")),
+        }?;
+        match self {
+            Stage::Quant { imatrix: true, .. } => write!(f, " imatrix"),
+            _ => Ok(()),
         }
     }
 }
@@ -285,12 +315,15 @@ impl Recipe {
     pub fn needs_calibration(&self) -> bool {
         self.stages
             .iter()
-            .any(|s| !matches!(s, Stage::Quant { .. }))
+            .any(|s| !matches!(s, Stage::Quant { imatrix: false, .. }))
     }
 
-    /// Whether every stage is a quantization (the weights the bank assembles).
+    /// Whether every stage is a plain quantization (the weights the bank assembles; an
+    /// importance-weighted one is encoded on its own).
     pub fn quant_only(&self) -> bool {
-        self.stages.iter().all(|s| matches!(s, Stage::Quant { .. }))
+        self.stages
+            .iter()
+            .all(|s| matches!(s, Stage::Quant { imatrix: false, .. }))
     }
 
     /// A stable key naming the recipe (what `--resume` matches finished candidates by).

@@ -49,6 +49,7 @@ mod funnel;
 mod sensitivity;
 mod speculate_stage;
 mod structural_stage;
+mod variants;
 
 use funnel::{act_slow, dominates, quality_ok};
 
@@ -416,7 +417,8 @@ impl Search<'_> {
             self.quality(k, rungs[0])?;
         }
         self.drop_losers(&keys);
-        let variants = self.runtime_variants(&keys);
+        let mut variants = self.runtime_variants(&keys);
+        variants.extend(self.imatrix_variants(&keys)?);
         for k in &variants {
             self.quality(k, rungs[0])?;
         }
@@ -640,52 +642,6 @@ impl Search<'_> {
         self.save()?;
         self.say(line);
         Ok(())
-    }
-
-    /// The best weight recipes (first Pareto layer, those meeting the quality targets first)
-    /// with one runtime setting changed: KV-cache f16 and q8_0 (`kv`), activations q8-full and
-    /// f32 (`quant`).
-    fn runtime_variants(&mut self, keys: &[String]) -> Vec<String> {
-        let base_keys = self.front(keys, self.cfg.funnel.runtime_variants);
-        let mut runtimes = Vec::new();
-        if self.levers(Lever::Kv) {
-            for kv in [KvType::F16, KvType::Q8_0] {
-                runtimes.push(Runtime {
-                    kv,
-                    ..Runtime::default()
-                });
-            }
-        }
-        if self.levers(Lever::Quant) {
-            for activations in [Activations::Q8Full, Activations::F32] {
-                runtimes.push(Runtime {
-                    activations,
-                    ..Runtime::default()
-                });
-            }
-        }
-        let mut out = Vec::new();
-        for k in base_keys {
-            let p = &self.state.points[self.index[&k]];
-            let recipe = p.recipe.clone();
-            let float = p.recipe.stages.iter().all(|s| match s {
-                Stage::Quant { format, .. } => matches!(format.as_str(), "f16" | "bf16" | "f32"),
-                _ => false,
-            });
-            let mix = self.mixes[&k].clone();
-            for &r in &runtimes {
-                // Float weights always take f32 activations: nothing to vary.
-                if float && r.activations != Activations::Q8 {
-                    continue;
-                }
-                out.push(self.add_point(
-                    recipe.with_runtime(r),
-                    mix.clone(),
-                    p_pred(&self.state, &k),
-                ));
-            }
-        }
-        out
     }
 
     /// Up to `n` of `keys`' first Pareto layer: those meeting the quality targets first, then
