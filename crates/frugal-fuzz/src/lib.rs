@@ -11,7 +11,8 @@ use frugal::model::Model;
 use frugal::model::synthetic::{SyntheticSpec, build};
 use frugal::quant::{GgmlType, WeightMatrix, dequantize, matvec};
 use frugal::tokenizer::{StreamDecoder, Tokenizer};
-use frugal_serve::api::{self, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest};
+use frugal_serve::api::{DetokenizeRequest, TokenizeRequest};
+use frugal_serve::validate;
 
 /// A target's body: one input, any bytes.
 pub type Target = fn(&[u8]);
@@ -141,15 +142,8 @@ pub fn quant_blocks(data: &[u8]) {
 
 /// Request bodies as the server parses and validates them before any model work.
 pub fn serve_request(data: &[u8]) {
-    if let Ok(r) = api::parse::<ChatRequest>(data) {
-        let _ = r.common.sampling();
-        for m in &r.messages {
-            let _ = m.text();
-        }
-    }
-    if let Ok(r) = api::parse::<CompletionRequest>(data) {
-        let _ = r.common.sampling();
-    }
-    let _ = api::parse::<TokenizeRequest>(data);
-    let _ = api::parse::<DetokenizeRequest>(data);
+    let _ = validate::chat(data);
+    let _ = validate::completion(data);
+    let _ = validate::plain::<TokenizeRequest>(data);
+    let _ = validate::plain::<DetokenizeRequest>(data);
 }

@@ -108,6 +108,14 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// `Some(k)`: report each token's log-probability and its `k` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// Where the scheduler sends this request's events. Unbounded on purpose: the scheduler
+    /// must never wait for a client, and a bounded channel would leave it the choice between
+    /// blocking on a slow reader (stalling every sequence in the batch) and cancelling a client
+    /// that is merely behind. What a slow reader can make it buffer is bounded anyway: one
+    /// `Token` per generated token, so at most `n * (max_tokens + 1) + 1` events, and
+    /// `max_tokens` never exceeds the context. A reader that stops reading is ended by
+    /// `--request-timeout`; one that disconnects drops the receiver, and the scheduler frees
+    /// its sequences at its next step (`Seq::cancelled`).
     pub events: mpsc::UnboundedSender<Event>,
 }
 

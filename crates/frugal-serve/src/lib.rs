@@ -5,7 +5,9 @@
 //!   not), models, health, metrics, tokenize.
 //! - [`engine`]: the scheduler thread: continuous batching, chunked prefill, prefix caching,
 //!   preemption by recompute, cancellation.
-//! - [`api`] and [`error`]: request bodies and OpenAI error objects; [`metrics`]: Prometheus.
+//! - [`api`] and [`validate`]: request bodies, and what they may say (every OpenAI field is
+//!   honoured or refused by name); [`error`]: OpenAI error objects; [`metrics`]: Prometheus.
+//! - [`security`]: API keys, CORS, the body size limit and the request timeout.
 //!
 //! The HTTP side validates and tokenizes, then hands the scheduler a [`engine::GenRequest`] with
 //! a channel on which tokens come back; a client that goes away drops that channel, which the
@@ -16,9 +18,12 @@ pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod routes;
+pub mod security;
+pub mod validate;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use frugal::chat::ChatTemplate;
 use frugal::kv::KvFormat;
@@ -26,6 +31,7 @@ use frugal::model::Model;
 use frugal::tokenizer::Tokenizer;
 
 pub use routes::App;
+pub use security::ApiKeys;
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -54,7 +60,21 @@ pub struct ServeConfig {
     /// With speculation, retrieval drafting from this datastore where prompt lookup finds
     /// nothing (`--speculate store:FILE`).
     pub store: Option<Arc<frugal::speculate::store::Datastore>>,
+    /// Requests to the API (not to health, readiness and metrics) need one of these as
+    /// `Authorization: Bearer KEY`; none: the API is open.
+    pub api_keys: ApiKeys,
+    /// Origins browsers may call the API from (`*`: any); none: no CORS headers.
+    pub cors_origins: Vec<String>,
+    /// Largest request body (413 beyond).
+    pub max_body_bytes: usize,
+    /// Longest a request may take, streamed or not (504 and its generation stopped beyond).
+    pub request_timeout: Option<Duration>,
+    /// Interval of the comment lines that keep an idle event stream alive.
+    pub sse_keep_alive: Duration,
 }
+
+/// Default `max_body_bytes`: a full context of text or token ids with room to spare.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 
 /// A loaded model, ready to serve.
 pub struct Loaded {
@@ -73,12 +93,24 @@ pub async fn run(
     cfg: ServeConfig,
     load: impl FnOnce() -> anyhow::Result<Loaded> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let app = Arc::new(App::new(cfg.clone()));
+    let router = routes::router(app.clone())?;
     let listener = tokio::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
         .await
         .map_err(|e| anyhow::anyhow!("binding {}:{}: {e}", cfg.host, cfg.port))?;
     let addr: SocketAddr = listener.local_addr()?;
     eprintln!("frugal serve: listening on http://{addr}");
-    let app = Arc::new(App::new(cfg.clone()));
+    if !cfg.api_keys.is_empty() {
+        eprintln!(
+            "frugal serve: the API needs a key ({} accepted); /health, /livez, /readyz and /metrics stay open",
+            cfg.api_keys.len()
+        );
+    } else if !addr.ip().is_loopback() {
+        eprintln!(
+            "frugal serve: warning: listening on {} without --api-key: anyone who can reach it may use it",
+            addr.ip()
+        );
+    }
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<anyhow::Error>();
     let loading = app.clone();
     tokio::task::spawn_blocking(move || match load().and_then(|l| loading.install(l)) {
@@ -99,7 +131,7 @@ pub async fn run(
         }
         stopping.begin_shutdown();
     };
-    axum::serve(listener, routes::router(app.clone()))
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await?;
     app.close();

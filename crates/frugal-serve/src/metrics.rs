@@ -228,7 +228,7 @@ impl Metrics {
         metric(
             "frugal_requests_total",
             "counter",
-            "Requests by outcome: stop (end of text or a stop string), length (max_tokens or the context), cancelled (the client went away), error, rejected (queue full).",
+            "Requests by outcome: stop (end of text or a stop string), length (max_tokens or the context), cancelled (the client went away or the request timed out), error, rejected (queue full).",
             &outcomes,
         );
         let (prompt, generation) = (get(&self.prompt_tokens), get(&self.generation_tokens));

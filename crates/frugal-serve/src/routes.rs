@@ -5,20 +5,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, Uri, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use frugal::chat::{ChatTemplate, Message};
+use frugal::chat::ChatTemplate;
 use frugal::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-use crate::api::{self, ChatRequest, CompletionRequest, Prompt, Sampling};
+use crate::api::{self, Prompt};
 use crate::engine::{self, EngineConfig, Event, GenRequest, TokenLogprob};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::security::{self, Body};
+use crate::validate::{self, Sampling};
 use crate::{Loaded, ServeConfig};
 
 /// What every handler shares.
@@ -140,27 +143,46 @@ impl App {
     fn ctx(&self) -> usize {
         self.ready.get().map_or(0, |r| r.ctx)
     }
+
+    pub fn max_body_bytes(&self) -> usize {
+        self.cfg.max_body_bytes
+    }
 }
 
 type AppState = State<Arc<App>>;
 
-pub fn router(app: Arc<App>) -> Router {
-    Router::new()
+/// The endpoints with their middleware ([`security`]). Health, readiness and metrics stay open
+/// when the server has API keys: orchestrators and Prometheus probe them without one, and they
+/// tell nothing about what clients ask.
+pub fn router(app: Arc<App>) -> anyhow::Result<Router> {
+    let open = Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/livez", get(|| async { (StatusCode::OK, "ok") }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics));
+    let mut api = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/models", get(models))
-        .route("/health", get(health))
-        .route("/v1/health", get(health))
-        .route("/livez", get(|| async { (StatusCode::OK, "ok") }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
+        .route("/detokenize", post(detokenize));
+    if let Some(keys) = security::require_key(&app.cfg.api_keys) {
+        api = api.route_layer(keys);
+    }
+    let cfg = &app.cfg;
+    let router = open
+        .merge(api)
         .fallback(|uri: Uri| async move { ApiError::not_found(uri.path()) })
-        .with_state(app)
+        .layer(DefaultBodyLimit::max(cfg.max_body_bytes));
+    security::outer_layers(
+        router.with_state(app.clone()),
+        cfg.request_timeout,
+        &cfg.cors_origins,
+    )
 }
 
 async fn health(State(app): AppState) -> Response {
@@ -208,9 +230,9 @@ async fn models(State(app): AppState) -> Result<Response, ApiError> {
     .into_response())
 }
 
-async fn tokenize(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
+async fn tokenize(State(app): AppState, Body(body): Body) -> Result<Response, ApiError> {
+    let req: api::TokenizeRequest = validate::plain(&body)?;
     let r = app.ready()?;
-    let req: api::TokenizeRequest = api::parse(&body)?;
     let tokens = r
         .tok
         .encode(&req.content, req.add_special)
@@ -218,9 +240,9 @@ async fn tokenize(State(app): AppState, body: Bytes) -> Result<Response, ApiErro
     Ok(axum::Json(json!({ "tokens": tokens })).into_response())
 }
 
-async fn detokenize(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
+async fn detokenize(State(app): AppState, Body(body): Body) -> Result<Response, ApiError> {
+    let req: api::DetokenizeRequest = validate::plain(&body)?;
     let r = app.ready()?;
-    let req: api::DetokenizeRequest = api::parse(&body)?;
     if let Some(&bad) = req
         .tokens
         .iter()
@@ -244,47 +266,34 @@ enum Kind {
     Text,
 }
 
-async fn chat(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
+async fn chat(State(app): AppState, Body(body): Body) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let req = validate::chat(&body)?;
     let r = app.ready()?;
-    let req: ChatRequest = api::parse(&body)?;
-    check_model(r, req.common.model.as_deref())?;
-    if req.messages.is_empty() {
-        return Err(ApiError::invalid(
-            "messages must hold at least one message",
-            Some("messages"),
-        ));
-    }
-    let mut messages = Vec::with_capacity(req.messages.len());
-    for m in &req.messages {
-        messages.push(Message::new(&m.role, &m.text()?));
-    }
+    check_model(r, req.model.as_deref())?;
     let text = r
         .template
-        .render(&messages, true)
+        .render(&req.messages, true)
         .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt = r
         .tok
         .encode(&text, true)
         .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let logprobs = match (req.logprobs, req.top_logprobs) {
-        (false, _) => None,
-        (true, None) => Some(0),
-        (true, Some(k)) if (0..=20).contains(&k) => Some(k as usize),
-        (true, Some(k)) => {
-            return Err(ApiError::invalid(
-                format!("top_logprobs must be between 0 and 20, got {k}"),
-                Some("top_logprobs"),
-            ));
-        }
+    let job = Job {
+        kind: Kind::Chat,
+        prompt,
+        sampling: req.sampling,
+        logprobs: req.logprobs,
+        arrived,
     };
-    let sampling = req.common.sampling()?;
-    generate(&app, r, Kind::Chat, prompt, sampling, logprobs).await
+    generate(&app, r, job).await
 }
 
-async fn completions(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
+async fn completions(State(app): AppState, Body(body): Body) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let req = validate::completion(&body)?;
     let r = app.ready()?;
-    let req: CompletionRequest = api::parse(&body)?;
-    check_model(r, req.common.model.as_deref())?;
+    check_model(r, req.model.as_deref())?;
     let encode = |t: &str| {
         r.tok
             .encode(t, false)
@@ -311,18 +320,14 @@ async fn completions(State(app): AppState, body: Bytes) -> Result<Response, ApiE
             Some("prompt"),
         ));
     }
-    let logprobs = match req.logprobs {
-        None => None,
-        Some(k) if (0..=5).contains(&k) => Some(k as usize),
-        Some(k) => {
-            return Err(ApiError::invalid(
-                format!("logprobs must be between 0 and 5, got {k}"),
-                Some("logprobs"),
-            ));
-        }
+    let job = Job {
+        kind: Kind::Text,
+        prompt,
+        sampling: req.sampling,
+        logprobs: req.logprobs,
+        arrived,
     };
-    let sampling = req.common.sampling()?;
-    generate(&app, r, Kind::Text, prompt, sampling, logprobs).await
+    generate(&app, r, job).await
 }
 
 fn check_model(r: &Ready, model: Option<&str>) -> Result<(), ApiError> {
@@ -334,15 +339,25 @@ fn check_model(r: &Ready, model: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-/// Validates lengths, applies admission control, submits and answers (streamed or not).
-async fn generate(
-    app: &Arc<App>,
-    r: &Ready,
+/// A validated generation request, as both endpoints hand it on.
+struct Job {
     kind: Kind,
     prompt: Vec<u32>,
-    s: Sampling,
+    sampling: Sampling,
     logprobs: Option<usize>,
-) -> Result<Response, ApiError> {
+    /// When the handler started: a stream's `--request-timeout` deadline counts from here.
+    arrived: Instant,
+}
+
+/// Validates lengths, applies admission control, submits and answers (streamed or not).
+async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiError> {
+    let Job {
+        kind,
+        prompt,
+        sampling: s,
+        logprobs,
+        arrived,
+    } = job;
     if app.shutting_down.load(Ordering::Relaxed) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
@@ -412,7 +427,11 @@ async fn generate(
         tok: r.tok.clone(),
     };
     if s.stream {
-        Ok(stream(out, rx, s.include_usage))
+        let limits = StreamLimits {
+            deadline: app.cfg.request_timeout.map(|t| (arrived + t, t)),
+            keep_alive: app.cfg.sse_keep_alive,
+        };
+        Ok(stream(out, rx, s.include_usage, limits))
     } else {
         collect(out, rx).await
     }
@@ -584,11 +603,39 @@ async fn collect(
     Ok(axum::Json(body).into_response())
 }
 
-/// Server-sent events in the OpenAI chunk format, ending with `data: [DONE]`. Dropping the
-/// stream (the client went away) drops `rx`, which cancels the request.
-fn stream(out: Output, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: bool) -> Response {
-    let sse = |v: &Value| Ok::<Bytes, Infallible>(Bytes::from(format!("data: {v}\n\n")));
+/// `--request-timeout` and `--sse-keep-alive` as a stream applies them.
+struct StreamLimits {
+    /// When the stream must end, and the timeout that set it (for the message).
+    deadline: Option<(Instant, std::time::Duration)>,
+    keep_alive: std::time::Duration,
+}
+
+/// Server-sent events in the OpenAI chunk format, ending with `data: [DONE]`, with a comment
+/// line every `keep_alive` while nothing else is sent (a queued request or a long prefill would
+/// otherwise look like a dead connection to proxies).
+///
+/// Dropping the stream drops `rx`, which cancels the request: when the client goes away, and at
+/// the deadline, where the stream ends with an OpenAI error event (no `[DONE]`).
+fn stream(
+    out: Output,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+    limits: StreamLimits,
+) -> Response {
+    let sse = |v: &Value| {
+        let e = SseEvent::default();
+        Ok::<SseEvent, Infallible>(
+            e.json_data(v)
+                .unwrap_or_else(|_| SseEvent::default().comment("unserializable event")),
+        )
+    };
+    let (deadline, timeout) = match limits.deadline {
+        Some((d, t)) => (d, Some(t)),
+        None => (Instant::now(), None),
+    };
     let body = async_stream::stream! {
+        let expired = tokio::time::sleep_until(deadline);
+        tokio::pin!(expired);
         let chunk = |choices: Value| {
             let mut c = out.envelope(true, choices);
             if include_usage {
@@ -615,7 +662,17 @@ fn stream(out: Output, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: bo
             }
         };
         while open > 0 {
-            match rx.recv().await {
+            let next = tokio::select! {
+                biased;
+                () = &mut expired, if timeout.is_some() => None,
+                e = rx.recv() => Some(e),
+            };
+            let Some(next) = next else {
+                let secs = timeout.map_or(0.0, |t| t.as_secs_f64());
+                yield sse(&ApiError::timeout(secs).body());
+                return;
+            };
+            match next {
                 Some(Event::Admitted { cached: c }) => cached = c,
                 Some(Event::Token { choice, token, text, logprob }) => {
                     let lp = match &logprob {
@@ -651,13 +708,11 @@ fn stream(out: Output, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: bo
             u["usage"] = out.usage(completion, cached);
             yield sse(&u);
         }
-        yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
+        yield Ok(SseEvent::default().data("[DONE]"));
     };
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(body))
-        .unwrap_or_else(|_| ApiError::internal("building the stream").into_response())
+    Sse::new(body)
+        .keep_alive(KeepAlive::new().interval(limits.keep_alive))
+        .into_response()
 }
 
 fn now_secs() -> u64 {

@@ -339,6 +339,32 @@ fn a_client_that_goes_away_frees_its_blocks() {
 
 /// A MoE model served in batches gives every sequence its lone tokens, and `/metrics` counts
 /// every routed token: per layer, `k` expert slots for each token the model ran.
+/// A client that never reads holds nothing up: its sequence generates to its end while the
+/// request beside it is served (the scheduler never waits on an event channel), and every event
+/// waits for it in order.
+#[test]
+fn a_reader_that_never_reads_holds_nothing_up() {
+    let s = server(512, 2, 256, false);
+    let stalled = request_min(&s, &prompt(20, 3), 300, 300);
+    let (other, _) = tokens(request_min(&s, &prompt(30, 4), 40, 40));
+    assert_eq!(other.len(), 40);
+    let t = Instant::now();
+    loop {
+        let text = s.metrics.render();
+        let ended = metric(&text, "frugal_requests_total{outcome=\"length\"}");
+        if ended == 2 && metric(&text, "frugal_requests_running") == 0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the unread request did not run to its end:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (got, _) = tokens(stalled);
+    assert_eq!(got.len(), 300);
+}
+
 #[test]
 fn moe_model_batches_exactly_and_reports_its_routing() {
     let moe = SyntheticMoe {

@@ -2,6 +2,7 @@
 //! flags of every other command.
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use frugal::chat::ChatTemplate;
@@ -47,10 +48,43 @@ pub struct Args {
     /// same, greedy or not in distribution
     #[arg(long = "speculate", value_name = "ngram[:N][:K] | store:FILE[:K]")]
     pub speculate: Option<String>,
+    /// Key clients must send as `Authorization: Bearer KEY`, else 401 (repeatable; without it,
+    /// the environment variable FRUGAL_API_KEY); /health, /livez, /readyz and /metrics stay open
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_key: Vec<String>,
+    /// Origin browsers may call the API from, e.g. https://example.com, or * for any
+    /// (repeatable; none: no CORS headers)
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
+    /// Largest request body (B, KiB, MiB, GiB); a larger one gets 413
+    #[arg(long = "max-body-bytes", value_name = "SIZE", default_value = "8MiB")]
+    pub max_body_bytes: String,
+    /// Seconds a request may take, streamed or not; then it gets 504 (a stream, an error event)
+    /// and its generation stops (0: no limit)
+    #[arg(long = "request-timeout", value_name = "SECS", default_value_t = 600.0)]
+    pub request_timeout: f64,
+    /// Seconds between keep-alive comments on an event stream that has nothing to send
+    #[arg(long = "sse-keep-alive", value_name = "SECS", default_value_t = 15.0)]
+    pub sse_keep_alive: f64,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// The environment variable `--api-key` falls back to.
+const API_KEY_ENV: &str = "FRUGAL_API_KEY";
+
+/// Seconds as a duration, for `flag`; `zero_is_none`: 0 turns the limit off.
+fn seconds(flag: &str, s: f64, zero_is_none: bool) -> Result<Option<Duration>> {
+    if zero_is_none && s == 0.0 {
+        return Ok(None);
+    }
+    let d = Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{flag} {s}: a positive number of seconds"))?;
+    Ok(Some(d))
 }
 
 /// Parses sizes such as `512MiB`, `1GiB`, `300MB` or a plain byte count.
@@ -137,6 +171,21 @@ pub fn run(a: Args) -> Result<()> {
         threads: rayon::current_num_threads(),
         speculate,
         store,
+        api_keys: frugal_serve::ApiKeys::new(if a.api_key.is_empty() {
+            std::env::var(API_KEY_ENV)
+                .ok()
+                .filter(|k| !k.is_empty())
+                .into_iter()
+                .collect()
+        } else {
+            a.api_key.clone()
+        })
+        .context("--api-key")?,
+        cors_origins: a.cors_origin.clone(),
+        max_body_bytes: parse_bytes(&a.max_body_bytes).context("--max-body-bytes")?,
+        request_timeout: seconds("--request-timeout", a.request_timeout, true)?,
+        sse_keep_alive: seconds("--sse-keep-alive", a.sse_keep_alive, false)?
+            .unwrap_or(Duration::from_secs(15)),
     };
     let model_args = a.model.clone();
     let alias = a.alias.clone();
@@ -193,5 +242,19 @@ mod tests {
         assert!(parse_bytes("12 parsecs").is_err());
         assert!(parse_bytes("-5MiB").is_err());
         assert!(parse_bytes("0").is_err());
+    }
+
+    #[test]
+    fn seconds_refuse_nonsense_and_zero_turns_a_limit_off() {
+        use super::seconds;
+        use std::time::Duration;
+        assert_eq!(
+            seconds("--x", 1.5, true).unwrap(),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(seconds("--x", 0.0, true).unwrap(), None);
+        assert!(seconds("--x", 0.0, false).is_err());
+        assert!(seconds("--x", -1.0, true).is_err());
+        assert!(seconds("--x", f64::NAN, true).is_err());
     }
 }
