@@ -42,6 +42,21 @@ impl Windows {
         }
     }
 
+    /// The same windows, each starting with `start` in place of its first token (which is the
+    /// previous window's last label, so no label is lost), as llama.cpp's perplexity starts
+    /// each chunk: a model whose tokenizer adds a beginning-of-text token (Gemma) is trained
+    /// on windows as it is evaluated and run, each opening with that token; without it such a
+    /// model's first positions have no attention sink, and training on them teaches the
+    /// model another function than the one evaluated. `None` leaves the windows as they are.
+    pub fn starting_with(mut self, start: Option<u32>) -> Windows {
+        if let Some(b) = start {
+            for w in self.tokens.chunks_exact_mut(self.seq + 1) {
+                w[0] = b;
+            }
+        }
+        self
+    }
+
     fn push(&mut self, w: &[u32]) {
         debug_assert_eq!(w.len(), self.seq + 1);
         self.tokens.extend_from_slice(w);
@@ -70,8 +85,15 @@ pub fn windows_of(stream: &[u32], seq: usize) -> Windows {
     w
 }
 
+/// The token every window starts with for a model of this tokenizer: its beginning-of-text
+/// token when it adds one to a text (`tokenizer.ggml.add_bos_token`), else none.
+pub fn window_start(tok: &Tokenizer) -> Option<u32> {
+    if tok.add_bos { tok.bos } else { None }
+}
+
 /// Tokenizes text files into one stream (each file ends with the end-of-text token), cuts it
-/// into windows, and holds out the last `heldout` fraction of them (at least one).
+/// into windows (each starting as [`window_start`] says), and holds out the last `heldout`
+/// fraction of them (at least one).
 pub fn corpus_from_files(
     tok: &Tokenizer,
     files: &[impl AsRef<Path>],
@@ -86,7 +108,7 @@ pub fn corpus_from_files(
         stream.extend(tok.eos);
     }
     split(
-        windows_of(&stream, seq),
+        windows_of(&stream, seq).starting_with(window_start(tok)),
         heldout,
         &format!("{} file(s)", files.len()),
     )
@@ -220,6 +242,13 @@ mod tests {
     fn windows_share_one_token_and_split_without_overlap() {
         let stream: Vec<u32> = (0..23).collect();
         let w = windows_of(&stream, 5);
+        let b = w.clone().starting_with(Some(99));
+        assert_eq!(b.len(), w.len());
+        for i in 0..w.len() {
+            assert_eq!(b.get(i)[0], 99);
+            assert_eq!(b.get(i)[1..], w.get(i)[1..]);
+        }
+        assert_eq!(w.clone().starting_with(None), w);
         assert_eq!(w.len(), 4);
         assert_eq!(w.get(1), &[5, 6, 7, 8, 9, 10]);
         let c = split(w, 0.3, "test").unwrap();

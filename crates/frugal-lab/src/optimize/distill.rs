@@ -12,7 +12,7 @@ use anyhow::Result;
 use frugal::gguf::GgufFile;
 use frugal::model::Model;
 use frugal_train::Params;
-use frugal_train::data::{split, windows_of};
+use frugal_train::data::{split, window_start, windows_of};
 use frugal_train::teacher::OnlineTeachers;
 
 use super::prune::Calibration;
@@ -33,7 +33,12 @@ pub fn apply(
     tokens: usize,
     seed: u64,
 ) -> Result<GgufFile> {
-    let data = split(windows_of(&cal.tokens, SEQ), 0.1, "the calibration text")?;
+    let start = window_start(&frugal::tokenizer::Tokenizer::from_gguf(base)?);
+    let data = split(
+        windows_of(&cal.tokens, SEQ).starting_with(start),
+        0.1,
+        "the calibration text",
+    )?;
     let teacher = crate::build::load_file(GgufFile::from_bytes(base.raw_bytes().to_vec())?, false)?;
     let teachers = OnlineTeachers {
         models: vec![(teacher, 1.0)],
