@@ -254,6 +254,24 @@ fn search_funnel_recipe_and_resume() {
     rebuild(&dir.join("recipe.toml"), None, None, &again).unwrap();
     assert_eq!(std::fs::read(again.join("model.gguf")).unwrap(), built);
 
+    // ... and is refused by a build whose encoders round differently.
+    let mut other_build =
+        frugal_lab::optimize::recipe::RecipeFile::read(&dir.join("recipe.toml")).unwrap();
+    assert_eq!(
+        other_build.encoders.as_deref(),
+        Some(frugal_lab::optimize::recipe::encoder_fingerprint())
+    );
+    other_build.encoders = Some("0123456789abcdef".into());
+    other_build.write(&f.root.join("other-build.toml")).unwrap();
+    let e = rebuild(
+        &f.root.join("other-build.toml"),
+        None,
+        None,
+        &f.root.join("y"),
+    )
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("round differently"), "{e:#}");
+
     // ... and is refused for another base.
     let other = f.root.join("other.gguf");
     std::fs::write(&other, model(2)).unwrap();
@@ -701,6 +719,7 @@ fn rebuilds_as_measured(f: &Files, s: &State, key: &str) -> GgufFile {
         .unwrap();
     let r = RecipeFile {
         frugal_version: VERSION.to_string(),
+        encoders: None,
         base: BaseId::of(&f.model).unwrap(),
         recipe: p.recipe.clone(),
         calibration: Some(CalibrationId {

@@ -26,6 +26,40 @@ use sha2::{Digest, Sha256};
 /// may round differently, so the bytes would not be the same).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// What this build's encoders write: the sha256 of a fixed pseudo-random block of weights
+/// encoded in every format the quantization stage uses, plainly and weighted by importance.
+/// Two builds of one version whose encoders round differently write different fingerprints,
+/// so a recipe checks the encoders themselves, not only the version's name.
+pub fn encoder_fingerprint() -> &'static str {
+    static F: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    F.get_or_init(|| {
+        // 4 rows of 256: every format's block divides them.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let x: Vec<f32> = (0..1024)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        let importance: Vec<f32> = (0..256).map(|j| 1.0 + (j % 7) as f32).collect();
+        let mut h = Sha256::new();
+        for t in super::quant::uniform() {
+            h.update(t.name().as_bytes());
+            if let Ok(b) = frugal::quant::quantize(t, &x) {
+                h.update(&b);
+            }
+            if frugal::quant::weighted::has_weighted_encoder(t)
+                && let Ok(b) = frugal::quant::weighted::quantize_weighted(t, &x, &importance)
+            {
+                h.update(&b);
+            }
+        }
+        format!("{:x}", h.finalize())
+    })
+}
+
 /// The levers of the ladder, in the order they apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -353,6 +387,10 @@ impl Recipe {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RecipeFile {
     pub frugal_version: String,
+    /// [`encoder_fingerprint`] of the build that wrote it (absent in older recipes: then the
+    /// version alone is checked).
+    #[serde(default)]
+    pub encoders: Option<String>,
     pub base: BaseId,
     pub recipe: Recipe,
     /// The text the recipe's cuts were scored on (when a stage reads activations).
@@ -386,6 +424,14 @@ impl RecipeFile {
             "the recipe was made by frugal {} and this is {VERSION}: its encoders may round differently, so the model would not be the same; rerun the search",
             self.frugal_version
         );
+        if let Some(e) = &self.encoders {
+            ensure!(
+                e == encoder_fingerprint(),
+                "the recipe was made by a build of frugal {VERSION} whose encoders round differently from this one's (fingerprint {}… against {}…): the model would not be the same; rerun the search",
+                &e[..12.min(e.len())],
+                &encoder_fingerprint()[..12]
+            );
+        }
         ensure!(
             self.base.sha256 == base.sha256,
             "the recipe was made from another base model ({}, sha256 {}…, {} bytes) than {} (sha256 {}…, {} bytes): its formats were chosen by that model's measurements",

@@ -58,6 +58,7 @@ impl Search<'_> {
             let needs = p.recipe.needs_calibration_with(draft.as_ref());
             let file = RecipeFile {
                 frugal_version: VERSION.to_string(),
+                encoders: Some(super::super::recipe::encoder_fingerprint().to_string()),
                 base: self.state.base.clone(),
                 recipe: p.recipe.clone(),
                 calibration: if needs {
