@@ -46,6 +46,10 @@ pub struct Common {
     #[serde(default)]
     pub ignore_eos: bool,
     pub min_tokens: Option<i64>,
+    /// Structured output (see [`crate::structured`]): OpenAI's `response_format`, or
+    /// llama-server's bare `json_schema`.
+    pub response_format: Option<serde_json::Value>,
+    pub json_schema: Option<serde_json::Value>,
 }
 
 /// A chat message; `content` is a string or a list of text parts.
@@ -54,6 +58,10 @@ pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's calls, a tool result's call id and a tool's name (see [`crate::tools`]).
+    pub tool_calls: Option<serde_json::Value>,
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -106,6 +114,8 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
+    pub tools: Option<serde_json::Value>,
+    pub tool_choice: Option<serde_json::Value>,
 }
 
 /// `prompt`: a string, a list of one string, or token ids.

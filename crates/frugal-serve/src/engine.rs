@@ -37,6 +37,7 @@ use frugal::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
+use crate::structured::Constraint;
 
 /// Why a choice ended, in OpenAI's words.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -108,6 +109,9 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// `Some(k)`: report each token's log-probability and its `k` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// A grammar every choice's output must follow (`response_format`, forced tool calls);
+    /// each choice gets its own copy.
+    pub constraint: Option<Constraint>,
     pub events: mpsc::UnboundedSender<Event>,
 }
 
@@ -179,6 +183,9 @@ struct Seq {
     retrieval: Option<Retrieval>,
     from_store: bool,
     draft: Vec<u32>,
+    /// The grammar the output follows: its mask applies before every sample, and such a
+    /// sequence never speculates.
+    constraint: Option<Box<Constraint>>,
 }
 
 impl Seq {
@@ -297,6 +304,7 @@ impl Scheduler {
             )));
             return;
         }
+        let constraint = r.constraint.map(Box::new);
         for choice in 0..r.n {
             let mut params = r.sampler.clone();
             params.seed = params.seed.wrapping_add(choice as u64);
@@ -328,6 +336,7 @@ impl Scheduler {
                     }),
                 from_store: false,
                 draft: Vec::new(),
+                constraint: constraint.as_ref().map(|c| Box::new(c.fork())),
             });
         }
     }
@@ -575,6 +584,7 @@ impl Scheduler {
             if decoding > SPECULATE_MAX_BATCH
                 || s.tokens.len() - s.computed != 1
                 || s.generated < s.shared.min_tokens
+                || s.constraint.is_some()
             {
                 continue;
             }
@@ -712,9 +722,24 @@ impl Scheduler {
         } else {
             &[]
         };
-        let next = s
-            .sampler
-            .sample_banning(logits, &s.tokens, generated, banned);
+        let next = match s.constraint.as_mut() {
+            None => s
+                .sampler
+                .sample_banning(logits, &s.tokens, generated, banned),
+            Some(c) => match c.mask(logits) {
+                Some(masked) => {
+                    let next = s
+                        .sampler
+                        .sample_banning(masked, &s.tokens, generated, banned);
+                    // The bans may have left nothing the grammar allows.
+                    if masked[next as usize] == f32::NEG_INFINITY {
+                        return Some(Finish::Stop);
+                    }
+                    next
+                }
+                None => return Some(Finish::Stop),
+            },
+        };
         self.emit(i, next, logits)
     }
 
@@ -734,6 +759,10 @@ impl Scheduler {
         if tok.is_end_of_generation(next) {
             return Some(Finish::Stop);
         }
+        let grammar_done = match s.constraint.as_mut() {
+            None => false,
+            Some(c) => !c.commit(next) || c.is_done(),
+        };
         let logprob = s.shared.logprobs.map(|k| token_logprob(logits, next, k));
         s.tokens.push(next);
         s.generated += 1;
@@ -748,6 +777,8 @@ impl Scheduler {
         });
         if hit {
             s.stop_hit = true;
+            Some(Finish::Stop)
+        } else if grammar_done {
             Some(Finish::Stop)
         } else if s.generated >= s.shared.max_tokens || s.tokens.len() >= ctx {
             Some(Finish::Length)

@@ -5,6 +5,7 @@
 //!   not), models, health, metrics, tokenize.
 //! - [`engine`]: the scheduler thread: continuous batching, chunked prefill, prefix caching,
 //!   preemption by recompute, cancellation.
+//! - [`structured`]: `response_format` and forced tool calls by constrained decoding.
 //! - [`api`] and [`error`]: request bodies and OpenAI error objects; [`metrics`]: Prometheus.
 //!
 //! The HTTP side validates and tokenizes, then hands the scheduler a [`engine::GenRequest`] with
@@ -16,6 +17,7 @@ pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod routes;
+pub mod structured;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

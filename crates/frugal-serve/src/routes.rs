@@ -19,6 +19,7 @@ use crate::api::{self, ChatRequest, CompletionRequest, Prompt, Sampling};
 use crate::engine::{self, EngineConfig, Event, GenRequest, TokenLogprob};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::structured::{self, Constraint, Grammars};
 use crate::{Loaded, ServeConfig};
 
 /// What every handler shares.
@@ -40,6 +41,8 @@ struct Ready {
     created: u64,
     /// Longest sequence: `--ctx`, or what the KV budget holds if that is less.
     ctx: usize,
+    /// The vocabulary indexed for constrained decoding (`None` if that failed).
+    grammars: Option<Grammars>,
 }
 
 impl App {
@@ -90,6 +93,20 @@ impl App {
         );
         let metrics = Arc::new(Metrics::new(&l.names[0], c.kv_block, blocks));
         let tok = Arc::new(l.tokenizer);
+        let t0 = std::time::Instant::now();
+        let grammars = match Grammars::new(tok.clone(), l.model.config.n_vocab) {
+            Ok(g) => {
+                eprintln!(
+                    "frugal serve: vocabulary indexed for structured output in {:.0} ms",
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+                Some(g)
+            }
+            Err(e) => {
+                eprintln!("frugal serve: structured output unavailable: {e:#}");
+                None
+            }
+        };
         let submit = engine::spawn(
             l.model,
             tok.clone(),
@@ -118,6 +135,7 @@ impl App {
             metrics,
             created,
             ctx,
+            grammars,
         });
         Ok(())
     }
@@ -278,7 +296,8 @@ async fn chat(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
         }
     };
     let sampling = req.common.sampling()?;
-    generate(&app, r, Kind::Chat, prompt, sampling, logprobs).await
+    let constraint = structured::request_constraint(r.grammars.as_ref(), &req.common)?;
+    generate(&app, r, Kind::Chat, prompt, sampling, logprobs, constraint).await
 }
 
 async fn completions(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
@@ -322,7 +341,8 @@ async fn completions(State(app): AppState, body: Bytes) -> Result<Response, ApiE
         }
     };
     let sampling = req.common.sampling()?;
-    generate(&app, r, Kind::Text, prompt, sampling, logprobs).await
+    let constraint = structured::request_constraint(r.grammars.as_ref(), &req.common)?;
+    generate(&app, r, Kind::Text, prompt, sampling, logprobs, constraint).await
 }
 
 fn check_model(r: &Ready, model: Option<&str>) -> Result<(), ApiError> {
@@ -342,6 +362,7 @@ async fn generate(
     prompt: Vec<u32>,
     s: Sampling,
     logprobs: Option<usize>,
+    constraint: Option<Constraint>,
 ) -> Result<Response, ApiError> {
     if app.shutting_down.load(Ordering::Relaxed) {
         return Err(ApiError::unavailable("the server is shutting down"));
@@ -388,6 +409,7 @@ async fn generate(
         sampler: s.params.clone(),
         stop: s.stop.clone(),
         logprobs,
+        constraint,
         events: tx,
     };
     if submit.send(req).is_err() {
