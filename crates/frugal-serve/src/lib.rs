@@ -5,7 +5,8 @@
 //!   not), models, health, metrics, tokenize.
 //! - [`engine`]: the scheduler thread: continuous batching, chunked prefill, prefix caching,
 //!   preemption by recompute, cancellation.
-//! - [`structured`]: `response_format` and forced tool calls by constrained decoding.
+//! - [`structured`]: `response_format` and forced tool calls by constrained decoding;
+//!   [`tools`]: `tools` and `tool_choice`, and tool calls read from the output.
 //! - [`api`] and [`error`]: request bodies and OpenAI error objects; [`metrics`]: Prometheus.
 //!
 //! The HTTP side validates and tokenizes, then hands the scheduler a [`engine::GenRequest`] with
@@ -18,6 +19,7 @@ pub mod error;
 pub mod metrics;
 pub mod routes;
 pub mod structured;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use frugal::chat::{ChatTemplate, Message};
+use frugal::chat::ChatTemplate;
 use frugal::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -20,6 +20,7 @@ use crate::engine::{self, EngineConfig, Event, GenRequest, TokenLogprob};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::structured::{self, Constraint, Grammars};
+use crate::tools::{self, CallSplitter, Piece, Tools};
 use crate::{Loaded, ServeConfig};
 
 /// What every handler shares.
@@ -259,6 +260,8 @@ async fn detokenize(State(app): AppState, body: Bytes) -> Result<Response, ApiEr
 #[derive(Copy, Clone, PartialEq, Eq)]
 enum Kind {
     Chat,
+    /// A chat whose output is read for tool calls.
+    ChatTools,
     Text,
 }
 
@@ -272,13 +275,15 @@ async fn chat(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
             Some("messages"),
         ));
     }
-    let mut messages = Vec::with_capacity(req.messages.len());
-    for m in &req.messages {
-        messages.push(Message::new(&m.role, &m.text()?));
-    }
+    let tools = Tools::parse(req.tools.as_ref(), req.tool_choice.as_ref())?;
+    let messages = tools::template_messages(&req.messages)?;
     let text = r
         .template
-        .render(&messages, true)
+        .render_with_tools(
+            &messages,
+            tools.as_ref().and_then(Tools::for_template),
+            true,
+        )
         .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt = r
         .tok
@@ -296,8 +301,29 @@ async fn chat(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
         }
     };
     let sampling = req.common.sampling()?;
-    let constraint = structured::request_constraint(r.grammars.as_ref(), &req.common)?;
-    generate(&app, r, Kind::Chat, prompt, sampling, logprobs, constraint).await
+    let mut constraint = structured::request_constraint(r.grammars.as_ref(), &req.common)?;
+    if let Some(g) = tools.as_ref().and_then(Tools::grammar) {
+        if constraint.is_some() {
+            return Err(ApiError::invalid(
+                "a forced tool call (tool_choice required or a named function) cannot also follow response_format",
+                Some("tool_choice"),
+            ));
+        }
+        let grammars = r.grammars.as_ref().ok_or_else(|| {
+            ApiError::invalid(
+                "forced tool calls are unavailable: this model's vocabulary could not be indexed",
+                Some("tool_choice"),
+            )
+        })?;
+        constraint = Some(grammars.compile(g).map_err(|e| {
+            ApiError::invalid(format!("invalid tool parameters: {e}"), Some("tools"))
+        })?);
+    }
+    let kind = match tools.as_ref().is_some_and(Tools::parses_calls) {
+        true => Kind::ChatTools,
+        false => Kind::Chat,
+    };
+    generate(&app, r, kind, prompt, sampling, logprobs, constraint).await
 }
 
 async fn completions(State(app): AppState, body: Bytes) -> Result<Response, ApiError> {
@@ -420,7 +446,7 @@ async fn generate(
         kind,
         id: format!(
             "{}-{:016x}",
-            if kind == Kind::Chat {
+            if kind != Kind::Text {
                 "chatcmpl"
             } else {
                 "cmpl"
@@ -463,8 +489,8 @@ impl Output {
 
     fn object(&self, chunk: bool) -> &'static str {
         match (self.kind, chunk) {
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Chat | Kind::ChatTools, false) => "chat.completion",
+            (Kind::Chat | Kind::ChatTools, true) => "chat.completion.chunk",
             (Kind::Text, _) => "text_completion",
         }
     }
@@ -580,7 +606,7 @@ async fn collect(
         .map(|(i, c)| {
             let lp = if !with_logprobs {
                 Value::Null
-            } else if out.kind == Kind::Chat {
+            } else if out.kind != Kind::Text {
                 out.chat_logprobs(&c.logprobs)
             } else {
                 out.text_logprobs(&c.logprobs, 0)
@@ -592,6 +618,18 @@ async fn collect(
                     "logprobs": lp,
                     "finish_reason": c.finish,
                 }),
+                Kind::ChatTools => {
+                    let (content, calls) = tools::split_all(&c.text);
+                    let mut message = json!({"role": "assistant", "content": content});
+                    let mut finish = c.finish;
+                    if !calls.is_empty() {
+                        let list: Vec<Value> =
+                            calls.iter().map(|k| k.to_json(&tools::call_id())).collect();
+                        message["tool_calls"] = Value::Array(list);
+                        finish = Some("tool_calls");
+                    }
+                    json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
+                }
                 Kind::Text => json!({
                     "index": i,
                     "text": c.text,
@@ -618,7 +656,7 @@ fn stream(out: Output, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: bo
             }
             c
         };
-        if out.kind == Kind::Chat {
+        if out.kind != Kind::Text {
             let first: Vec<Value> = (0..out.n)
                 .map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))
                 .collect();
@@ -626,10 +664,13 @@ fn stream(out: Output, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: bo
         }
         let (mut cached, mut completion, mut open) = (0, 0, out.n);
         let mut offsets = vec![0usize; out.n];
+        // With tools: each choice's text split into text and calls, and its calls so far.
+        let mut splitters: Vec<CallSplitter> = (0..out.n).map(|_| CallSplitter::default()).collect();
+        let mut calls = vec![0usize; out.n];
         let delta = |i: usize, text: &str, lp: Value, finish: Option<&str>, offsets: &mut Vec<usize>| {
             offsets[i] += text.len();
             match out.kind {
-                Kind::Chat => {
+                Kind::Chat | Kind::ChatTools => {
                     let d = if finish.is_some() && text.is_empty() { json!({}) } else { json!({"content": text}) };
                     json!([{"index": i, "delta": d, "logprobs": lp, "finish_reason": finish}])
                 }
@@ -639,10 +680,30 @@ fn stream(out: Output, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: bo
         while open > 0 {
             match rx.recv().await {
                 Some(Event::Admitted { cached: c }) => cached = c,
+                Some(Event::Token { choice, text, .. }) if out.kind == Kind::ChatTools => {
+                    for p in splitters[choice].push(&text) {
+                        for d in tool_deltas(choice, p, &mut calls[choice]) {
+                            yield sse(&chunk(d));
+                        }
+                    }
+                }
+                Some(Event::Finished { choice, reason, text, completion_tokens }) if out.kind == Kind::ChatTools => {
+                    completion += completion_tokens;
+                    open -= 1;
+                    let mut pieces = splitters[choice].push(&text);
+                    pieces.extend(splitters[choice].finish());
+                    for p in pieces {
+                        for d in tool_deltas(choice, p, &mut calls[choice]) {
+                            yield sse(&chunk(d));
+                        }
+                    }
+                    let reason = if calls[choice] > 0 { "tool_calls" } else { reason.as_str() };
+                    yield sse(&chunk(json!([{"index": choice, "delta": {}, "logprobs": null, "finish_reason": reason}])));
+                }
                 Some(Event::Token { choice, token, text, logprob }) => {
                     let lp = match &logprob {
                         None => Value::Null,
-                        Some(l) if out.kind == Kind::Chat => out.chat_logprobs(&[(token, l.clone())]),
+                        Some(l) if out.kind != Kind::Text => out.chat_logprobs(&[(token, l.clone())]),
                         Some(l) => out.text_logprobs(&[(token, l.clone())], offsets[choice]),
                     };
                     if text.is_empty() && lp.is_null() {
@@ -680,6 +741,25 @@ fn stream(out: Output, mut rx: mpsc::UnboundedReceiver<Event>, include_usage: bo
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(body))
         .unwrap_or_else(|_| ApiError::internal("building the stream").into_response())
+}
+
+/// The streamed chunks' choices for one piece of a tools answer: text as content, a call as
+/// OpenAI's two tool-call deltas (id and name, then the arguments).
+fn tool_deltas(choice: usize, p: Piece, calls: &mut usize) -> Vec<Value> {
+    let one =
+        |d: Value| json!([{"index": choice, "delta": d, "logprobs": null, "finish_reason": null}]);
+    match p {
+        Piece::Text(t) => vec![one(json!({"content": t}))],
+        Piece::Call(c) => {
+            let k = *calls;
+            *calls += 1;
+            let head = json!({"tool_calls": [{"index": k, "id": tools::call_id(), "type": "function",
+                "function": {"name": c.name, "arguments": ""}}]});
+            let args =
+                json!({"tool_calls": [{"index": k, "function": {"arguments": c.arguments}}]});
+            vec![one(head), one(args)]
+        }
+    }
 }
 
 fn now_secs() -> u64 {

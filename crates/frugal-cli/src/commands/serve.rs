@@ -47,6 +47,10 @@ pub struct Args {
     /// same, greedy or not in distribution
     #[arg(long = "speculate", value_name = "ngram[:N][:K] | store:FILE[:K]")]
     pub speculate: Option<String>,
+    /// A Jinja chat template to use instead of the model file's (e.g. one that renders
+    /// `tools` and `<tool_call>` turns)
+    #[arg(long = "chat-template", value_name = "FILE")]
+    pub chat_template: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -141,6 +145,13 @@ pub fn run(a: Args) -> Result<()> {
     let model_args = a.model.clone();
     let alias = a.alias.clone();
     let ctx = a.ctx;
+    let template_source = match &a.chat_template {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading the chat template {}", p.display()))?,
+        ),
+        None => None,
+    };
     let load = move || -> Result<Loaded> {
         let path = common::model_path(&model_args)?;
         let (mut model, tokenizer) = common::load(&model_args)?;
@@ -148,7 +159,7 @@ pub fn run(a: Args) -> Result<()> {
         model
             .config
             .set_context(ctx.unwrap_or(model.config.n_ctx_train));
-        let template = ChatTemplate::from_gguf(&model.file)?;
+        let template = ChatTemplate::from_gguf_with(&model.file, template_source)?;
         let basename = model
             .file
             .str_opt("general.basename")
