@@ -36,12 +36,9 @@ def _refused(e, param):
 
 # What the client sends for each OpenAI chat field the server does not implement.
 CHAT_REFUSED = {
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
+    "parallel_tool_calls": False,
     "functions": [{"name": "f", "parameters": {"type": "object"}}],
     "function_call": "auto",
-    "response_format": {"type": "json_object"},
     "logit_bias": {"50256": -100},
     "audio": {"voice": "alloy", "format": "wav"},
     "modalities": ["text", "audio"],
@@ -127,13 +124,10 @@ MESSAGE_CASES = {
     "system-null-content": ([{"role": "system", "content": None}, *MSG], "messages[0].content"),
     "developer-without-content": ([{"role": "developer"}, *MSG], "messages[0].content"),
     "assistant-without-content": ([*MSG, {"role": "assistant"}, *MSG], "messages[1].content"),
-    "assistant-tool-calls": (
-        [*MSG, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
-        "messages[1].tool_calls",
-    ),
-    "tool-role": ([*MSG, {"role": "tool", "content": "42"}], "messages[1].role"),
+    "tool-without-content": ([*MSG, {"role": "tool", "tool_call_id": "c"}], "messages[1].content"),
+    "function-role": ([*MSG, {"role": "function", "content": "42", "name": "f"}], "messages[1].role"),
     "unknown-role": ([{"role": "narrator", "content": "Hi"}], "messages[0].role"),
-    "name": ([{"role": "user", "content": "Hi", "name": "bob"}], "messages[0].name"),
+    "refusal": ([*MSG, {"role": "assistant", "content": "no", "refusal": "no"}], "messages[1].refusal"),
     "unknown-message-field": ([{"role": "user", "content": "Hi", "mood": "happy"}], "messages[0].mood"),
     "image-part": (
         [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],

@@ -43,6 +43,10 @@ pub struct Common {
     /// end-of-text token, or not before `min_tokens`.
     pub ignore_eos: Option<bool>,
     pub min_tokens: Option<i64>,
+    /// Structured output (see [`crate::structured`]): OpenAI's `response_format`, or
+    /// llama-server's bare `json_schema`.
+    pub response_format: Option<serde_json::Value>,
+    pub json_schema: Option<serde_json::Value>,
 }
 
 /// A chat message; `content` is a string or a list of text parts. `extra` holds the fields
@@ -55,6 +59,10 @@ pub struct ChatMessage {
     pub content: Option<Content>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+    /// An assistant turn's calls, a tool result's call id and a tool's name (see [`crate::tools`]).
+    pub tool_calls: Option<serde_json::Value>,
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -100,6 +108,8 @@ pub struct ChatRequest {
     pub top_logprobs: Option<i64>,
     #[serde(skip)]
     pub common: Common,
+    pub tools: Option<serde_json::Value>,
+    pub tool_choice: Option<serde_json::Value>,
 }
 
 /// `prompt`: a string, a list of one string, or token ids.

@@ -37,6 +37,7 @@ use frugal::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
+use crate::structured::Constraint;
 
 /// Why a choice ended, in OpenAI's words.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -116,6 +117,9 @@ pub struct GenRequest {
     /// `max_tokens` never exceeds the context. A reader that stops reading is ended by
     /// `--request-timeout`; one that disconnects drops the receiver, and the scheduler frees
     /// its sequences at its next step (`Seq::cancelled`).
+    /// A grammar every choice's output must follow (`response_format`, forced tool calls);
+    /// each choice gets its own copy.
+    pub constraint: Option<Constraint>,
     pub events: mpsc::UnboundedSender<Event>,
 }
 
@@ -187,6 +191,9 @@ struct Seq {
     retrieval: Option<Retrieval>,
     from_store: bool,
     draft: Vec<u32>,
+    /// The grammar the output follows: its mask applies before every sample, and such a
+    /// sequence never speculates.
+    constraint: Option<Box<Constraint>>,
 }
 
 impl Seq {
@@ -305,6 +312,7 @@ impl Scheduler {
             )));
             return;
         }
+        let constraint = r.constraint.map(Box::new);
         for choice in 0..r.n {
             let mut params = r.sampler.clone();
             params.seed = params.seed.wrapping_add(choice as u64);
@@ -336,6 +344,7 @@ impl Scheduler {
                     }),
                 from_store: false,
                 draft: Vec::new(),
+                constraint: constraint.as_ref().map(|c| Box::new(c.fork())),
             });
         }
     }
@@ -583,6 +592,7 @@ impl Scheduler {
             if decoding > SPECULATE_MAX_BATCH
                 || s.tokens.len() - s.computed != 1
                 || s.generated < s.shared.min_tokens
+                || s.constraint.is_some()
             {
                 continue;
             }
@@ -720,9 +730,24 @@ impl Scheduler {
         } else {
             &[]
         };
-        let next = s
-            .sampler
-            .sample_banning(logits, &s.tokens, generated, banned);
+        let next = match s.constraint.as_mut() {
+            None => s
+                .sampler
+                .sample_banning(logits, &s.tokens, generated, banned),
+            Some(c) => match c.mask(logits) {
+                Some(masked) => {
+                    let next = s
+                        .sampler
+                        .sample_banning(masked, &s.tokens, generated, banned);
+                    // The bans may have left nothing the grammar allows.
+                    if masked[next as usize] == f32::NEG_INFINITY {
+                        return Some(Finish::Stop);
+                    }
+                    next
+                }
+                None => return Some(Finish::Stop),
+            },
+        };
         self.emit(i, next, logits)
     }
 
@@ -742,6 +767,10 @@ impl Scheduler {
         if tok.is_end_of_generation(next) {
             return Some(Finish::Stop);
         }
+        let grammar_done = match s.constraint.as_mut() {
+            None => false,
+            Some(c) => !c.commit(next) || c.is_done(),
+        };
         let logprob = s.shared.logprobs.map(|k| token_logprob(logits, next, k));
         s.tokens.push(next);
         s.generated += 1;
@@ -756,6 +785,8 @@ impl Scheduler {
         });
         if hit {
             s.stop_hit = true;
+            Some(Finish::Stop)
+        } else if grammar_done {
             Some(Finish::Stop)
         } else if s.generated >= s.shared.max_tokens || s.tokens.len() >= ctx {
             Some(Finish::Length)

@@ -8,6 +8,8 @@
 //! - [`api`] and [`validate`]: request bodies, and what they may say (every OpenAI field is
 //!   honoured or refused by name); [`error`]: OpenAI error objects; [`metrics`]: Prometheus.
 //! - [`security`]: API keys, CORS, the body size limit and the request timeout.
+//! - [`structured`]: `response_format` and forced tool calls by constrained decoding;
+//!   [`tools`]: `tools` and `tool_choice`, and tool calls read from the output.
 //!
 //! The HTTP side validates and tokenizes, then hands the scheduler a [`engine::GenRequest`] with
 //! a channel on which tokens come back; a client that goes away drops that channel, which the
@@ -19,6 +21,8 @@ pub mod error;
 pub mod metrics;
 pub mod routes;
 pub mod security;
+pub mod structured;
+pub mod tools;
 pub mod validate;
 
 use std::net::SocketAddr;

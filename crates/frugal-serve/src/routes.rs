@@ -21,6 +21,8 @@ use crate::engine::{self, EngineConfig, Event, GenRequest, TokenLogprob};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::security::{self, Body};
+use crate::structured::{self, Constraint, Grammars};
+use crate::tools::{self, CallSplitter, Piece, Tools};
 use crate::validate::{self, Sampling};
 use crate::{Loaded, ServeConfig};
 
@@ -43,6 +45,8 @@ struct Ready {
     created: u64,
     /// Longest sequence: `--ctx`, or what the KV budget holds if that is less.
     ctx: usize,
+    /// The vocabulary indexed for constrained decoding (`None` if that failed).
+    grammars: Option<Grammars>,
 }
 
 impl App {
@@ -93,6 +97,20 @@ impl App {
         );
         let metrics = Arc::new(Metrics::new(&l.names[0], c.kv_block, blocks));
         let tok = Arc::new(l.tokenizer);
+        let t0 = std::time::Instant::now();
+        let grammars = match Grammars::new(tok.clone(), l.model.config.n_vocab) {
+            Ok(g) => {
+                eprintln!(
+                    "frugal serve: vocabulary indexed for structured output in {:.0} ms",
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+                Some(g)
+            }
+            Err(e) => {
+                eprintln!("frugal serve: structured output unavailable: {e:#}");
+                None
+            }
+        };
         let submit = engine::spawn(
             l.model,
             tok.clone(),
@@ -121,6 +139,7 @@ impl App {
             metrics,
             created,
             ctx,
+            grammars,
         });
         Ok(())
     }
@@ -263,6 +282,8 @@ async fn detokenize(State(app): AppState, Body(body): Body) -> Result<Response, 
 #[derive(Copy, Clone, PartialEq, Eq)]
 enum Kind {
     Chat,
+    /// A chat whose output is read for tool calls.
+    ChatTools,
     Text,
 }
 
@@ -271,19 +292,47 @@ async fn chat(State(app): AppState, Body(body): Body) -> Result<Response, ApiErr
     let req = validate::chat(&body)?;
     let r = app.ready()?;
     check_model(r, req.model.as_deref())?;
+    let tools = Tools::parse(req.tools.as_ref(), req.tool_choice.as_ref())?;
     let text = r
         .template
-        .render(&req.messages, true)
+        .render_with_tools(
+            &req.messages,
+            tools.as_ref().and_then(Tools::for_template),
+            true,
+        )
         .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt = r
         .tok
         .encode(&text, true)
         .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let mut constraint = structured::request_constraint(r.grammars.as_ref(), &req.common)?;
+    if let Some(g) = tools.as_ref().and_then(Tools::grammar) {
+        if constraint.is_some() {
+            return Err(ApiError::invalid(
+                "a forced tool call (tool_choice required or a named function) cannot also follow response_format",
+                Some("tool_choice"),
+            ));
+        }
+        let grammars = r.grammars.as_ref().ok_or_else(|| {
+            ApiError::invalid(
+                "forced tool calls are unavailable: this model's vocabulary could not be indexed",
+                Some("tool_choice"),
+            )
+        })?;
+        constraint = Some(grammars.compile(g).map_err(|e| {
+            ApiError::invalid(format!("invalid tool parameters: {e}"), Some("tools"))
+        })?);
+    }
+    let kind = match tools.as_ref().is_some_and(Tools::parses_calls) {
+        true => Kind::ChatTools,
+        false => Kind::Chat,
+    };
     let job = Job {
-        kind: Kind::Chat,
+        kind,
         prompt,
         sampling: req.sampling,
         logprobs: req.logprobs,
+        constraint,
         arrived,
     };
     generate(&app, r, job).await
@@ -320,11 +369,13 @@ async fn completions(State(app): AppState, Body(body): Body) -> Result<Response,
             Some("prompt"),
         ));
     }
+    let constraint = structured::request_constraint(r.grammars.as_ref(), &req.common)?;
     let job = Job {
         kind: Kind::Text,
         prompt,
         sampling: req.sampling,
         logprobs: req.logprobs,
+        constraint,
         arrived,
     };
     generate(&app, r, job).await
@@ -345,6 +396,8 @@ struct Job {
     prompt: Vec<u32>,
     sampling: Sampling,
     logprobs: Option<usize>,
+    /// A grammar every choice follows (`response_format`, a forced tool call).
+    constraint: Option<Constraint>,
     /// When the handler started: a stream's `--request-timeout` deadline counts from here.
     arrived: Instant,
 }
@@ -356,6 +409,7 @@ async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiEr
         prompt,
         sampling: s,
         logprobs,
+        constraint,
         arrived,
     } = job;
     if app.shutting_down.load(Ordering::Relaxed) {
@@ -403,6 +457,7 @@ async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiEr
         sampler: s.params.clone(),
         stop: s.stop.clone(),
         logprobs,
+        constraint,
         events: tx,
     };
     if submit.send(req).is_err() {
@@ -413,7 +468,7 @@ async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiEr
         kind,
         id: format!(
             "{}-{:016x}",
-            if kind == Kind::Chat {
+            if kind != Kind::Text {
                 "chatcmpl"
             } else {
                 "cmpl"
@@ -460,8 +515,8 @@ impl Output {
 
     fn object(&self, chunk: bool) -> &'static str {
         match (self.kind, chunk) {
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Chat | Kind::ChatTools, false) => "chat.completion",
+            (Kind::Chat | Kind::ChatTools, true) => "chat.completion.chunk",
             (Kind::Text, _) => "text_completion",
         }
     }
@@ -577,7 +632,7 @@ async fn collect(
         .map(|(i, c)| {
             let lp = if !with_logprobs {
                 Value::Null
-            } else if out.kind == Kind::Chat {
+            } else if out.kind != Kind::Text {
                 out.chat_logprobs(&c.logprobs)
             } else {
                 out.text_logprobs(&c.logprobs, 0)
@@ -589,6 +644,18 @@ async fn collect(
                     "logprobs": lp,
                     "finish_reason": c.finish,
                 }),
+                Kind::ChatTools => {
+                    let (content, calls) = tools::split_all(&c.text);
+                    let mut message = json!({"role": "assistant", "content": content});
+                    let mut finish = c.finish;
+                    if !calls.is_empty() {
+                        let list: Vec<Value> =
+                            calls.iter().map(|k| k.to_json(&tools::call_id())).collect();
+                        message["tool_calls"] = Value::Array(list);
+                        finish = Some("tool_calls");
+                    }
+                    json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
+                }
                 Kind::Text => json!({
                     "index": i,
                     "text": c.text,
@@ -643,7 +710,7 @@ fn stream(
             }
             c
         };
-        if out.kind == Kind::Chat {
+        if out.kind != Kind::Text {
             let first: Vec<Value> = (0..out.n)
                 .map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))
                 .collect();
@@ -651,10 +718,13 @@ fn stream(
         }
         let (mut cached, mut completion, mut open) = (0, 0, out.n);
         let mut offsets = vec![0usize; out.n];
+        // With tools: each choice's text split into text and calls, and its calls so far.
+        let mut splitters: Vec<CallSplitter> = (0..out.n).map(|_| CallSplitter::default()).collect();
+        let mut calls = vec![0usize; out.n];
         let delta = |i: usize, text: &str, lp: Value, finish: Option<&str>, offsets: &mut Vec<usize>| {
             offsets[i] += text.len();
             match out.kind {
-                Kind::Chat => {
+                Kind::Chat | Kind::ChatTools => {
                     let d = if finish.is_some() && text.is_empty() { json!({}) } else { json!({"content": text}) };
                     json!([{"index": i, "delta": d, "logprobs": lp, "finish_reason": finish}])
                 }
@@ -674,10 +744,30 @@ fn stream(
             };
             match next {
                 Some(Event::Admitted { cached: c }) => cached = c,
+                Some(Event::Token { choice, text, .. }) if out.kind == Kind::ChatTools => {
+                    for p in splitters[choice].push(&text) {
+                        for d in tool_deltas(choice, p, &mut calls[choice]) {
+                            yield sse(&chunk(d));
+                        }
+                    }
+                }
+                Some(Event::Finished { choice, reason, text, completion_tokens }) if out.kind == Kind::ChatTools => {
+                    completion += completion_tokens;
+                    open -= 1;
+                    let mut pieces = splitters[choice].push(&text);
+                    pieces.extend(splitters[choice].finish());
+                    for p in pieces {
+                        for d in tool_deltas(choice, p, &mut calls[choice]) {
+                            yield sse(&chunk(d));
+                        }
+                    }
+                    let reason = if calls[choice] > 0 { "tool_calls" } else { reason.as_str() };
+                    yield sse(&chunk(json!([{"index": choice, "delta": {}, "logprobs": null, "finish_reason": reason}])));
+                }
                 Some(Event::Token { choice, token, text, logprob }) => {
                     let lp = match &logprob {
                         None => Value::Null,
-                        Some(l) if out.kind == Kind::Chat => out.chat_logprobs(&[(token, l.clone())]),
+                        Some(l) if out.kind != Kind::Text => out.chat_logprobs(&[(token, l.clone())]),
                         Some(l) => out.text_logprobs(&[(token, l.clone())], offsets[choice]),
                     };
                     if text.is_empty() && lp.is_null() {
@@ -713,6 +803,25 @@ fn stream(
     Sse::new(body)
         .keep_alive(KeepAlive::new().interval(limits.keep_alive))
         .into_response()
+}
+
+/// The streamed chunks' choices for one piece of a tools answer: text as content, a call as
+/// OpenAI's two tool-call deltas (id and name, then the arguments).
+fn tool_deltas(choice: usize, p: Piece, calls: &mut usize) -> Vec<Value> {
+    let one =
+        |d: Value| json!([{"index": choice, "delta": d, "logprobs": null, "finish_reason": null}]);
+    match p {
+        Piece::Text(t) => vec![one(json!({"content": t}))],
+        Piece::Call(c) => {
+            let k = *calls;
+            *calls += 1;
+            let head = json!({"tool_calls": [{"index": k, "id": tools::call_id(), "type": "function",
+                "function": {"name": c.name, "arguments": ""}}]});
+            let args =
+                json!({"tool_calls": [{"index": k, "function": {"arguments": c.arguments}}]});
+            vec![one(head), one(args)]
+        }
+    }
 }
 
 fn now_secs() -> u64 {

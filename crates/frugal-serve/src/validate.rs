@@ -13,7 +13,6 @@
 //! Then the body is decoded (a wrong type names the field's path, `messages[0].content`) and
 //! every value is range-checked: [`Common::sampling`], [`messages`], the log-probability fields.
 
-use frugal::chat::Message;
 use frugal::sample::SamplerParams;
 use serde::Deserializer;
 use serde::de::{DeserializeOwned, Visitor};
@@ -48,22 +47,19 @@ const fn refuse_unless(
     Unsupported { name, no_op, why }
 }
 
-const TOOLS: &str = "tool calling is not implemented";
+const FUNCTIONS: &str = "the deprecated functions API: use tools";
 
 /// The fields of `/v1/chat/completions` this server does not implement. Implementing one means
 /// deleting its line here and adding the field to [`ChatRequest`] or [`Common`] (a test fails
 /// while a name is in both).
 pub const CHAT_UNSUPPORTED: &[Unsupported] = &[
-    refuse("tools", TOOLS),
-    refuse_unless("tool_choice", &["\"none\""], TOOLS),
-    refuse("parallel_tool_calls", TOOLS),
-    refuse("functions", TOOLS),
-    refuse_unless("function_call", &["\"none\""], TOOLS),
     refuse_unless(
-        "response_format",
-        &[r#"{"type": "text"}"#],
-        "structured output is not implemented",
+        "parallel_tool_calls",
+        &["true"],
+        "a forced call is one call; with tool_choice auto the model may make several",
     ),
+    refuse("functions", FUNCTIONS),
+    refuse_unless("function_call", &["\"none\""], FUNCTIONS),
     refuse_unless("logit_bias", &["{}"], ""),
     refuse("audio", "the server answers in text only"),
     refuse_unless(
@@ -99,10 +95,7 @@ pub const COMPLETION_UNSUPPORTED: &[Unsupported] = &[
 
 /// The fields of a chat message besides `role` and `content` this server does not implement.
 pub const MESSAGE_UNSUPPORTED: &[Unsupported] = &[
-    refuse("name", "chat templates have no participant names"),
-    refuse("tool_calls", TOOLS),
-    refuse("tool_call_id", TOOLS),
-    refuse("function_call", TOOLS),
+    refuse("function_call", FUNCTIONS),
     refuse("refusal", ""),
     refuse("audio", "the server reads text only"),
 ];
@@ -125,10 +118,17 @@ pub const MAX_STOP: usize = 4;
 #[derive(Debug)]
 pub struct Chat {
     pub model: Option<String>,
-    pub messages: Vec<Message>,
+    /// Role, content, and a turn's tool calls or a tool result's call id
+    /// ([`crate::tools::template_messages`]).
+    pub messages: Vec<Value>,
+    /// `tools` and `tool_choice` as sent ([`crate::tools::Tools::parse`] reads them).
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
     pub sampling: Sampling,
     /// `Some(k)`: each token's log-probability and its `k` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// The fields every generation shares, for `response_format` ([`crate::structured`]).
+    pub common: Common,
 }
 
 /// A completions request, checked.
@@ -138,6 +138,7 @@ pub struct Completion {
     pub prompt: Prompt,
     pub sampling: Sampling,
     pub logprobs: Option<usize>,
+    pub common: Common,
 }
 
 /// Sampling and limits validated.
@@ -188,9 +189,12 @@ pub fn chat(body: &[u8]) -> Result<Chat, ApiError> {
     };
     Ok(Chat {
         sampling: req.common.sampling()?,
-        model: req.common.model,
+        model: req.common.model.clone(),
         messages,
+        tools: req.tools,
+        tool_choice: req.tool_choice,
         logprobs,
+        common: req.common,
     })
 }
 
@@ -219,9 +223,10 @@ pub fn completion(body: &[u8]) -> Result<Completion, ApiError> {
     };
     Ok(Completion {
         sampling: req.common.sampling()?,
-        model: req.common.model,
+        model: req.common.model.clone(),
         prompt: req.prompt,
         logprobs,
+        common: req.common,
     })
 }
 
@@ -340,17 +345,16 @@ fn fields<T: DeserializeOwned>() -> &'static [&'static str] {
     out
 }
 
-/// Checks the messages and gives them as the chat template takes them: user, system and
-/// developer messages need content (a developer message is a system message to a template);
-/// assistant messages too, since the `tool_calls` that would excuse it are not supported.
-pub fn messages(msgs: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
+/// Checks the messages and gives them as the chat template takes them: user, system,
+/// developer and tool messages need content (a developer message is a system message to a
+/// template); an assistant message needs content or `tool_calls`.
+pub fn messages(msgs: &[ChatMessage]) -> Result<Vec<Value>, ApiError> {
     if msgs.is_empty() {
         return Err(ApiError::invalid(
             "messages must hold at least one message",
             Some("messages"),
         ));
     }
-    let mut out = Vec::with_capacity(msgs.len());
     for (i, m) in msgs.iter().enumerate() {
         check_fields(
             &m.extra,
@@ -362,16 +366,17 @@ pub fn messages(msgs: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            "tool" | "function" => {
+            "tool" => "tool",
+            "function" => {
                 return Err(ApiError::unsupported(
                     format!("messages[{i}].role"),
-                    &format!(" (role {:?}: {TOOLS})", m.role),
+                    &format!(" (role {:?}: {FUNCTIONS})", m.role),
                 ));
             }
             other => {
                 return Err(ApiError::invalid_at(
                     format!(
-                        "unknown role {other:?} in messages[{i}] (system, developer, user or assistant)"
+                        "unknown role {other:?} in messages[{i}] (system, developer, user, assistant or tool)"
                     ),
                     format!("messages[{i}].role"),
                 ));
@@ -379,9 +384,10 @@ pub fn messages(msgs: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
         };
         let at = |what: &str| format!("messages[{i}].content{what}");
         match &m.content {
+            None if role == "assistant" && m.tool_calls.as_ref().is_some_and(|c| !c.is_null()) => {}
             None => {
                 let why = if role == "assistant" {
-                    " (tool_calls, which would stand in for it, are not supported)"
+                    " or tool_calls"
                 } else {
                     ""
                 };
@@ -415,9 +421,8 @@ pub fn messages(msgs: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
                 }
             }
         }
-        out.push(Message::new(role, &m.text()));
     }
-    Ok(out)
+    crate::tools::template_messages(msgs)
 }
 
 impl Common {

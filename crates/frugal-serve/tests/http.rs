@@ -236,11 +236,7 @@ async fn a_body_over_the_limit_is_413_in_openai_shape() {
 async fn refusals_name_their_field_before_the_model_is_needed() {
     let r = router(|_| {});
     for (path, body, param) in [
-        (
-            "/v1/chat/completions",
-            r#"{"messages":[{"role":"user","content":"hi"}],"tools":[]}"#,
-            "tools",
-        ),
+        ("/v1/completions", r#"{"prompt":"hi","tools":[]}"#, "tools"),
         (
             "/v1/chat/completions",
             r#"{"messages":[{"role":"user","content":"hi"}],"temperatur":1}"#,

@@ -136,6 +136,7 @@ fn request_min(
             sampler: SamplerParams::greedy(),
             stop: vec![],
             logprobs: None,
+            constraint: None,
             events: tx,
         })
         .unwrap();

@@ -58,11 +58,20 @@ impl ChatTemplate {
     /// The template stored in the GGUF file, or, if there is none, the family's format
     /// (Gemma's for `gemma3`) or ChatML.
     pub fn from_gguf(f: &GgufFile) -> Result<Self> {
+        Self::from_gguf_with(f, None)
+    }
+
+    /// [`from_gguf`](Self::from_gguf), with `source` (a server's `--chat-template FILE`)
+    /// instead of the file's template when given; the BOS and EOS texts still come from the file.
+    pub fn from_gguf_with(f: &GgufFile, source: Option<String>) -> Result<Self> {
         let arch = f.str_opt("general.architecture")?.unwrap_or_default();
-        let source = f
-            .str_opt("tokenizer.chat_template")?
-            .unwrap_or(builtin_template(arch))
-            .to_string();
+        let source = match source {
+            Some(s) => s,
+            None => f
+                .str_opt("tokenizer.chat_template")?
+                .unwrap_or(builtin_template(arch))
+                .to_string(),
+        };
         let token = |key: &str| -> String {
             f.u32_opt(key)
                 .ok()
@@ -117,6 +126,30 @@ impl ChatTemplate {
     }
 }
 
+impl ChatTemplate {
+    /// [`render`](Self::render) for messages of any shape (an assistant turn's `tool_calls`, a
+    /// tool result's `tool_call_id`) and the `tools` a tool-calling template lists.
+    pub fn render_with_tools<M: Serialize, T: Serialize + ?Sized>(
+        &self,
+        messages: &[M],
+        tools: Option<&T>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| Error::Template(e.to_string()))?;
+        tmpl.render(context! {
+            messages => messages,
+            tools => tools,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos,
+            eos_token => self.eos,
+        })
+        .map_err(|e| Error::Template(e.to_string()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +188,31 @@ mod tests {
             "<start_of_turn>user\nHi<end_of_turn>\n"
         );
         assert_eq!(builtin_template("llama"), CHATML);
+    }
+
+    #[test]
+    fn tools_reach_the_template() {
+        let t = ChatTemplate::new(
+            "{% for t in tools %}{{ t.name }};{% endfor %}{% for m in messages %}{{ m.role }}{% endfor %}".into(),
+            String::new(),
+            String::new(),
+        )
+        .unwrap();
+        #[derive(Serialize)]
+        struct Tool {
+            name: &'static str,
+        }
+        let tools = [Tool { name: "f" }, Tool { name: "g" }];
+        let msgs = [Message::new("user", "x")];
+        assert_eq!(
+            t.render_with_tools(&msgs, Some(&tools), false).unwrap(),
+            "f;g;user"
+        );
+        assert_eq!(
+            t.render_with_tools::<_, [Tool; 0]>(&msgs, None, false)
+                .unwrap(),
+            "user"
+        );
     }
 
     #[test]

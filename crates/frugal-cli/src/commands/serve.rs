@@ -66,6 +66,10 @@ pub struct Args {
     /// Seconds between keep-alive comments on an event stream that has nothing to send
     #[arg(long = "sse-keep-alive", value_name = "SECS", default_value_t = 15.0)]
     pub sse_keep_alive: f64,
+    /// A Jinja chat template to use instead of the model file's (e.g. one that renders
+    /// `tools` and `<tool_call>` turns)
+    #[arg(long = "chat-template", value_name = "FILE")]
+    pub chat_template: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -190,6 +194,13 @@ pub fn run(a: Args) -> Result<()> {
     let model_args = a.model.clone();
     let alias = a.alias.clone();
     let ctx = a.ctx;
+    let template_source = match &a.chat_template {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading the chat template {}", p.display()))?,
+        ),
+        None => None,
+    };
     let load = move || -> Result<Loaded> {
         let path = common::model_path(&model_args)?;
         let (mut model, tokenizer) = common::load(&model_args)?;
@@ -197,7 +208,7 @@ pub fn run(a: Args) -> Result<()> {
         model
             .config
             .set_context(ctx.unwrap_or(model.config.n_ctx_train));
-        let template = ChatTemplate::from_gguf(&model.file)?;
+        let template = ChatTemplate::from_gguf_with(&model.file, template_source)?;
         let basename = model
             .file
             .str_opt("general.basename")

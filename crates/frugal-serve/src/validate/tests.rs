@@ -31,7 +31,7 @@ fn honoured_fields_pass() {
     assert_eq!(c.sampling.n, 2);
     assert!(c.sampling.include_usage && c.sampling.stream);
     assert_eq!(c.logprobs, Some(3));
-    assert_eq!(c.messages[0].role, "user");
+    assert_eq!(c.messages[0]["role"], "user");
     let t = completion(
         br#"{"prompt":[1,2,3],"max_tokens":4,"logprobs":2,"echo":false,"best_of":1,"suffix":null,
             "repetition_penalty":1.0}"#,
@@ -66,7 +66,7 @@ fn every_unsupported_field_is_refused_by_name() {
         assert_eq!(param(&e), name, "{}", e.message);
     }
     for (name, value) in [
-        ("tool_choice", "\"auto\""),
+        ("parallel_tool_calls", "false"),
         ("store", "true"),
         ("logprobs", "\"yes\""),
     ] {
@@ -133,12 +133,14 @@ fn messages_need_content_and_a_known_role() {
     assert_eq!(param(&e), "messages[1].content");
     let e = chat_err(r#"{"messages":[{"role":"wizard","content":"a"}]}"#);
     assert_eq!(param(&e), "messages[0].role");
-    let e = chat_err(r#"{"messages":[{"role":"tool","content":"a","tool_call_id":"x"}]}"#);
-    assert_eq!(param(&e), "messages[0].tool_call_id");
-    let e = chat_err(r#"{"messages":[{"role":"tool","content":"a"}]}"#);
+    let e = chat_err(r#"{"messages":[{"role":"tool","tool_call_id":"x"}]}"#);
+    assert_eq!(param(&e), "messages[0].content");
+    let e = chat_err(r#"{"messages":[{"role":"function","content":"a"}]}"#);
     assert_eq!(param(&e), "messages[0].role");
-    let e = chat_err(r#"{"messages":[{"role":"user","content":"a","name":"bob"}]}"#);
-    assert_eq!(param(&e), "messages[0].name");
+    let e = chat_err(r#"{"messages":[{"role":"assistant"}]}"#);
+    assert_eq!(param(&e), "messages[0].content");
+    let e = chat_err(r#"{"messages":[{"role":"user","content":"a","refusal":"no"}]}"#);
+    assert_eq!(param(&e), "messages[0].refusal");
     let e = chat_err(r#"{"messages":[{"role":"user","content":"a","colour":"red"}]}"#);
     assert_eq!(e.message, "unknown field messages[0].colour");
     let e = chat_err(r#"{"messages":[{"role":"user","content":[]}]}"#);
@@ -162,9 +164,14 @@ fn messages_need_content_and_a_known_role() {
             {"role":"assistant","content":"ok","tool_calls":null,"refusal":null}]}"#,
     )
     .unwrap();
-    let roles: Vec<_> = c.messages.iter().map(|m| m.role.as_str()).collect();
+    let roles: Vec<_> = c
+        .messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
     assert_eq!(roles, ["system", "user", "assistant"]);
-    assert_eq!(c.messages[1].content, "ab");
+    assert_eq!(c.messages[1]["content"], "ab");
+    assert!(c.messages[2].get("tool_calls").is_none());
 }
 
 #[test]
