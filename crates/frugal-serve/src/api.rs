@@ -135,3 +135,13 @@ pub struct TokenizeRequest {
 pub struct DetokenizeRequest {
     pub tokens: Vec<u32>,
 }
+
+/// `/v1/embeddings`: `input` takes the shapes of `prompt`, one embedding per string or list of
+/// token ids.
+#[derive(Deserialize, Debug, Clone)]
+pub struct EmbeddingRequest {
+    pub input: Prompt,
+    pub model: Option<String>,
+    pub encoding_format: Option<String>,
+    pub dimensions: Option<i64>,
+}

@@ -26,23 +26,25 @@ use crate::{Loaded, ServeConfig};
 
 /// What every handler shares.
 pub struct App {
-    cfg: ServeConfig,
+    pub(crate) cfg: ServeConfig,
     ready: OnceLock<Ready>,
-    shutting_down: AtomicBool,
+    pub(crate) shutting_down: AtomicBool,
     /// The scheduler's inbox; taken at shutdown so the scheduler ends once idle.
-    submit: Mutex<Option<mpsc::UnboundedSender<GenRequest>>>,
+    pub(crate) submit: Mutex<Option<mpsc::UnboundedSender<GenRequest>>>,
 }
 
 /// The parts that exist once the model has loaded.
-struct Ready {
-    names: Vec<String>,
+pub(crate) struct Ready {
+    pub(crate) names: Vec<String>,
     root: String,
-    tok: Arc<Tokenizer>,
-    template: ChatTemplate,
-    metrics: Arc<Metrics>,
+    pub(crate) tok: Arc<Tokenizer>,
+    pub(crate) template: ChatTemplate,
+    pub(crate) metrics: Arc<Metrics>,
     created: u64,
     /// Longest sequence: `--ctx`, or what the KV budget holds if that is less.
-    ctx: usize,
+    pub(crate) ctx: usize,
+    /// The model's width: the length of an embedding.
+    pub(crate) n_embd: usize,
 }
 
 impl App {
@@ -92,6 +94,7 @@ impl App {
             c.parallel
         );
         let metrics = Arc::new(Metrics::new(&l.names[0], c.kv_block, blocks));
+        let n_embd = l.model.config.n_embd;
         let tok = Arc::new(l.tokenizer);
         let submit = engine::spawn(
             l.model,
@@ -121,6 +124,7 @@ impl App {
             metrics,
             created,
             ctx,
+            n_embd,
         });
         Ok(())
     }
@@ -134,7 +138,7 @@ impl App {
         self.submit.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
-    fn ready(&self) -> Result<&Ready, ApiError> {
+    pub(crate) fn ready(&self) -> Result<&Ready, ApiError> {
         self.ready
             .get()
             .ok_or_else(|| ApiError::unavailable("Loading model"))
@@ -166,6 +170,8 @@ pub fn router(app: Arc<App>) -> anyhow::Result<Router> {
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
+        .route("/embeddings", post(crate::embeddings::embeddings))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/tokenize", post(tokenize))
@@ -330,7 +336,7 @@ async fn completions(State(app): AppState, Body(body): Body) -> Result<Response,
     generate(&app, r, job).await
 }
 
-fn check_model(r: &Ready, model: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn check_model(r: &Ready, model: Option<&str>) -> Result<(), ApiError> {
     match model {
         Some(m) if !r.names.iter().any(|n| n == m) => {
             Err(ApiError::model_not_found(m, &r.names[0]))
@@ -403,6 +409,7 @@ async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiEr
         sampler: s.params.clone(),
         stop: s.stop.clone(),
         logprobs,
+        embed: None,
         events: tx,
     };
     if submit.send(req).is_err() {
@@ -566,7 +573,9 @@ async fn collect(
                 open -= 1;
             }
             Some(Event::Failed(msg)) => return Err(ApiError::invalid(msg, None)),
-            None => return Err(ApiError::internal("the scheduler dropped the request")),
+            Some(Event::Embedding(_)) | None => {
+                return Err(ApiError::internal("the scheduler dropped the request"));
+            }
         }
     }
     let completion: usize = choices.iter().map(|c| c.tokens).sum();
@@ -697,7 +706,7 @@ fn stream(
                     yield sse(&ApiError::invalid(msg, None).body());
                     return;
                 }
-                None => {
+                Some(Event::Embedding(_)) | None => {
                     yield sse(&ApiError::internal("the scheduler dropped the request").body());
                     return;
                 }

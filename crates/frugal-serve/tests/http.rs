@@ -33,6 +33,7 @@ fn config() -> ServeConfig {
         max_body_bytes: frugal_serve::DEFAULT_MAX_BODY_BYTES,
         request_timeout: Some(Duration::from_secs(60)),
         sse_keep_alive: Duration::from_secs(15),
+        pooling: Default::default(),
     }
 }
 
@@ -263,12 +264,21 @@ async fn refusals_name_their_field_before_the_model_is_needed() {
             r#"{"content":"hi","with_pieces":true}"#,
             "with_pieces",
         ),
+        (
+            "/v1/embeddings",
+            r#"{"input":"hi","encoding_format":"int8"}"#,
+            "encoding_format",
+        ),
+        ("/v1/embeddings", r#"{"input":["hi",""]}"#, "input[1]"),
     ] {
         let a = send(&r, post(path, None, body)).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{body}");
         assert_eq!(a.param(), param, "{body}");
         assert_eq!(a.error()["type"], "invalid_request_error");
     }
+    // A valid embeddings request reaches the loading model (the route exists).
+    let a = send(&r, post("/v1/embeddings", None, r#"{"input":"hi"}"#)).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     for body in ["{\"prompt\": ", "", "[]", "null"] {
         let a = send(&r, post("/v1/completions", None, body)).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{body:?}");

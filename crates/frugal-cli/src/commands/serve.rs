@@ -66,6 +66,10 @@ pub struct Args {
     /// Seconds between keep-alive comments on an event stream that has nothing to send
     #[arg(long = "sse-keep-alive", value_name = "SECS", default_value_t = 15.0)]
     pub sse_keep_alive: f64,
+    /// How /v1/embeddings pools the final hidden states of an input's tokens into one vector
+    /// (L2-normalized): mean over every token, or the last token's
+    #[arg(long = "pooling", value_name = "mean|last", default_value = "mean")]
+    pub pooling: String,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -186,6 +190,10 @@ pub fn run(a: Args) -> Result<()> {
         request_timeout: seconds("--request-timeout", a.request_timeout, true)?,
         sse_keep_alive: seconds("--sse-keep-alive", a.sse_keep_alive, false)?
             .unwrap_or(Duration::from_secs(15)),
+        pooling: a
+            .pooling
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--pooling: {e}"))?,
     };
     let model_args = a.model.clone();
     let alias = a.alias.clone();

@@ -99,6 +99,7 @@ fn no_name_is_both_honoured_and_refused() {
         fields::<ChatRequest>(),
         fields::<Common>(),
         fields::<CompletionRequest>(),
+        fields::<EmbeddingRequest>(),
     ]
     .concat();
     assert!(honoured.contains(&"messages") && honoured.contains(&"max_tokens"));
@@ -106,6 +107,7 @@ fn no_name_is_both_honoured_and_refused() {
         .iter()
         .chain(COMPLETION_UNSUPPORTED)
         .chain(MESSAGE_UNSUPPORTED)
+        .chain(EMBEDDING_UNSUPPORTED)
     {
         assert!(
             !honoured.contains(&u.name),
@@ -217,4 +219,57 @@ fn bodies_that_are_not_json_objects_are_named() {
     let e =
         plain::<crate::api::TokenizeRequest>(br#"{"content":"a","with_pieces":true}"#).unwrap_err();
     assert_eq!(param(&e), "with_pieces");
+}
+
+fn embedding_err(body: &str) -> ApiError {
+    embedding(body.as_bytes()).expect_err(body)
+}
+
+#[test]
+fn embedding_inputs_take_every_openai_shape() {
+    let e =
+        embedding(br#"{"input":"hi","model":"m","encoding_format":"float","user":"u"}"#).unwrap();
+    assert!(matches!(e.inputs, EmbeddingInputs::Texts(ref v) if v == &["hi"]));
+    assert!(e.single && !e.base64 && e.dimensions.is_none());
+    let e = embedding(br#"{"input":["a","b"],"encoding_format":"base64","dimensions":8}"#).unwrap();
+    assert!(matches!(e.inputs, EmbeddingInputs::Texts(ref v) if v.len() == 2));
+    assert!(!e.single && e.base64);
+    assert_eq!(e.dimensions, Some(8));
+    let e = embedding(br#"{"input":[1,2,3]}"#).unwrap();
+    assert!(matches!(e.inputs, EmbeddingInputs::Tokens(ref v) if v == &[vec![1, 2, 3]]));
+    assert!(e.single);
+    let e =
+        embedding(br#"{"input":[[1],[2,3]],"encoding_format":null,"dimensions":null}"#).unwrap();
+    assert!(matches!(e.inputs, EmbeddingInputs::Tokens(ref v) if v.len() == 2));
+    assert_eq!(input_param(e.single, 1), "input[1]");
+}
+
+#[test]
+fn embedding_refusals_name_their_field() {
+    for (body, want) in [
+        (r#"{"model":"m"}"#, "input"),
+        (r#"{"input":""}"#, "input"),
+        (r#"{"input":[]}"#, "input"),
+        (r#"{"input":[[]]}"#, "input[0]"),
+        (r#"{"input":["a",""]}"#, "input[1]"),
+        (r#"{"input":{"text":"a"}}"#, "input"),
+        (r#"{"input":[-1]}"#, "input"),
+        (
+            r#"{"input":"a","encoding_format":"int8"}"#,
+            "encoding_format",
+        ),
+        (r#"{"input":"a","encoding_format":1}"#, "encoding_format"),
+        (r#"{"input":"a","dimensions":0}"#, "dimensions"),
+        (r#"{"input":"a","dimensions":"all"}"#, "dimensions"),
+        (r#"{"input":"a","pooling":"mean"}"#, "pooling"),
+        (r#"{"input":"a","max_tokens":3}"#, "max_tokens"),
+    ] {
+        let e = embedding_err(body);
+        assert_eq!(param(&e), want, "{body}: {}", e.message);
+    }
+    let many = format!(
+        r#"{{"input":[{}]}}"#,
+        vec!["\"a\""; MAX_EMBEDDING_INPUTS + 1].join(",")
+    );
+    assert_eq!(param(&embedding_err(&many)), "input");
 }
