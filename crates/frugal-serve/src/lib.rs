@@ -2,7 +2,8 @@
 //! forward pass and paged KV pool.
 //!
 //! - [`routes`]: the endpoints: chat and text completions (streamed as server-sent events or
-//!   not), models, health, metrics, tokenize; [`embeddings`]: `/v1/embeddings`.
+//!   not), models, health, metrics, tokenize; [`embeddings`]: `/v1/embeddings`;
+//!   [`responses`]: `/v1/responses`.
 //! - [`engine`]: the scheduler thread: continuous batching, chunked prefill, prefix caching,
 //!   preemption by recompute, cancellation.
 //! - [`api`] and [`validate`]: request bodies, and what they may say (every OpenAI field is
@@ -18,6 +19,7 @@ pub mod embeddings;
 pub mod engine;
 pub mod error;
 pub mod metrics;
+pub mod responses;
 pub mod routes;
 pub mod security;
 pub mod validate;

@@ -172,6 +172,8 @@ pub fn router(app: Arc<App>) -> anyhow::Result<Router> {
         .route("/completions", post(completions))
         .route("/v1/embeddings", post(crate::embeddings::embeddings))
         .route("/embeddings", post(crate::embeddings::embeddings))
+        .route("/v1/responses", post(crate::responses::responses))
+        .route("/responses", post(crate::responses::responses))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/tokenize", post(tokenize))
@@ -277,14 +279,7 @@ async fn chat(State(app): AppState, Body(body): Body) -> Result<Response, ApiErr
     let req = validate::chat(&body)?;
     let r = app.ready()?;
     check_model(r, req.model.as_deref())?;
-    let text = r
-        .template
-        .render(&req.messages, true)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let prompt = r
-        .tok
-        .encode(&text, true)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let prompt = chat_prompt(r, &req.messages, "messages")?;
     let job = Job {
         kind: Kind::Chat,
         prompt,
@@ -293,6 +288,22 @@ async fn chat(State(app): AppState, Body(body): Body) -> Result<Response, ApiErr
         arrived,
     };
     generate(&app, r, job).await
+}
+
+/// The messages through the chat template with the generation prompt, as token ids; `param`
+/// names the field they came from.
+pub(crate) fn chat_prompt(
+    r: &Ready,
+    messages: &[frugal::chat::Message],
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    let text = r
+        .template
+        .render(messages, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some(param)))?;
+    r.tok
+        .encode(&text, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some(param)))
 }
 
 async fn completions(State(app): AppState, Body(body): Body) -> Result<Response, ApiError> {
@@ -355,7 +366,7 @@ struct Job {
     arrived: Instant,
 }
 
-/// Validates lengths, applies admission control, submits and answers (streamed or not).
+/// Submits and answers (streamed or not).
 async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiError> {
     let Job {
         kind,
@@ -364,6 +375,46 @@ async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiEr
         logprobs,
         arrived,
     } = job;
+    let prompt_tokens = prompt.len();
+    let rx = submit(app, r, prompt, &s, logprobs)?;
+    let out = Output {
+        kind,
+        id: format!(
+            "{}-{:016x}",
+            if kind == Kind::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            s.params.seed ^ rand_id()
+        ),
+        created: now_secs(),
+        model: r.names[0].clone(),
+        n: s.n,
+        prompt_tokens,
+        tok: r.tok.clone(),
+    };
+    if s.stream {
+        Ok(stream(
+            out,
+            rx,
+            s.include_usage,
+            stream_limits(app, arrived),
+        ))
+    } else {
+        collect(out, rx).await
+    }
+}
+
+/// Validates lengths, applies admission control and queues a generation; its events come on
+/// the returned channel.
+pub(crate) fn submit(
+    app: &App,
+    r: &Ready,
+    prompt: Vec<u32>,
+    s: &Sampling,
+    logprobs: Option<usize>,
+) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     if app.shutting_down.load(Ordering::Relaxed) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
@@ -400,7 +451,6 @@ async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiEr
         .clone()
         .ok_or_else(|| ApiError::unavailable("the server is shutting down"))?;
     r.metrics.submitted();
-    let prompt_tokens = prompt.len();
     let req = GenRequest {
         prompt,
         n: s.n,
@@ -416,31 +466,14 @@ async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiEr
         r.metrics.dequeued(true);
         return Err(ApiError::unavailable("the scheduler has stopped"));
     }
-    let out = Output {
-        kind,
-        id: format!(
-            "{}-{:016x}",
-            if kind == Kind::Chat {
-                "chatcmpl"
-            } else {
-                "cmpl"
-            },
-            s.params.seed ^ rand_id()
-        ),
-        created: now_secs(),
-        model: r.names[0].clone(),
-        n: s.n,
-        prompt_tokens,
-        tok: r.tok.clone(),
-    };
-    if s.stream {
-        let limits = StreamLimits {
-            deadline: app.cfg.request_timeout.map(|t| (arrived + t, t)),
-            keep_alive: app.cfg.sse_keep_alive,
-        };
-        Ok(stream(out, rx, s.include_usage, limits))
-    } else {
-        collect(out, rx).await
+    Ok(rx)
+}
+
+/// The limits of a stream whose request arrived at `arrived`.
+pub(crate) fn stream_limits(app: &App, arrived: Instant) -> StreamLimits {
+    StreamLimits {
+        deadline: app.cfg.request_timeout.map(|t| (arrived + t, t)),
+        keep_alive: app.cfg.sse_keep_alive,
     }
 }
 
@@ -613,10 +646,10 @@ async fn collect(
 }
 
 /// `--request-timeout` and `--sse-keep-alive` as a stream applies them.
-struct StreamLimits {
+pub(crate) struct StreamLimits {
     /// When the stream must end, and the timeout that set it (for the message).
-    deadline: Option<(Instant, std::time::Duration)>,
-    keep_alive: std::time::Duration,
+    pub(crate) deadline: Option<(Instant, std::time::Duration)>,
+    pub(crate) keep_alive: std::time::Duration,
 }
 
 /// Server-sent events in the OpenAI chunk format, ending with `data: [DONE]`, with a comment
@@ -724,13 +757,13 @@ fn stream(
         .into_response()
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-fn rand_id() -> u64 {
+pub(crate) fn rand_id() -> u64 {
     use std::sync::atomic::AtomicU64;
     static N: AtomicU64 = AtomicU64::new(1);
     now_secs().rotate_left(17) ^ N.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)

@@ -1,13 +1,13 @@
-//! What a request may say. Every field of OpenAI's chat completions, completions and embeddings
-//! requests is either honoured or refused with a 400 whose `param` names it; nothing is dropped
-//! silently.
+//! What a request may say. Every field of OpenAI's chat completions, completions, embeddings and
+//! responses requests is either honoured or refused with a 400 whose `param` names it; nothing
+//! is dropped silently.
 //!
 //! A body is read as a JSON object and its keys are sorted into four kinds:
 //! - honoured: the fields of the request types in [`crate::api`] (found from their `Deserialize`
 //!   impls, so adding a field there is all it takes to honour it);
 //! - accepted and ignored: [`IGNORED`], fields that change nothing a client can observe;
 //! - not supported: OpenAI fields this server does not implement ([`CHAT_UNSUPPORTED`],
-//!   [`COMPLETION_UNSUPPORTED`], [`MESSAGE_UNSUPPORTED`]), refused as "not supported by this
+//!   [`COMPLETION_UNSUPPORTED`], [`MESSAGE_UNSUPPORTED`], [`RESPONSES_UNSUPPORTED`]), refused as "not supported by this
 //!   server" unless `null` or a value that asks for nothing (`echo: false`);
 //! - anything else: "unknown field".
 //!
@@ -103,6 +103,53 @@ pub const COMPLETION_UNSUPPORTED: &[Unsupported] = &[
 /// The fields of `/v1/embeddings` this server does not implement: none (OpenAI's request has
 /// `input`, `model`, `encoding_format`, `dimensions` and `user`).
 pub const EMBEDDING_UNSUPPORTED: &[Unsupported] = &[];
+
+const STATELESS: &str = "the server is stateless: it stores no responses or conversations";
+
+/// The fields of `/v1/responses` this server does not implement (see [`CHAT_UNSUPPORTED`]).
+/// `store` may be `false` or absent: the official clients send it only when the caller sets it,
+/// so an absent `store` means this server's stateless default, not OpenAI's server-side `true`.
+pub const RESPONSES_UNSUPPORTED: &[Unsupported] = &[
+    refuse_unless("store", &["false"], STATELESS),
+    refuse("previous_response_id", STATELESS),
+    refuse("conversation", STATELESS),
+    refuse_unless("background", &["false"], STATELESS),
+    refuse("prompt", STATELESS),
+    refuse("context_management", STATELESS),
+    refuse("tools", TOOLS),
+    refuse_unless("tool_choice", &["\"none\""], TOOLS),
+    refuse("parallel_tool_calls", TOOLS),
+    refuse("max_tool_calls", TOOLS),
+    refuse_unless(
+        "text",
+        &["{}", r#"{"format": {"type": "text"}}"#],
+        "structured output is not implemented",
+    ),
+    refuse_unless(
+        "reasoning",
+        &["{}"],
+        "the server does not separate reasoning",
+    ),
+    refuse_unless("include", &["[]"], ""),
+    refuse_unless(
+        "truncation",
+        &["\"disabled\""],
+        "an input longer than the context is refused, never truncated",
+    ),
+    refuse(
+        "top_logprobs",
+        "log-probabilities are not implemented on this endpoint",
+    ),
+    refuse_unless(
+        "stream_options",
+        &["{}", r#"{"include_obfuscation": false}"#],
+        "stream obfuscation is not implemented",
+    ),
+    refuse_unless("service_tier", &["\"auto\"", "\"default\""], ""),
+    refuse("moderation", ""),
+    refuse("prompt_cache_options", ""),
+    refuse_unless("prompt_cache_retention", &["\"in_memory\""], ""),
+];
 
 /// The fields of a chat message besides `role` and `content` this server does not implement.
 pub const MESSAGE_UNSUPPORTED: &[Unsupported] = &[
@@ -680,6 +727,9 @@ fn rand_seed() -> u64 {
         .fetch_add(1, Ordering::Relaxed)
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
+
+mod responses;
+pub use responses::{Responses, responses};
 
 #[cfg(test)]
 mod tests;
