@@ -27,5 +27,5 @@ export PYTHONDONTWRITEBYTECODE=1
 # A hard bound on the whole suite (it takes ~2-5 minutes on 2 cores): a hung server fails CI
 # instead of eating its time.
 exec timeout -k 30 1200 "$VENV/bin/python" -m pytest tests/serve/test_openai.py tests/serve/test_limits.py \
-    tests/serve/test_embeddings.py \
+    tests/serve/test_embeddings.py tests/serve/test_responses.py \
     -v -ra --durations=10 -p no:cacheprovider "$@"
