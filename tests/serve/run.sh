@@ -29,4 +29,5 @@ export PYTHONDONTWRITEBYTECODE=1
 # instead of eating its time.
 exec timeout -k 30 1200 "$VENV/bin/python" -m pytest tests/serve/test_openai.py tests/serve/test_limits.py \
     tests/serve/test_structured.py tests/serve/test_tools.py \
+    tests/serve/test_embeddings.py tests/serve/test_responses.py \
     -v -ra --durations=10 -p no:cacheprovider "$@"

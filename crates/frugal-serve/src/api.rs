@@ -145,3 +145,46 @@ pub struct TokenizeRequest {
 pub struct DetokenizeRequest {
     pub tokens: Vec<u32>,
 }
+
+/// `/v1/embeddings`: `input` takes the shapes of `prompt`, one embedding per string or list of
+/// token ids.
+#[derive(Deserialize, Debug, Clone)]
+pub struct EmbeddingRequest {
+    pub input: Prompt,
+    pub model: Option<String>,
+    pub encoding_format: Option<String>,
+    pub dimensions: Option<i64>,
+}
+
+/// `/v1/responses`: the text fields of OpenAI's Responses API.
+#[derive(Deserialize, Debug, Clone)]
+pub struct ResponsesRequest {
+    pub input: ResponseInput,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub stream: Option<bool>,
+    pub model: Option<String>,
+}
+
+/// `input`: a user message's text, or a list of input items.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged, expecting = "a string or a list of input items")]
+pub enum ResponseInput {
+    Text(String),
+    Items(Vec<InputItem>),
+}
+
+/// An input item; validation accepts message items only (`extra` holds the fields it names).
+#[derive(Deserialize, Debug, Clone)]
+pub struct InputItem {
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub role: Option<String>,
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}

@@ -28,7 +28,7 @@ use frugal::attention::Attention;
 use frugal::generate::StopFilter;
 use frugal::kv::prefix::{BlockHash, extend_block_hashes};
 use frugal::kv::{KvPool, SeqId};
-use frugal::model::{Model, RoutingStats, Scratch, Segment};
+use frugal::model::{Model, Pooler, Pooling, RoutingStats, Scratch, Segment};
 use frugal::ops::log_sum_exp;
 use frugal::sample::{Sampler, SamplerParams};
 use frugal::speculate::store::{DEFAULT_MATCH, Datastore, Retrieval};
@@ -94,6 +94,8 @@ pub enum Event {
     },
     /// The request cannot be served (its tokens can never fit the pool).
     Failed(String),
+    /// An embedding request's vector (its only event besides `Admitted`).
+    Embedding(Vec<f32>),
 }
 
 /// A request as the scheduler receives it: tokens and sampling, already validated.
@@ -109,6 +111,10 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// `Some(k)`: report each token's log-probability and its `k` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// `Some`: an embedding. The prompt is computed in the batches like any other (chunked
+    /// prefill keeps a long input from stalling the decodes), its hidden states are pooled, and
+    /// the vector is sent as [`Event::Embedding`]; nothing is generated (`n` 1, `max_tokens` 0).
+    pub embed: Option<Pooling>,
     /// Where the scheduler sends this request's events. Unbounded on purpose: the scheduler
     /// must never wait for a client, and a bounded channel would leave it the choice between
     /// blocking on a slow reader (stalling every sequence in the batch) and cancelling a client
@@ -194,6 +200,8 @@ struct Seq {
     /// The grammar the output follows: its mask applies before every sample, and such a
     /// sequence never speculates.
     constraint: Option<Box<Constraint>>,
+    /// An embedding's hidden states so far.
+    embed: Option<Pooler>,
 }
 
 impl Seq {
@@ -313,6 +321,10 @@ impl Scheduler {
             return;
         }
         let constraint = r.constraint.map(Box::new);
+        let n_embd = self.model.config.n_embd;
+        let embed = r.embed.map(|p| Pooler::new(p, n_embd));
+        // Speculation drafts tokens to generate; an embedding generates none.
+        let speculate = self.cfg.speculate.filter(|_| embed.is_none());
         for choice in 0..r.n {
             let mut params = r.sampler.clone();
             params.seed = params.seed.wrapping_add(choice as u64);
@@ -331,20 +343,14 @@ impl Scheduler {
                 last_token_at: None,
                 stop_hit: false,
                 admitted_before: false,
-                lookup: self
-                    .cfg
-                    .speculate
-                    .map(|(n, k)| ngram::Lookup::new(n, k, true, LOOKUP_PASS_COST)),
-                retrieval: self
-                    .cfg
-                    .speculate
-                    .zip(self.cfg.store.clone())
-                    .map(|((_, k), st)| {
-                        Retrieval::new(st, DEFAULT_MATCH, k, true, LOOKUP_PASS_COST)
-                    }),
+                lookup: speculate.map(|(n, k)| ngram::Lookup::new(n, k, true, LOOKUP_PASS_COST)),
+                retrieval: speculate.zip(self.cfg.store.clone()).map(|((_, k), st)| {
+                    Retrieval::new(st, DEFAULT_MATCH, k, true, LOOKUP_PASS_COST)
+                }),
                 from_store: false,
                 draft: Vec::new(),
                 constraint: constraint.as_ref().map(|c| Box::new(c.fork())),
+                embed: embed.clone(),
             });
         }
     }
@@ -410,7 +416,12 @@ impl Scheduler {
             extend_block_hashes(&mut hashes, tokens, bs);
             // Always leave at least the last token to compute: its logits start generation.
             let max_cached = (tokens.len() - 1) / bs;
-            let cached_blocks = if self.cfg.prefix_cache {
+            // Mean pooling needs every token's state: none may come from the cache.
+            let every_row = self.waiting[0]
+                .embed
+                .as_ref()
+                .is_some_and(|p| p.pooling().needs_every_row());
+            let cached_blocks = if self.cfg.prefix_cache && !every_row {
                 self.pool.cached_prefix(&hashes).min(max_cached)
             } else {
                 0
@@ -479,7 +490,7 @@ impl Scheduler {
                 Segment {
                     seq: s.kv.expect("running sequences hold a slot"),
                     tokens: &s.tokens[s.computed..s.computed + n],
-                    logits: s.computed + n == s.tokens.len(),
+                    logits: s.computed + n == s.tokens.len() && s.embed.is_none(),
                     all_logits: !s.draft.is_empty(),
                 }
             })
@@ -487,11 +498,11 @@ impl Scheduler {
         // The scratch (which holds the logits) is moved out for the step, so the logits can be
         // read in place while the sequences are advanced.
         let mut scratch = std::mem::take(&mut self.scratch);
-        let logits = match self
+        match self
             .model
             .forward_batch(&segs, &mut self.pool, &mut scratch)
         {
-            Ok(l) => l,
+            Ok(_) => {}
             Err(e) => {
                 self.scratch = scratch;
                 // The plan fits the pool, so this is a bug or a bad token id: fail the
@@ -504,11 +515,25 @@ impl Scheduler {
                 }
                 return true;
             }
-        };
-        let v = self.model.config.n_vocab;
-        let mut row = 0;
+        }
+        let (v, d) = (self.model.config.n_vocab, self.model.config.n_embd);
+        let (logits, hidden) = (scratch.logits(v), scratch.hidden());
+        // `row`: the next row of the logits; `first`: the segment's first row of the batch.
+        let (mut row, mut first) = (0, 0);
         let mut done = Vec::new();
         for &(i, n) in &plan {
+            let batch_rows = first * d..(first + n) * d;
+            first += n;
+            if let Some(p) = self.running[i].embed.as_mut() {
+                p.push(&self.model, &hidden[batch_rows]);
+                self.running[i].computed += n;
+                self.register_blocks(i);
+                let s = &self.running[i];
+                if s.computed == s.tokens.len() {
+                    done.push((i, Finish::Stop));
+                }
+                continue;
+            }
             if !self.running[i].draft.is_empty() {
                 let rows = &logits[row * v..(row + n) * v];
                 row += n;
@@ -552,6 +577,10 @@ impl Scheduler {
             self.publish_gauges();
         }
         for (mut s, reason) in finished {
+            if let Some(p) = &s.embed {
+                let _ = s.shared.events.send(Event::Embedding(p.finish()));
+                continue;
+            }
             let mut text = String::new();
             if !s.stop_hit {
                 let rest = s.decoder.finish();
@@ -695,6 +724,9 @@ impl Scheduler {
         s.kv = None;
         s.computed = 0;
         s.registered = 0;
+        if let Some(p) = &mut s.embed {
+            p.reset();
+        }
         self.metrics.preempted();
         self.waiting.push_front(s);
     }

@@ -2,7 +2,8 @@
 //! forward pass and paged KV pool.
 //!
 //! - [`routes`]: the endpoints: chat and text completions (streamed as server-sent events or
-//!   not), models, health, metrics, tokenize.
+//!   not), models, health, metrics, tokenize; [`embeddings`]: `/v1/embeddings`;
+//!   [`responses`]: `/v1/responses`.
 //! - [`engine`]: the scheduler thread: continuous batching, chunked prefill, prefix caching,
 //!   preemption by recompute, cancellation.
 //! - [`api`] and [`validate`]: request bodies, and what they may say (every OpenAI field is
@@ -16,9 +17,11 @@
 //! scheduler notices at its next step and frees the sequence's blocks.
 
 pub mod api;
+pub mod embeddings;
 pub mod engine;
 pub mod error;
 pub mod metrics;
+pub mod responses;
 pub mod routes;
 pub mod security;
 pub mod structured;
@@ -75,6 +78,8 @@ pub struct ServeConfig {
     pub request_timeout: Option<Duration>,
     /// Interval of the comment lines that keep an idle event stream alive.
     pub sse_keep_alive: Duration,
+    /// How `/v1/embeddings` pools a sequence's hidden states.
+    pub pooling: frugal::model::Pooling,
 }
 
 /// Default `max_body_bytes`: a full context of text or token ids with room to spare.

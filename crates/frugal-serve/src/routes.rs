@@ -28,23 +28,25 @@ use crate::{Loaded, ServeConfig};
 
 /// What every handler shares.
 pub struct App {
-    cfg: ServeConfig,
+    pub(crate) cfg: ServeConfig,
     ready: OnceLock<Ready>,
-    shutting_down: AtomicBool,
+    pub(crate) shutting_down: AtomicBool,
     /// The scheduler's inbox; taken at shutdown so the scheduler ends once idle.
-    submit: Mutex<Option<mpsc::UnboundedSender<GenRequest>>>,
+    pub(crate) submit: Mutex<Option<mpsc::UnboundedSender<GenRequest>>>,
 }
 
 /// The parts that exist once the model has loaded.
-struct Ready {
-    names: Vec<String>,
+pub(crate) struct Ready {
+    pub(crate) names: Vec<String>,
     root: String,
-    tok: Arc<Tokenizer>,
-    template: ChatTemplate,
-    metrics: Arc<Metrics>,
+    pub(crate) tok: Arc<Tokenizer>,
+    pub(crate) template: ChatTemplate,
+    pub(crate) metrics: Arc<Metrics>,
     created: u64,
     /// Longest sequence: `--ctx`, or what the KV budget holds if that is less.
-    ctx: usize,
+    pub(crate) ctx: usize,
+    /// The model's width: the length of an embedding.
+    pub(crate) n_embd: usize,
     /// The vocabulary indexed for constrained decoding (`None` if that failed).
     grammars: Option<Grammars>,
 }
@@ -96,6 +98,7 @@ impl App {
             c.parallel
         );
         let metrics = Arc::new(Metrics::new(&l.names[0], c.kv_block, blocks));
+        let n_embd = l.model.config.n_embd;
         let tok = Arc::new(l.tokenizer);
         let t0 = std::time::Instant::now();
         let grammars = match Grammars::new(tok.clone(), l.model.config.n_vocab) {
@@ -140,6 +143,7 @@ impl App {
             created,
             ctx,
             grammars,
+            n_embd,
         });
         Ok(())
     }
@@ -153,7 +157,7 @@ impl App {
         self.submit.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
-    fn ready(&self) -> Result<&Ready, ApiError> {
+    pub(crate) fn ready(&self) -> Result<&Ready, ApiError> {
         self.ready
             .get()
             .ok_or_else(|| ApiError::unavailable("Loading model"))
@@ -185,6 +189,10 @@ pub fn router(app: Arc<App>) -> anyhow::Result<Router> {
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
+        .route("/v1/embeddings", post(crate::embeddings::embeddings))
+        .route("/embeddings", post(crate::embeddings::embeddings))
+        .route("/v1/responses", post(crate::responses::responses))
+        .route("/responses", post(crate::responses::responses))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/tokenize", post(tokenize))
@@ -293,18 +301,12 @@ async fn chat(State(app): AppState, Body(body): Body) -> Result<Response, ApiErr
     let r = app.ready()?;
     check_model(r, req.model.as_deref())?;
     let tools = Tools::parse(req.tools.as_ref(), req.tool_choice.as_ref())?;
-    let text = r
-        .template
-        .render_with_tools(
-            &req.messages,
-            tools.as_ref().and_then(Tools::for_template),
-            true,
-        )
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let prompt = r
-        .tok
-        .encode(&text, true)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let prompt = chat_prompt(
+        r,
+        &req.messages,
+        tools.as_ref().and_then(Tools::for_template),
+        "messages",
+    )?;
     let mut constraint = structured::request_constraint(r.grammars.as_ref(), &req.common)?;
     if let Some(g) = tools.as_ref().and_then(Tools::grammar) {
         if constraint.is_some() {
@@ -336,6 +338,23 @@ async fn chat(State(app): AppState, Body(body): Body) -> Result<Response, ApiErr
         arrived,
     };
     generate(&app, r, job).await
+}
+
+/// The messages (and the tools, when given) through the chat template with the generation
+/// prompt, as token ids; `param` names the field they came from.
+pub(crate) fn chat_prompt<M: serde::Serialize>(
+    r: &Ready,
+    messages: &[M],
+    tools: Option<&[Value]>,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    let text = r
+        .template
+        .render_with_tools(messages, tools, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some(param)))?;
+    r.tok
+        .encode(&text, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some(param)))
 }
 
 async fn completions(State(app): AppState, Body(body): Body) -> Result<Response, ApiError> {
@@ -381,7 +400,7 @@ async fn completions(State(app): AppState, Body(body): Body) -> Result<Response,
     generate(&app, r, job).await
 }
 
-fn check_model(r: &Ready, model: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn check_model(r: &Ready, model: Option<&str>) -> Result<(), ApiError> {
     match model {
         Some(m) if !r.names.iter().any(|n| n == m) => {
             Err(ApiError::model_not_found(m, &r.names[0]))
@@ -402,7 +421,7 @@ struct Job {
     arrived: Instant,
 }
 
-/// Validates lengths, applies admission control, submits and answers (streamed or not).
+/// Submits and answers (streamed or not).
 async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiError> {
     let Job {
         kind,
@@ -412,6 +431,47 @@ async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiEr
         constraint,
         arrived,
     } = job;
+    let prompt_tokens = prompt.len();
+    let rx = submit(app, r, prompt, &s, logprobs, constraint)?;
+    let out = Output {
+        kind,
+        id: format!(
+            "{}-{:016x}",
+            if kind != Kind::Text {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            s.params.seed ^ rand_id()
+        ),
+        created: now_secs(),
+        model: r.names[0].clone(),
+        n: s.n,
+        prompt_tokens,
+        tok: r.tok.clone(),
+    };
+    if s.stream {
+        Ok(stream(
+            out,
+            rx,
+            s.include_usage,
+            stream_limits(app, arrived),
+        ))
+    } else {
+        collect(out, rx).await
+    }
+}
+
+/// Validates lengths, applies admission control and queues a generation; its events come on
+/// the returned channel.
+pub(crate) fn submit(
+    app: &App,
+    r: &Ready,
+    prompt: Vec<u32>,
+    s: &Sampling,
+    logprobs: Option<usize>,
+    constraint: Option<Constraint>,
+) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     if app.shutting_down.load(Ordering::Relaxed) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
@@ -448,7 +508,6 @@ async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiEr
         .clone()
         .ok_or_else(|| ApiError::unavailable("the server is shutting down"))?;
     r.metrics.submitted();
-    let prompt_tokens = prompt.len();
     let req = GenRequest {
         prompt,
         n: s.n,
@@ -458,37 +517,21 @@ async fn generate(app: &Arc<App>, r: &Ready, job: Job) -> Result<Response, ApiEr
         stop: s.stop.clone(),
         logprobs,
         constraint,
+        embed: None,
         events: tx,
     };
     if submit.send(req).is_err() {
         r.metrics.dequeued(true);
         return Err(ApiError::unavailable("the scheduler has stopped"));
     }
-    let out = Output {
-        kind,
-        id: format!(
-            "{}-{:016x}",
-            if kind != Kind::Text {
-                "chatcmpl"
-            } else {
-                "cmpl"
-            },
-            s.params.seed ^ rand_id()
-        ),
-        created: now_secs(),
-        model: r.names[0].clone(),
-        n: s.n,
-        prompt_tokens,
-        tok: r.tok.clone(),
-    };
-    if s.stream {
-        let limits = StreamLimits {
-            deadline: app.cfg.request_timeout.map(|t| (arrived + t, t)),
-            keep_alive: app.cfg.sse_keep_alive,
-        };
-        Ok(stream(out, rx, s.include_usage, limits))
-    } else {
-        collect(out, rx).await
+    Ok(rx)
+}
+
+/// The limits of a stream whose request arrived at `arrived`.
+pub(crate) fn stream_limits(app: &App, arrived: Instant) -> StreamLimits {
+    StreamLimits {
+        deadline: app.cfg.request_timeout.map(|t| (arrived + t, t)),
+        keep_alive: app.cfg.sse_keep_alive,
     }
 }
 
@@ -621,7 +664,9 @@ async fn collect(
                 open -= 1;
             }
             Some(Event::Failed(msg)) => return Err(ApiError::invalid(msg, None)),
-            None => return Err(ApiError::internal("the scheduler dropped the request")),
+            Some(Event::Embedding(_)) | None => {
+                return Err(ApiError::internal("the scheduler dropped the request"));
+            }
         }
     }
     let completion: usize = choices.iter().map(|c| c.tokens).sum();
@@ -671,10 +716,10 @@ async fn collect(
 }
 
 /// `--request-timeout` and `--sse-keep-alive` as a stream applies them.
-struct StreamLimits {
+pub(crate) struct StreamLimits {
     /// When the stream must end, and the timeout that set it (for the message).
-    deadline: Option<(Instant, std::time::Duration)>,
-    keep_alive: std::time::Duration,
+    pub(crate) deadline: Option<(Instant, std::time::Duration)>,
+    pub(crate) keep_alive: std::time::Duration,
 }
 
 /// Server-sent events in the OpenAI chunk format, ending with `data: [DONE]`, with a comment
@@ -787,7 +832,7 @@ fn stream(
                     yield sse(&ApiError::invalid(msg, None).body());
                     return;
                 }
-                None => {
+                Some(Event::Embedding(_)) | None => {
                     yield sse(&ApiError::internal("the scheduler dropped the request").body());
                     return;
                 }
@@ -824,13 +869,13 @@ fn tool_deltas(choice: usize, p: Piece, calls: &mut usize) -> Vec<Value> {
     }
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-fn rand_id() -> u64 {
+pub(crate) fn rand_id() -> u64 {
     use std::sync::atomic::AtomicU64;
     static N: AtomicU64 = AtomicU64::new(1);
     now_secs().rotate_left(17) ^ N.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)

@@ -1,12 +1,13 @@
-//! What a request may say. Every field of OpenAI's chat completions and completions requests is
-//! either honoured or refused with a 400 whose `param` names it; nothing is dropped silently.
+//! What a request may say. Every field of OpenAI's chat completions, completions, embeddings and
+//! responses requests is either honoured or refused with a 400 whose `param` names it; nothing
+//! is dropped silently.
 //!
 //! A body is read as a JSON object and its keys are sorted into four kinds:
 //! - honoured: the fields of the request types in [`crate::api`] (found from their `Deserialize`
 //!   impls, so adding a field there is all it takes to honour it);
 //! - accepted and ignored: [`IGNORED`], fields that change nothing a client can observe;
 //! - not supported: OpenAI fields this server does not implement ([`CHAT_UNSUPPORTED`],
-//!   [`COMPLETION_UNSUPPORTED`], [`MESSAGE_UNSUPPORTED`]), refused as "not supported by this
+//!   [`COMPLETION_UNSUPPORTED`], [`MESSAGE_UNSUPPORTED`], [`RESPONSES_UNSUPPORTED`]), refused as "not supported by this
 //!   server" unless `null` or a value that asks for nothing (`echo: false`);
 //! - anything else: "unknown field".
 //!
@@ -18,7 +19,9 @@ use serde::Deserializer;
 use serde::de::{DeserializeOwned, Visitor};
 use serde_json::{Map, Value};
 
-use crate::api::{ChatMessage, ChatRequest, Common, CompletionRequest, Content, Prompt, Stop};
+use crate::api::{
+    ChatMessage, ChatRequest, Common, CompletionRequest, Content, EmbeddingRequest, Prompt, Stop,
+};
 use crate::error::ApiError;
 
 /// An OpenAI request field this server does not implement.
@@ -93,6 +96,59 @@ pub const COMPLETION_UNSUPPORTED: &[Unsupported] = &[
     ),
 ];
 
+/// The fields of `/v1/embeddings` this server does not implement: none (OpenAI's request has
+/// `input`, `model`, `encoding_format`, `dimensions` and `user`).
+pub const EMBEDDING_UNSUPPORTED: &[Unsupported] = &[];
+
+const STATELESS: &str = "the server is stateless: it stores no responses or conversations";
+/// Tools are honoured on `/v1/chat/completions`, not yet on `/v1/responses`.
+const TOOLS: &str = "tools are honoured on /v1/chat/completions, not on /v1/responses";
+
+/// The fields of `/v1/responses` this server does not implement (see [`CHAT_UNSUPPORTED`]).
+/// `store` may be `false` or absent: the official clients send it only when the caller sets it,
+/// so an absent `store` means this server's stateless default, not OpenAI's server-side `true`.
+pub const RESPONSES_UNSUPPORTED: &[Unsupported] = &[
+    refuse_unless("store", &["false"], STATELESS),
+    refuse("previous_response_id", STATELESS),
+    refuse("conversation", STATELESS),
+    refuse_unless("background", &["false"], STATELESS),
+    refuse("prompt", STATELESS),
+    refuse("context_management", STATELESS),
+    refuse("tools", TOOLS),
+    refuse_unless("tool_choice", &["\"none\""], TOOLS),
+    refuse("parallel_tool_calls", TOOLS),
+    refuse("max_tool_calls", TOOLS),
+    refuse_unless(
+        "text",
+        &["{}", r#"{"format": {"type": "text"}}"#],
+        "structured output is not implemented",
+    ),
+    refuse_unless(
+        "reasoning",
+        &["{}"],
+        "the server does not separate reasoning",
+    ),
+    refuse_unless("include", &["[]"], ""),
+    refuse_unless(
+        "truncation",
+        &["\"disabled\""],
+        "an input longer than the context is refused, never truncated",
+    ),
+    refuse(
+        "top_logprobs",
+        "log-probabilities are not implemented on this endpoint",
+    ),
+    refuse_unless(
+        "stream_options",
+        &["{}", r#"{"include_obfuscation": false}"#],
+        "stream obfuscation is not implemented",
+    ),
+    refuse_unless("service_tier", &["\"auto\"", "\"default\""], ""),
+    refuse("moderation", ""),
+    refuse("prompt_cache_options", ""),
+    refuse_unless("prompt_cache_retention", &["\"in_memory\""], ""),
+];
+
 /// The fields of a chat message besides `role` and `content` this server does not implement.
 pub const MESSAGE_UNSUPPORTED: &[Unsupported] = &[
     refuse("function_call", FUNCTIONS),
@@ -113,6 +169,8 @@ pub const MAX_TOP_LOGPROBS: i64 = 20;
 pub const MAX_COMPLETION_LOGPROBS: i64 = 5;
 /// OpenAI's limit on stop sequences.
 pub const MAX_STOP: usize = 4;
+/// OpenAI's limit on the inputs of one embeddings request.
+pub const MAX_EMBEDDING_INPUTS: usize = 2048;
 
 /// A chat request, checked, with its messages as the chat template takes them.
 #[derive(Debug)]
@@ -228,6 +286,116 @@ pub fn completion(body: &[u8]) -> Result<Completion, ApiError> {
         logprobs,
         common: req.common,
     })
+}
+
+/// An embeddings request, checked: its inputs as text or token ids, none empty.
+#[derive(Debug)]
+pub struct Embedding {
+    pub model: Option<String>,
+    pub inputs: EmbeddingInputs,
+    /// The request gave one input (a string or one list of token ids), not a list of them.
+    pub single: bool,
+    /// `encoding_format: "base64"`: little-endian f32 bytes in base64 (the official client's
+    /// default) rather than a list of numbers.
+    pub base64: bool,
+    /// Keep only the first `dimensions` values (then normalize again); at least 1, checked
+    /// against the model's width by the handler.
+    pub dimensions: Option<usize>,
+}
+
+#[derive(Debug)]
+pub enum EmbeddingInputs {
+    Texts(Vec<String>),
+    Tokens(Vec<Vec<u32>>),
+}
+
+impl EmbeddingInputs {
+    pub fn len(&self) -> usize {
+        match self {
+            EmbeddingInputs::Texts(v) => v.len(),
+            EmbeddingInputs::Tokens(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A `/v1/embeddings` body.
+pub fn embedding(body: &[u8]) -> Result<Embedding, ApiError> {
+    let value = read_object(body)?;
+    let object = value.as_object().expect("read_object returns objects");
+    check_fields(
+        object,
+        &[fields::<EmbeddingRequest>()],
+        EMBEDDING_UNSUPPORTED,
+        "",
+    )?;
+    require(object, "input")?;
+    let req: EmbeddingRequest = decode(&value)?;
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                format!("encoding_format must be \"float\" or \"base64\", got {other:?}"),
+                Some("encoding_format"),
+            ));
+        }
+    };
+    let dimensions = match req.dimensions {
+        None => None,
+        Some(k) if k >= 1 => Some(usize::try_from(k).unwrap_or(usize::MAX)),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                format!("dimensions must be at least 1, got {k}"),
+                Some("dimensions"),
+            ));
+        }
+    };
+    let single = matches!(req.input, Prompt::Text(_) | Prompt::Tokens(_));
+    let inputs = match req.input {
+        Prompt::Text(t) => EmbeddingInputs::Texts(vec![t]),
+        Prompt::Texts(v) => EmbeddingInputs::Texts(v),
+        Prompt::Tokens(t) => EmbeddingInputs::Tokens(vec![t]),
+        Prompt::TokenLists(v) => EmbeddingInputs::Tokens(v),
+    };
+    if inputs.is_empty() || inputs.len() > MAX_EMBEDDING_INPUTS {
+        return Err(ApiError::invalid(
+            format!(
+                "input must hold between 1 and {MAX_EMBEDDING_INPUTS} inputs, got {}",
+                inputs.len()
+            ),
+            Some("input"),
+        ));
+    }
+    let empty = match &inputs {
+        EmbeddingInputs::Texts(v) => v.iter().position(String::is_empty),
+        EmbeddingInputs::Tokens(v) => v.iter().position(Vec::is_empty),
+    };
+    if let Some(i) = empty {
+        return Err(ApiError::invalid_at(
+            "an input is empty: there is nothing to embed",
+            input_param(single, i),
+        ));
+    }
+    Ok(Embedding {
+        model: req.model,
+        inputs,
+        single,
+        base64,
+        dimensions,
+    })
+}
+
+/// The `param` naming input `i`: `input` when the request gave one, else `input[i]`.
+pub fn input_param(single: bool, i: usize) -> String {
+    if single {
+        "input".into()
+    } else {
+        format!("input[{i}]")
+    }
 }
 
 /// A body of one of the server's own endpoints (`/tokenize`): its fields and no others.
@@ -566,6 +734,9 @@ fn rand_seed() -> u64 {
         .fetch_add(1, Ordering::Relaxed)
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
+
+mod responses;
+pub use responses::{Responses, responses};
 
 #[cfg(test)]
 mod tests;

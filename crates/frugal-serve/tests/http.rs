@@ -33,6 +33,7 @@ fn config() -> ServeConfig {
         max_body_bytes: frugal_serve::DEFAULT_MAX_BODY_BYTES,
         request_timeout: Some(Duration::from_secs(60)),
         sse_keep_alive: Duration::from_secs(15),
+        pooling: Default::default(),
     }
 }
 
@@ -259,12 +260,29 @@ async fn refusals_name_their_field_before_the_model_is_needed() {
             r#"{"content":"hi","with_pieces":true}"#,
             "with_pieces",
         ),
+        (
+            "/v1/embeddings",
+            r#"{"input":"hi","encoding_format":"int8"}"#,
+            "encoding_format",
+        ),
+        ("/v1/embeddings", r#"{"input":["hi",""]}"#, "input[1]"),
+        ("/v1/responses", r#"{"input":"hi","store":true}"#, "store"),
+        (
+            "/v1/responses",
+            r#"{"input":"hi","previous_response_id":"resp_1"}"#,
+            "previous_response_id",
+        ),
     ] {
         let a = send(&r, post(path, None, body)).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{body}");
         assert_eq!(a.param(), param, "{body}");
         assert_eq!(a.error()["type"], "invalid_request_error");
     }
+    // Valid embeddings and responses requests reach the loading model (the routes exist).
+    let a = send(&r, post("/v1/embeddings", None, r#"{"input":"hi"}"#)).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    let a = send(&r, post("/v1/responses", None, r#"{"input":"hi"}"#)).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     for body in ["{\"prompt\": ", "", "[]", "null"] {
         let a = send(&r, post("/v1/completions", None, body)).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{body:?}");

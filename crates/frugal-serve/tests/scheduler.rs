@@ -10,8 +10,8 @@ use frugal::generate::{GenerateOptions, Session};
 use frugal::gguf::GgufFile;
 use frugal::kv::KvFormat;
 use frugal::model::Gating;
-use frugal::model::Model;
 use frugal::model::synthetic::{SyntheticMoe, SyntheticSpec, build};
+use frugal::model::{Model, Pooling, Scratch};
 use frugal::quant::GgmlType;
 use frugal::quant::act::Activations;
 use frugal::sample::SamplerParams;
@@ -137,6 +137,7 @@ fn request_min(
             stop: vec![],
             logprobs: None,
             constraint: None,
+            embed: None,
             events: tx,
         })
         .unwrap();
@@ -152,6 +153,7 @@ fn tokens(mut rx: mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, usize) {
             Event::Token { token, .. } => out.push(token),
             Event::Finished { .. } => return (out, cached),
             Event::Failed(e) => panic!("request failed: {e}"),
+            Event::Embedding(_) => panic!("an embedding answered a generation"),
         }
     }
 }
@@ -401,4 +403,76 @@ fn moe_model_batches_exactly_and_reports_its_routing() {
         assert_eq!(routed, 2 * computed as u64, "layer {layer}");
     }
     assert!(text.contains("frugal_moe_busiest_over_mean{layer=\"1\"}"));
+}
+
+fn embed_request(s: &Server, p: &[u32], pooling: Pooling) -> mpsc::UnboundedReceiver<Event> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    s.metrics.submitted();
+    s.submit
+        .send(GenRequest {
+            prompt: p.to_vec(),
+            n: 1,
+            max_tokens: 0,
+            min_tokens: 0,
+            sampler: SamplerParams::greedy(),
+            stop: vec![],
+            logprobs: None,
+            constraint: None,
+            embed: Some(pooling),
+            events: tx,
+        })
+        .unwrap();
+    rx
+}
+
+fn embedding(mut rx: mpsc::UnboundedReceiver<Event>) -> Vec<f32> {
+    loop {
+        match rx.blocking_recv().expect("the scheduler answers") {
+            Event::Admitted { .. } => {}
+            Event::Embedding(v) => return v,
+            e => panic!("an embedding request got {e:?}"),
+        }
+    }
+}
+
+#[test]
+fn embeddings_batched_with_generation_equal_their_lone_vectors() {
+    let (m, tok) = model();
+    let mut sc = Scratch::default();
+    // A budget of 48 tokens splits the longer inputs into prefill chunks beside the decodes;
+    // the prefix cache is on, so a repeated input would be served from it where pooling allows.
+    let s = server(512, 16, 48, true);
+    let gen_cases = cases();
+    let gens: Vec<_> = gen_cases.iter().map(|(p, n)| request(&s, p, *n)).collect();
+    let inputs: Vec<_> = [3, 70, 200, 1, 70]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| prompt(len, 100 + (i as u32 % 3)))
+        .collect();
+    for pooling in [Pooling::Mean, Pooling::Last] {
+        let rxs: Vec<_> = inputs
+            .iter()
+            .map(|p| embed_request(&s, p, pooling))
+            .collect();
+        for (i, rx) in rxs.into_iter().enumerate() {
+            let got = embedding(rx);
+            let want = m.sentence_embedding(&inputs[i], pooling, &mut sc).unwrap();
+            assert_eq!(got.len(), m.config.n_embd);
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(diff < 1e-6, "{pooling:?} input {i}: {diff}");
+        }
+    }
+    for (i, (rx, (p, n))) in gens.into_iter().zip(&gen_cases).enumerate() {
+        assert_eq!(tokens(rx).0, alone(&m, &tok, p, *n), "generation {i}");
+    }
+    // Inputs 1 and 4 are the same tokens: the same vector; others differ.
+    let a = embedding(embed_request(&s, &inputs[1], Pooling::Mean));
+    let b = embedding(embed_request(&s, &inputs[4], Pooling::Mean));
+    let c = embedding(embed_request(&s, &inputs[2], Pooling::Mean));
+    assert_eq!(a, b);
+    assert_ne!(a, c);
 }

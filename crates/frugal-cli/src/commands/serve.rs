@@ -70,6 +70,10 @@ pub struct Args {
     /// `tools` and `<tool_call>` turns)
     #[arg(long = "chat-template", value_name = "FILE")]
     pub chat_template: Option<std::path::PathBuf>,
+    /// How /v1/embeddings pools the final hidden states of an input's tokens into one vector
+    /// (L2-normalized): mean over every token, or the last token's
+    #[arg(long = "pooling", value_name = "mean|last", default_value = "mean")]
+    pub pooling: String,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -190,6 +194,10 @@ pub fn run(a: Args) -> Result<()> {
         request_timeout: seconds("--request-timeout", a.request_timeout, true)?,
         sse_keep_alive: seconds("--sse-keep-alive", a.sse_keep_alive, false)?
             .unwrap_or(Duration::from_secs(15)),
+        pooling: a
+            .pooling
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--pooling: {e}"))?,
     };
     let model_args = a.model.clone();
     let alias = a.alias.clone();

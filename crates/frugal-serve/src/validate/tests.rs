@@ -95,30 +95,33 @@ fn unknown_fields_are_refused_apart_from_unsupported_ones() {
 
 #[test]
 fn no_name_is_both_honoured_and_refused() {
-    let honoured = [
-        fields::<ChatRequest>(),
-        fields::<Common>(),
-        fields::<CompletionRequest>(),
-    ]
-    .concat();
-    assert!(honoured.contains(&"messages") && honoured.contains(&"max_tokens"));
-    for u in CHAT_UNSUPPORTED
-        .iter()
-        .chain(COMPLETION_UNSUPPORTED)
-        .chain(MESSAGE_UNSUPPORTED)
-    {
-        assert!(
-            !honoured.contains(&u.name),
-            "{} is honoured and refused",
-            u.name
-        );
-        assert!(
-            !IGNORED.contains(&u.name),
-            "{} is ignored and refused",
-            u.name
-        );
-        for v in u.no_op {
-            assert!(serde_json::from_str::<Value>(v).is_ok(), "{v}");
+    // Per endpoint: a name may be honoured on one and refused on another (`prompt`).
+    let chat_fields = [fields::<ChatRequest>(), fields::<Common>()].concat();
+    assert!(chat_fields.contains(&"messages") && chat_fields.contains(&"max_tokens"));
+    let completion_fields = [fields::<CompletionRequest>(), fields::<Common>()].concat();
+    let responses_fields = fields::<crate::api::ResponsesRequest>();
+    assert!(responses_fields.contains(&"max_output_tokens"));
+    for (honoured, refused) in [
+        (&chat_fields[..], CHAT_UNSUPPORTED),
+        (&completion_fields[..], COMPLETION_UNSUPPORTED),
+        (fields::<EmbeddingRequest>(), EMBEDDING_UNSUPPORTED),
+        (responses_fields, RESPONSES_UNSUPPORTED),
+        (&[], MESSAGE_UNSUPPORTED),
+    ] {
+        for u in refused {
+            assert!(
+                !honoured.contains(&u.name),
+                "{} is honoured and refused",
+                u.name
+            );
+            assert!(
+                !IGNORED.contains(&u.name),
+                "{} is ignored and refused",
+                u.name
+            );
+            for v in u.no_op {
+                assert!(serde_json::from_str::<Value>(v).is_ok(), "{v}");
+            }
         }
     }
 }
@@ -224,4 +227,158 @@ fn bodies_that_are_not_json_objects_are_named() {
     let e =
         plain::<crate::api::TokenizeRequest>(br#"{"content":"a","with_pieces":true}"#).unwrap_err();
     assert_eq!(param(&e), "with_pieces");
+}
+
+fn embedding_err(body: &str) -> ApiError {
+    embedding(body.as_bytes()).expect_err(body)
+}
+
+#[test]
+fn embedding_inputs_take_every_openai_shape() {
+    let e =
+        embedding(br#"{"input":"hi","model":"m","encoding_format":"float","user":"u"}"#).unwrap();
+    assert!(matches!(e.inputs, EmbeddingInputs::Texts(ref v) if v == &["hi"]));
+    assert!(e.single && !e.base64 && e.dimensions.is_none());
+    let e = embedding(br#"{"input":["a","b"],"encoding_format":"base64","dimensions":8}"#).unwrap();
+    assert!(matches!(e.inputs, EmbeddingInputs::Texts(ref v) if v.len() == 2));
+    assert!(!e.single && e.base64);
+    assert_eq!(e.dimensions, Some(8));
+    let e = embedding(br#"{"input":[1,2,3]}"#).unwrap();
+    assert!(matches!(e.inputs, EmbeddingInputs::Tokens(ref v) if v == &[vec![1, 2, 3]]));
+    assert!(e.single);
+    let e =
+        embedding(br#"{"input":[[1],[2,3]],"encoding_format":null,"dimensions":null}"#).unwrap();
+    assert!(matches!(e.inputs, EmbeddingInputs::Tokens(ref v) if v.len() == 2));
+    assert_eq!(input_param(e.single, 1), "input[1]");
+}
+
+#[test]
+fn embedding_refusals_name_their_field() {
+    for (body, want) in [
+        (r#"{"model":"m"}"#, "input"),
+        (r#"{"input":""}"#, "input"),
+        (r#"{"input":[]}"#, "input"),
+        (r#"{"input":[[]]}"#, "input[0]"),
+        (r#"{"input":["a",""]}"#, "input[1]"),
+        (r#"{"input":{"text":"a"}}"#, "input"),
+        (r#"{"input":[-1]}"#, "input"),
+        (
+            r#"{"input":"a","encoding_format":"int8"}"#,
+            "encoding_format",
+        ),
+        (r#"{"input":"a","encoding_format":1}"#, "encoding_format"),
+        (r#"{"input":"a","dimensions":0}"#, "dimensions"),
+        (r#"{"input":"a","dimensions":"all"}"#, "dimensions"),
+        (r#"{"input":"a","pooling":"mean"}"#, "pooling"),
+        (r#"{"input":"a","max_tokens":3}"#, "max_tokens"),
+    ] {
+        let e = embedding_err(body);
+        assert_eq!(param(&e), want, "{body}: {}", e.message);
+    }
+    let many = format!(
+        r#"{{"input":[{}]}}"#,
+        vec!["\"a\""; MAX_EMBEDDING_INPUTS + 1].join(",")
+    );
+    assert_eq!(param(&embedding_err(&many)), "input");
+}
+
+fn responses_err(body: &str) -> ApiError {
+    responses(body.as_bytes()).expect_err(body)
+}
+
+#[test]
+fn responses_input_becomes_chat_messages() {
+    let r = responses(
+        br#"{"input":"hi","instructions":"be brief","max_output_tokens":16,"temperature":0,
+            "top_p":0.5,"stream":true,"model":"m","metadata":{"k":"v"},"user":"u","store":false,
+            "text":{"format":{"type":"text"}},"tool_choice":"none","reasoning":null,"truncation":"disabled"}"#,
+    )
+    .unwrap();
+    let roles: Vec<_> = r.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["system", "user"]);
+    assert_eq!(r.messages[0].content, "be brief");
+    assert_eq!(r.sampling.max_tokens, Some(16));
+    assert!(r.sampling.stream && r.sampling.n == 1);
+    assert_eq!((r.temperature, r.top_p), (0.0, 0.5));
+    assert_eq!(r.metadata["k"], "v");
+    // Items: a developer message is a system message; an earlier response's output item (with
+    // its id, status and annotations) is assistant history.
+    let r = responses(
+        br#"{"input":[{"role":"developer","content":"rules"},
+            {"type":"message","role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_text","text":"b"}]},
+            {"type":"message","id":"msg_1","status":"completed","role":"assistant",
+             "content":[{"type":"output_text","text":"ok","annotations":[]}]}]}"#,
+    )
+    .unwrap();
+    let got: Vec<_> = r
+        .messages
+        .iter()
+        .map(|m| (m.role.as_str(), m.content.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [("system", "rules"), ("user", "ab"), ("assistant", "ok")]
+    );
+}
+
+#[test]
+fn responses_refusals_name_their_field() {
+    for u in RESPONSES_UNSUPPORTED {
+        let e = responses_err(&format!(r#"{{"input":"hi","{}":{{"x":[1]}}}}"#, u.name));
+        assert_eq!(param(&e), u.name, "{}", e.message);
+        assert_eq!(e.code, Some("unsupported_parameter"));
+    }
+    for (body, want) in [
+        (r#"{"input":"hi","store":true}"#, "store"),
+        (
+            r#"{"input":"hi","previous_response_id":"resp_1"}"#,
+            "previous_response_id",
+        ),
+        (
+            r#"{"input":"hi","text":{"format":{"type":"json_object"}}}"#,
+            "text",
+        ),
+        (
+            r#"{"input":"hi","reasoning":{"effort":"low"}}"#,
+            "reasoning",
+        ),
+        (
+            r#"{"input":"hi","max_output_tokens":0}"#,
+            "max_output_tokens",
+        ),
+        (r#"{"input":"hi","temperature":3}"#, "temperature"),
+        (r#"{"input":"hi","max_tokens":3}"#, "max_tokens"),
+        (r#"{"model":"m"}"#, "input"),
+        (r#"{"input":[]}"#, "input"),
+        (r#"{"input":5}"#, "input"),
+        (r#"{"input":[{"role":"user"}]}"#, "input[0].content"),
+        (r#"{"input":[{"content":"a"}]}"#, "input[0].role"),
+        (
+            r#"{"input":[{"role":"tool","content":"a"}]}"#,
+            "input[0].role",
+        ),
+        (
+            r#"{"input":[{"role":"user","content":"a","name":"b"}]}"#,
+            "input[0].name",
+        ),
+        (
+            r#"{"input":[{"type":"function_call_output","call_id":"c","output":"x"}]}"#,
+            "input[0].type",
+        ),
+        (
+            r#"{"input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}"#,
+            "input[0].content[0].type",
+        ),
+        (
+            r#"{"input":[{"role":"user","content":[{"type":"input_text"}]}]}"#,
+            "input[0].content[0].text",
+        ),
+        (
+            r#"{"input":[{"role":"user","content":[{"type":"input_text","text":"a","annotations":[]}]}]}"#,
+            "input[0].content[0].annotations",
+        ),
+    ] {
+        let e = responses_err(body);
+        assert_eq!(param(&e), want, "{body}: {}", e.message);
+    }
 }

@@ -6,6 +6,7 @@ pub mod features;
 mod forward;
 mod mla;
 pub mod moe;
+pub mod pooling;
 pub mod relabel;
 pub mod shaped;
 pub mod synthetic;
@@ -16,6 +17,7 @@ pub use features::Features;
 pub use forward::{Input, Logits, Observer, Scratch, Segment, Site};
 pub use mla::LatentPath;
 pub use moe::{Gating, MoeConfig, RoutingStats};
+pub use pooling::{Pooler, Pooling};
 pub use weights::{ExtraNorms, Ffn, KvProjection, LayerWeights, Weights};
 
 use std::path::Path;
