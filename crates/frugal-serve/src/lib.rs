@@ -8,6 +8,7 @@
 //! - [`api`] and [`validate`]: request bodies, and what they may say (every OpenAI field is
 //!   honoured or refused by name); [`error`]: OpenAI error objects; [`metrics`]: Prometheus.
 //! - [`security`]: API keys, CORS, the body size limit and the request timeout.
+//! - [`page`]: the page at `/`: a chat with the model and the server's live metrics.
 //!
 //! The HTTP side validates and tokenizes, then hands the scheduler a [`engine::GenRequest`] with
 //! a channel on which tokens come back; a client that goes away drops that channel, which the
@@ -17,6 +18,7 @@ pub mod api;
 pub mod engine;
 pub mod error;
 pub mod metrics;
+pub mod page;
 pub mod routes;
 pub mod security;
 pub mod validate;
