@@ -11,6 +11,7 @@
 //! - [`security`]: API keys, CORS, the body size limit and the request timeout.
 //! - [`structured`]: `response_format` and forced tool calls by constrained decoding;
 //!   [`tools`]: `tools` and `tool_choice`, and tool calls read from the output.
+//! - [`page`]: the page at `/`: a chat with the model and the server's live metrics.
 //!
 //! The HTTP side validates and tokenizes, then hands the scheduler a [`engine::GenRequest`] with
 //! a channel on which tokens come back; a client that goes away drops that channel, which the
@@ -21,6 +22,7 @@ pub mod embeddings;
 pub mod engine;
 pub mod error;
 pub mod metrics;
+pub mod page;
 pub mod responses;
 pub mod routes;
 pub mod security;

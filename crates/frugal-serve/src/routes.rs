@@ -20,6 +20,7 @@ use crate::api::{self, Prompt};
 use crate::engine::{self, EngineConfig, Event, GenRequest, TokenLogprob};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::page;
 use crate::security::{self, Body};
 use crate::structured::{self, Constraint, Grammars};
 use crate::tools::{self, CallSplitter, Piece, Tools};
@@ -176,9 +177,11 @@ type AppState = State<Arc<App>>;
 
 /// The endpoints with their middleware ([`security`]). Health, readiness and metrics stay open
 /// when the server has API keys: orchestrators and Prometheus probe them without one, and they
-/// tell nothing about what clients ask.
+/// tell nothing about what clients ask. So does the page at `/` ([`page`]), which asks for the
+/// key itself.
 pub fn router(app: Arc<App>) -> anyhow::Result<Router> {
     let open = Router::new()
+        .route("/", get(page::page))
         .route("/health", get(health))
         .route("/v1/health", get(health))
         .route("/livez", get(|| async { (StatusCode::OK, "ok") }))

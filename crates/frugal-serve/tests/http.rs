@@ -289,3 +289,58 @@ async fn refusals_name_their_field_before_the_model_is_needed() {
         a.error();
     }
 }
+
+/// The page at `/` loads without a key (it asks for one itself), while the model loads, and
+/// carries what the browser test and a person need: the chat form, the stop button, the
+/// metrics panel, the key field. Its policy keeps it talking to this server only.
+#[tokio::test]
+async fn the_page_is_open_and_holds_the_chat_and_the_metrics() {
+    let keyed = router(|c| c.api_keys = ApiKeys::new(vec!["sk-a".into()]).unwrap());
+    for r in [router(|_| {}), keyed] {
+        let a = send(&r, get("/", None)).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.headers[header::CONTENT_TYPE], "text/html; charset=utf-8");
+        let csp = a.headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+        assert!(
+            csp.contains("connect-src 'self'") && csp.contains("default-src 'none'"),
+            "{csp}"
+        );
+        let html = String::from_utf8(a.body).unwrap();
+        assert_eq!(html, frugal_serve::page::PAGE);
+        for id in [
+            "chat-form",
+            "prompt",
+            "send",
+            "stop",
+            "messages",
+            "metrics",
+            "m-running",
+            "m-queued",
+            "m-kv-used",
+            "m-kv-total",
+            "m-tps",
+            "m-gen-tokens",
+            "m-prefix-rate",
+            "model-name",
+            "api-key",
+        ] {
+            assert!(html.contains(&format!("id=\"{id}\"")), "no element {id}");
+        }
+        // Every form control has a label (ids of inputs, textareas and selects).
+        let controls = ["<input", "<textarea", "<select"]
+            .into_iter()
+            .flat_map(|tag| html.split(tag).skip(1));
+        for control in controls {
+            let id = control
+                .split("id=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .expect("a control with an id");
+            assert!(html.contains(&format!("for=\"{id}\"")), "no label for {id}");
+        }
+        // Self-contained: nothing loaded from elsewhere.
+        for outside in ["src=\"http", "href=\"http", "//cdn", "@import"] {
+            assert!(!html.contains(outside), "{outside}");
+        }
+    }
+}
