@@ -1,9 +1,9 @@
 //! `frugal serve`: an OpenAI-compatible HTTP server (axum on tokio) over the engine's batched
 //! forward pass and paged KV pool.
 //!
-//! - [`routes`]: the endpoints: chat and text completions (streamed as server-sent events or
-//!   not), models, health, metrics, tokenize; [`embeddings`]: `/v1/embeddings`;
-//!   [`responses`]: `/v1/responses`.
+//! - [`routes`]: the endpoints: chat and text completions, models, health, metrics, tokenize
+//!   (their answers, one JSON body or server-sent chunks, are built in `answer.rs`);
+//!   [`embeddings`]: `/v1/embeddings`; [`responses`]: `/v1/responses`.
 //! - [`engine`]: the scheduler thread: continuous batching, chunked prefill, prefix caching,
 //!   preemption by recompute, cancellation.
 //! - [`api`] and [`validate`]: request bodies, and what they may say (every OpenAI field is
@@ -17,6 +17,7 @@
 //! a channel on which tokens come back; a client that goes away drops that channel, which the
 //! scheduler notices at its next step and frees the sequence's blocks.
 
+mod answer;
 pub mod api;
 pub mod embeddings;
 pub mod engine;
