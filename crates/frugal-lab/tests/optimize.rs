@@ -481,7 +481,8 @@ fn composition_matrix_measures_its_rows() {
         );
     }
     let an = composition::analyse(&rows, 0.03, 10.0);
-    assert_eq!(an.stages.len(), 4);
+    // quant + kv, then prune, attention, experts and distillation in turn.
+    assert_eq!(an.stages.len(), 5);
 }
 
 /// Distillation is pulled only when nothing cheaper meets every target: here no point can
