@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from test_openai import MAIN_ARGS, Server, error_body
+from test_openai import error_body
 
 # Schemas whose every valid instance is short (bounded strings and arrays), so a generous
 # max_tokens always lets the answer complete: finish_reason must be "stop".
@@ -94,32 +94,6 @@ def fmt(name, schema):
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
-@pytest.fixture(scope="module")
-def sserver():
-    s = Server(*MAIN_ARGS)
-    yield s
-    s.stop_and_check()
-
-
-@pytest.fixture(scope="module")
-def sclient(sserver):
-    c = sserver.client()
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def shttp(sserver):
-    c = sserver.http()
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def smodel(shttp):
-    return shttp.get("/v1/models").json()["data"][0]["id"]
-
-
 def chat(client, model, prompt, **kw):
     return client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], **kw
@@ -127,38 +101,38 @@ def chat(client, model, prompt, **kw):
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-def test_json_schema_answers_validate(sclient, smodel, name):
+def test_json_schema_answers_validate(client, model_id, name):
     schema = SCHEMAS[name]
-    r = chat(sclient, smodel, PROMPTS[name], max_tokens=300, temperature=0,
+    r = chat(client, model_id, PROMPTS[name], max_tokens=300, temperature=0,
              response_format=fmt(name, schema))
     c = r.choices[0]
     assert c.finish_reason == "stop", f"{name}: {c.finish_reason}: {c.message.content!r}"
     value = json.loads(c.message.content)
     jsonschema.validate(value, schema)
     # Constrained greedy decoding is deterministic.
-    again = chat(sclient, smodel, PROMPTS[name], max_tokens=300, temperature=0,
+    again = chat(client, model_id, PROMPTS[name], max_tokens=300, temperature=0,
                  response_format=fmt(name, schema))
     assert again.choices[0].message.content == c.message.content
 
 
-def test_json_object_mode(sclient, smodel):
-    r = chat(sclient, smodel, "Give me JSON.", max_tokens=400, temperature=0,
+def test_json_object_mode(client, model_id):
+    r = chat(client, model_id, "Give me JSON.", max_tokens=400, temperature=0,
              response_format={"type": "json_object"})
     c = r.choices[0]
     assert c.finish_reason == "stop", c.message.content
     assert isinstance(json.loads(c.message.content), dict)
 
 
-def test_text_format_is_unconstrained(sclient, smodel):
-    plain = chat(sclient, smodel, "Say hello.", max_tokens=12, temperature=0)
-    text = chat(sclient, smodel, "Say hello.", max_tokens=12, temperature=0,
+def test_text_format_is_unconstrained(client, model_id):
+    plain = chat(client, model_id, "Say hello.", max_tokens=12, temperature=0)
+    text = chat(client, model_id, "Say hello.", max_tokens=12, temperature=0,
                 response_format={"type": "text"})
     assert text.choices[0].message.content == plain.choices[0].message.content
 
 
-def test_sampled_choices_all_validate(sclient, smodel):
+def test_sampled_choices_all_validate(client, model_id):
     schema = SCHEMAS["bounded_numbers"]
-    r = chat(sclient, smodel, PROMPTS["bounded_numbers"], max_tokens=200, temperature=1.0,
+    r = chat(client, model_id, PROMPTS["bounded_numbers"], max_tokens=200, temperature=1.0,
              seed=7, n=4, response_format=fmt("n", schema))
     assert len(r.choices) == 4
     for c in r.choices:
@@ -166,12 +140,12 @@ def test_sampled_choices_all_validate(sclient, smodel):
         jsonschema.validate(json.loads(c.message.content), schema)
 
 
-def test_streaming_with_a_schema(sclient, smodel):
+def test_streaming_with_a_schema(client, model_id):
     schema = SCHEMAS["nested_object"]
     kw = dict(max_tokens=300, temperature=0, response_format=fmt("s", schema))
-    whole = chat(sclient, smodel, PROMPTS["nested_object"], **kw).choices[0].message.content
+    whole = chat(client, model_id, PROMPTS["nested_object"], **kw).choices[0].message.content
     parts, finish = [], None
-    for chunk in chat(sclient, smodel, PROMPTS["nested_object"], stream=True, **kw):
+    for chunk in chat(client, model_id, PROMPTS["nested_object"], stream=True, **kw):
         for ch in chunk.choices:
             parts.append(ch.delta.content or "")
             finish = ch.finish_reason or finish
@@ -181,25 +155,25 @@ def test_streaming_with_a_schema(sclient, smodel):
     jsonschema.validate(json.loads(text), schema)
 
 
-def test_completions_endpoint(sclient, smodel, shttp):
+def test_completions_endpoint(client, model_id, http):
     schema = SCHEMAS["enum"]
-    r = sclient.completions.create(model=smodel, prompt="The review 'awful' as JSON:",
+    r = client.completions.create(model=model_id, prompt="The review 'awful' as JSON:",
                                    max_tokens=100, temperature=0,
                                    extra_body={"response_format": fmt("c", schema)})
     assert r.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(r.choices[0].text), schema)
     # llama-server's bare `json_schema` field.
-    r = shttp.post("/v1/completions", json={"prompt": "Three digits:", "max_tokens": 100,
+    r = http.post("/v1/completions", json={"prompt": "Three digits:", "max_tokens": 100,
                                             "temperature": 0,
                                             "json_schema": SCHEMAS["top_level_array"]})
     assert r.status_code == 200, r.text
     jsonschema.validate(json.loads(r.json()["choices"][0]["text"]), SCHEMAS["top_level_array"])
 
 
-def test_budget_running_out_mid_json_is_length(sclient, smodel):
+def test_budget_running_out_mid_json_is_length(client, model_id):
     """Documented: the grammar does not shorten the answer, so a max_tokens too small for it
     ends the JSON unfinished, with finish_reason "length"."""
-    r = chat(sclient, smodel, PROMPTS["nested_object"], max_tokens=4, temperature=0,
+    r = chat(client, model_id, PROMPTS["nested_object"], max_tokens=4, temperature=0,
              response_format=fmt("x", SCHEMAS["nested_object"]))
     assert r.choices[0].finish_reason == "length"
     assert r.choices[0].message.content.startswith("{")
@@ -217,8 +191,8 @@ def test_budget_running_out_mid_json_is_length(sclient, smodel):
         ({"json_schema": "not a schema"}, "json_schema"),
     ],
 )
-def test_invalid_formats_are_400(shttp, body, param):
-    r = shttp.post("/v1/chat/completions",
+def test_invalid_formats_are_400(http, body, param):
+    r = http.post("/v1/chat/completions",
                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, **body})
     assert r.status_code == 400, r.text
     assert error_body(r)["param"] == param

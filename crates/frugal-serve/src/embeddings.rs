@@ -127,17 +127,7 @@ fn submit(
     if app.shutting_down.load(Ordering::Relaxed) {
         return Err(ApiError::unavailable("the server is shutting down"));
     }
-    let queued = r.metrics.queued();
-    if queued >= app.cfg.max_queue {
-        r.metrics.finished("rejected");
-        return Err(ApiError::queue_full(queued));
-    }
-    let submit = app
-        .submit
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-        .ok_or_else(|| ApiError::unavailable("the server is shutting down"))?;
+    let submit = app.admit(r)?;
     let mut out = Vec::with_capacity(inputs.len());
     for prompt in inputs {
         let (tx, rx) = mpsc::unbounded_channel();

@@ -53,6 +53,21 @@ pub(crate) struct Ready {
 }
 
 impl App {
+    /// Admission control for one request (however many sequences it holds): refused with 429
+    /// when `--max-queue` requests wait, else the scheduler's queue to send it on.
+    pub(crate) fn admit(&self, r: &Ready) -> Result<mpsc::UnboundedSender<GenRequest>, ApiError> {
+        let queued = r.metrics.queued();
+        if queued >= self.cfg.max_queue {
+            r.metrics.finished("rejected");
+            return Err(ApiError::queue_full(queued));
+        }
+        self.submit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| ApiError::unavailable("the server is shutting down"))
+    }
+
     pub fn new(cfg: ServeConfig) -> Self {
         App {
             cfg,
@@ -498,18 +513,8 @@ pub(crate) fn submit(
         Some(m) => m,
         None => ctx - prompt.len(),
     };
-    let queued = r.metrics.queued();
-    if queued >= app.cfg.max_queue {
-        r.metrics.finished("rejected");
-        return Err(ApiError::queue_full(queued));
-    }
+    let submit = app.admit(r)?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let submit = app
-        .submit
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-        .ok_or_else(|| ApiError::unavailable("the server is shutting down"))?;
     r.metrics.submitted();
     let req = GenRequest {
         prompt,
