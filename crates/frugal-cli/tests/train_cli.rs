@@ -95,6 +95,9 @@ fn train_and_distill_write_models_that_load_with_provenance() {
     );
     let f = GgufFile::open(&tuned).unwrap();
     assert_eq!(f.str("frugal.train.mode").unwrap(), "train");
+    // The default rate is probed from 3e-4 down, and the choice is recorded.
+    let lr = f.get("frugal.train.lr").and_then(|v| v.as_f64()).unwrap();
+    assert!(lr > 0.0 && lr <= f64::from(3e-4f32), "{lr}");
     assert!(
         f.tensors()
             .iter()
@@ -311,6 +314,9 @@ fn bad_distillation_input_gets_a_clear_error() {
         "reverse KL",
     );
     clean_error(&run(&["--student", "self", "--alpha", "1.5"]), "--alpha");
+    for bad in ["auto:0", "auto3e-4", "fast", "0", "NaN"] {
+        clean_error(&run(&["--student", "self", "--lr", bad]), "--lr");
+    }
     // Resuming a checkpoint of another run is refused.
     let ck = d.join("run.ckpt");
     let args = |seed: &str| {
@@ -337,6 +343,14 @@ fn bad_distillation_input_gets_a_clear_error() {
     };
     let a0 = args("0");
     ok(&frugal(&a0.iter().map(String::as_str).collect::<Vec<_>>()));
+    // Resumed, a probed run takes the rate its checkpoint holds instead of probing again.
+    let again = frugal(&a0.iter().map(String::as_str).collect::<Vec<_>>());
+    ok(&again);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        err.contains("resumed from") && !err.contains("probing"),
+        "{err}"
+    );
     let a1 = args("1");
     clean_error(
         &frugal(&a1.iter().map(String::as_str).collect::<Vec<_>>()),

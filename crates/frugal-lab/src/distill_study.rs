@@ -306,7 +306,7 @@ impl Runs<'_, '_> {
             self.recovery.config(loss, self.steps),
             self.data,
             (signal, eval_t.or(Some(self.teachers))),
-            false,
+            (false, self.recovery.probe),
             progress::training(&mut *self.progress, self.steps),
         )?;
         self.results.push(RunResult {
@@ -369,6 +369,7 @@ impl Runs<'_, '_> {
             loss: "ce".into(),
             temperature: 1.0,
             tokens: summary.tokens as u64,
+            lr: r.lr / 3.0,
             seed: r.seed,
             ..Default::default()
         };
@@ -446,6 +447,7 @@ fn time_students(
             mode: "distill".into(),
             student: run.name.clone(),
             tokens: tokens as u64,
+            lr: r.lr,
             seed: r.seed,
             kept_layers: keep.to_vec(),
             ..Default::default()

@@ -16,14 +16,17 @@ use frugal_train::loss::Divergence;
 use frugal_train::model::RunOptions;
 use frugal_train::optim::{AdamWConfig, Schedule};
 use frugal_train::teacher::OnlineTeachers;
-use frugal_train::trainer::{EvalPoint, Event, LossConfig, Signal, TrainConfig, Trainer};
+use frugal_train::trainer::{EvalPoint, Event, LossConfig, LrProbe, Signal, TrainConfig, Trainer};
 
 /// How every training run of one experiment trains.
 #[derive(Clone, Copy, Debug)]
 pub struct Recovery {
     pub seq: usize,
     pub batch: usize,
+    /// The peak learning rate, or the probe's ceiling when `probe` is set.
     pub lr: f32,
+    /// Choose the peak rate by measurement before training ([`LrProbe`]), from `lr` down.
+    pub probe: Option<LrProbe>,
     /// Held-out evaluations during a run (the curve's points).
     pub points: usize,
     /// Held-out windows per evaluation (0: all).
@@ -38,6 +41,8 @@ pub struct Run {
     pub history: Vec<EvalPoint>,
     /// The median training throughput over the steps.
     pub tokens_per_s: f64,
+    /// The peak learning rate it trained at (the probe's choice when probed).
+    pub lr: f32,
     pub params: Params,
 }
 
@@ -72,18 +77,22 @@ pub fn soft(tau: f32) -> LossConfig {
 }
 
 /// Trains `student` as `cfg` says on `data` from `signal` (the soft targets; `eval` scores
-/// the held-out KL), keeping its zeros at zero when `keep_sparsity`.
+/// the held-out KL), keeping its zeros at zero when `keep_sparsity`, at a peak learning rate
+/// probed from the configured one down when `probe` is set.
 pub fn train(
     student: Params,
     cfg: TrainConfig,
     data: &Corpus,
     (signal, eval): (Signal, Option<&OnlineTeachers>),
-    keep_sparsity: bool,
+    (keep_sparsity, probe): (bool, Option<LrProbe>),
     mut on_event: impl FnMut(Event),
 ) -> Result<Run> {
     let mut t = Trainer::new(student, cfg, data, signal, eval)?;
     if keep_sparsity {
         t.keep_sparsity();
+    }
+    if let Some(probe) = probe {
+        t.probe_learning_rate(probe, |_| {})?;
     }
     let mut speeds = Vec::new();
     t.run(|e| {
@@ -96,6 +105,7 @@ pub fn train(
     Ok(Run {
         history: t.history.clone(),
         tokens_per_s: speeds.get(speeds.len() / 2).copied().unwrap_or(0.0),
+        lr: t.cfg.schedule.lr,
         params: t.params,
     })
 }
@@ -147,7 +157,7 @@ impl Recovery {
             self.config(soft(2.0), steps),
             data,
             (Signal::Online(teachers), Some(teachers)),
-            keep_sparsity,
+            (keep_sparsity, self.probe),
             on_event,
         )
     }

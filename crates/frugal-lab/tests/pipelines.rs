@@ -178,6 +178,7 @@ fn healing_lowers_the_kl_of_a_pruned_model() {
         seq: 32,
         batch: 2,
         lr: 3e-3,
+        probe: None,
         points: 2,
         eval_windows: 2,
         seed: 0,

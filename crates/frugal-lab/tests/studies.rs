@@ -46,6 +46,7 @@ fn recovery(seq: usize) -> Recovery {
         seq,
         batch: 2,
         lr: 1e-3,
+        probe: None,
         points: 2,
         eval_windows: 2,
         seed: 0,

@@ -57,6 +57,22 @@ pub fn save(t: &Trainer, path: &Path) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(io_err(path))
 }
 
+/// The peak learning rate a checkpoint's run was configured with (a probed run's choice).
+pub fn saved_learning_rate(path: &Path) -> Result<f32> {
+    let f = GgufFile::open(path)?;
+    let cfg: serde_json::Value = serde_json::from_str(f.str("frugal.checkpoint.config")?)
+        .map_err(|e| TrainError::Invalid(format!("{}: its configuration: {e}", path.display())))?;
+    cfg.pointer("/schedule/lr")
+        .and_then(serde_json::Value::as_f64)
+        .map(|lr| lr as f32)
+        .ok_or_else(|| {
+            TrainError::Invalid(format!(
+                "{}: the checkpoint holds no learning rate",
+                path.display()
+            ))
+        })
+}
+
 /// Restores `t`'s state from `path`, refusing a checkpoint of another model or configuration.
 pub fn resume(t: &mut Trainer, path: &Path) -> Result<()> {
     let f = GgufFile::open(path)?;

@@ -24,6 +24,8 @@ pub struct Provenance {
     pub loss: String,
     pub temperature: f32,
     pub tokens: u64,
+    /// The peak learning rate (the probe's choice when it was probed).
+    pub lr: f32,
     pub seed: u64,
     /// Kept teacher layers (layer-dropped students).
     pub kept_layers: Vec<usize>,
@@ -52,6 +54,7 @@ pub fn write_model(
     w.set("frugal.train.loss", s(&prov.loss));
     w.set("frugal.train.temperature", Value::F32(prov.temperature));
     w.set("frugal.train.tokens", Value::U64(prov.tokens));
+    w.set("frugal.train.lr", Value::F32(prov.lr));
     w.set("frugal.train.seed", Value::U64(prov.seed));
     if !prov.kept_layers.is_empty() {
         w.set(

@@ -18,6 +18,9 @@ use crate::optim::{AdamW, AdamWConfig, Schedule, clip};
 use crate::params::{Params, Tensor};
 use crate::teacher::{OnlineTeachers, TopKCache};
 
+mod probe;
+pub use probe::{LrChoice, LrProbe, LrTrial};
+
 /// The loss of a run.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LossConfig {

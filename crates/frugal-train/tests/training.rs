@@ -13,7 +13,7 @@ use frugal_train::model::{Batch, RunOptions};
 use frugal_train::optim::{AdamWConfig, Schedule};
 use frugal_train::student::{Importance, choose_layers, keep_layers, layer_importance};
 use frugal_train::teacher::{OnlineTeachers, TopKCache};
-use frugal_train::trainer::{LossConfig, Signal, TrainConfig, Trainer};
+use frugal_train::trainer::{LossConfig, LrProbe, Signal, TrainConfig, Trainer};
 use frugal_train::{Params, TrainError, checkpoint};
 
 const TEXT: &str = "The quick brown fox jumps over the lazy dog. A cache saves work; a cache costs memory. \
@@ -450,4 +450,56 @@ fn a_pruned_student_keeps_its_sparsity_pattern() {
     assert!(moved > held / 2, "only {moved} kept weights trained");
     let kl: Vec<f64> = t.history.iter().map(|e| e.kl.unwrap()).collect();
     assert!(kl[1] < kl[0], "KL {kl:?}");
+}
+
+#[test]
+fn the_learning_rate_probe_refuses_a_diverging_rate_and_leaves_the_run_untouched() {
+    let m = model(tiny());
+    let data = corpus(&m, 16);
+    let cfg = config(4, 16);
+    let new = |cfg: TrainConfig| {
+        Trainer::new(
+            Params::from_model(&m).unwrap(),
+            cfg,
+            &data,
+            Signal::None,
+            None,
+        )
+        .unwrap()
+    };
+    // From a ceiling of 30, where Adam's first steps move every weight by 30 and the held-out
+    // loss explodes, down by √10 a rate: the probe must come down to one that improves.
+    let mut probed = new(cfg.clone());
+    let mut seen = Vec::new();
+    let probe = LrProbe {
+        max: 30.0,
+        candidates: 8,
+        steps: 2,
+    };
+    let choice = probed
+        .probe_learning_rate(probe, |t| seen.push(*t))
+        .unwrap();
+    assert_eq!(seen, choice.trials);
+    eprintln!("probe: start {:.4}, {:?}", choice.start, choice.trials);
+    assert!(choice.trials[0].score > choice.start, "{choice:?}");
+    assert!(choice.improved(), "{choice:?}");
+    assert!(choice.lr < probe.max, "{choice:?}");
+    let picked = choice.trials.iter().find(|t| t.lr == choice.lr).unwrap();
+    assert!(picked.score < choice.start, "{choice:?}");
+    // Every rate was restored from: the state is the starting one, at the chosen rate.
+    assert_eq!(probed.step, 0);
+    assert_eq!(probed.params, Params::from_model(&m).unwrap());
+    assert_eq!(probed.cfg.schedule.lr, choice.lr);
+    assert_eq!(probed.cfg.schedule.warmup, cfg.schedule.warmup);
+    // The run after the probe is the run configured with that rate from the start.
+    let mut direct_cfg = cfg.clone();
+    direct_cfg.schedule.lr = choice.lr;
+    let mut direct = new(direct_cfg);
+    probed.run(|_| {}).unwrap();
+    direct.run(|_| {}).unwrap();
+    assert_eq!(probed.params, direct.params);
+    assert_eq!(probed.opt, direct.opt);
+    // Only before the first step.
+    let e = probed.probe_learning_rate(probe, |_| {}).unwrap_err();
+    assert!(e.to_string().contains("before the first step"), "{e}");
 }

@@ -153,6 +153,7 @@ pub fn run(a: Args) -> Result<()> {
         seq: a.seq,
         batch: a.batch,
         lr: a.lr,
+        probe: None,
         points: a.points,
         eval_windows: a.eval_windows,
         seed: a.seed,

@@ -168,6 +168,7 @@ pub fn run(a: Args) -> Result<()> {
         seq: a.seq,
         batch: a.batch,
         lr: a.lr,
+        probe: None,
         points: 4,
         eval_windows: 16,
         seed: a.seed,

@@ -20,7 +20,9 @@ use frugal_train::student::{
     Importance, StudentConfig, choose_layers, keep_layers, layer_importance,
 };
 use frugal_train::teacher::{OnlineTeachers, TopKCache};
-use frugal_train::trainer::{Event, HiddenConfig, LossConfig, Signal, TrainConfig, Trainer};
+use frugal_train::trainer::{
+    Event, HiddenConfig, LossConfig, LrProbe, Signal, TrainConfig, Trainer,
+};
 use frugal_train::{Params, checkpoint};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -47,9 +49,11 @@ pub struct TrainArgs {
     /// Micro-batches accumulated into one optimizer step
     #[arg(long = "accum", default_value_t = 1)]
     pub accum: usize,
-    /// Peak learning rate (AdamW)
-    #[arg(long = "lr", default_value_t = 3e-4)]
-    pub lr: f32,
+    /// Peak learning rate (AdamW): a number, or auto (probed before the run: from 3e-4 down by
+    /// √10 at a time, each rate a few steps from the starting weights, scored on held-out
+    /// text, the best kept), or auto:MAX (probed from MAX down)
+    #[arg(long = "lr", default_value = "auto")]
+    pub lr: String,
     /// Warmup steps [default: 5% of the steps]
     #[arg(long = "warmup")]
     pub warmup: Option<usize>,
@@ -216,7 +220,7 @@ fn train_config(a: &TrainArgs, loss: LossConfig) -> Result<TrainConfig> {
         (0.0..1.0).contains(&a.heldout),
         "--heldout must be in [0, 1)"
     );
-    ensure!(a.lr.is_finite() && a.lr > 0.0, "--lr must be positive");
+    let (lr, _) = learning_rate(&a.lr)?;
     ensure!(
         a.moe_aux.is_finite() && a.moe_aux >= 0.0,
         "--moe-aux must be a weight of at least 0"
@@ -230,7 +234,7 @@ fn train_config(a: &TrainArgs, loss: LossConfig) -> Result<TrainConfig> {
         accum: a.accum,
         steps,
         schedule: Schedule {
-            lr: a.lr,
+            lr,
             warmup,
             total: steps,
             min_ratio: a.min_lr_ratio,
@@ -254,6 +258,24 @@ fn train_config(a: &TrainArgs, loss: LossConfig) -> Result<TrainConfig> {
         checkpoint: a.checkpoint.clone(),
         save_every: a.save_every,
     })
+}
+
+/// `--lr`: the peak rate (the probe's ceiling under `auto`) and whether to probe.
+fn learning_rate(s: &str) -> Result<(f32, bool)> {
+    let (value, probe) = match s.strip_prefix("auto") {
+        Some("") => return Ok((LrProbe::default().max, true)),
+        Some(rest) => (
+            rest.strip_prefix(':')
+                .with_context(|| format!("--lr {s:?}: use a number, auto or auto:MAX"))?,
+            true,
+        ),
+        None => (s, false),
+    };
+    let lr: f32 = value
+        .parse()
+        .with_context(|| format!("--lr {s:?}: use a number, auto or auto:MAX"))?;
+    ensure!(lr.is_finite() && lr > 0.0, "--lr must be positive");
+    Ok((lr, probe))
 }
 
 fn load_corpus(tok: &Tokenizer, a: &TrainArgs) -> Result<Corpus> {
@@ -550,19 +572,63 @@ fn bar(len: u64, msg: &str, quiet: bool) -> ProgressBar {
 }
 
 /// Runs the trainer with a progress bar and a log, then writes the model.
+/// Probes the peak learning rate from `ceiling` down ([`Trainer::probe_learning_rate`]),
+/// printing each trial.
+fn probe_learning_rate(t: &mut Trainer, ceiling: f32, json: bool) -> Result<()> {
+    let probe = LrProbe {
+        max: ceiling,
+        ..LrProbe::default()
+    };
+    if !json {
+        eprintln!(
+            "probing the learning rate: {} steps per rate from {ceiling:.1e} down",
+            probe.steps
+        );
+    }
+    let choice = t.probe_learning_rate(probe, |trial| {
+        if !json {
+            eprintln!("  lr {:.1e}: held-out {:.4}", trial.lr, trial.score);
+        }
+    })?;
+    if !json {
+        eprintln!(
+            "learning rate {:.1e} (held-out {:.4} before any step{})",
+            choice.lr,
+            choice.start,
+            if choice.improved() {
+                ""
+            } else {
+                "; no rate improved on it within the probe"
+            }
+        );
+    }
+    Ok(())
+}
+
 fn drive(mut t: Trainer, a: &TrainArgs, template: &GgufFile, mut prov: Provenance) -> Result<()> {
+    let (ceiling, probe) = learning_rate(&a.lr)?;
+    let mut resumed = false;
     if a.resume {
         let ck = a
             .checkpoint
             .as_ref()
             .context("--resume needs --checkpoint FILE")?;
         if ck.exists() {
+            if probe {
+                // The probe ran when the run started; its choice is in the checkpoint.
+                t.cfg.schedule.lr = checkpoint::saved_learning_rate(ck)?;
+            }
             checkpoint::resume(&mut t, ck)?;
+            resumed = true;
             if !a.json {
                 eprintln!("resumed from {} at step {}", ck.display(), t.step);
             }
         }
     }
+    if probe && !resumed {
+        probe_learning_rate(&mut t, ceiling, a.json)?;
+    }
+    prov.lr = t.cfg.schedule.lr;
     let mut log = match &a.log {
         Some(p) => Some(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,

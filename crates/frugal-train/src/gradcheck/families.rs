@@ -147,6 +147,16 @@ fn phi3_gradient_matches_finite_differences() {
 fn gemma3_gradient_matches_finite_differences() {
     whole_model_case(tiny_gemma3_config(), true, false);
     whole_model_case(tiny_gemma3_config(), false, true);
+    // Gemma 3 270M's layout: one key/value head shared by every query head, the heads together
+    // wider than the model (4 x 256 over 640 there, 4 x 8 over 12 here).
+    whole_model_case(
+        frugal::model::Config {
+            n_head_kv: 1,
+            ..tiny_gemma3_config()
+        },
+        true,
+        false,
+    );
 }
 
 #[test]
