@@ -110,19 +110,10 @@ impl ChatTemplate {
     }
 
     /// Renders the conversation; with `add_generation_prompt` the text ends where the
-    /// assistant's reply begins.
+    /// assistant's reply begins. `tools` is none, as Hugging Face's `apply_chat_template`
+    /// passes it without tools.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        let tmpl = self
-            .env
-            .get_template("chat")
-            .map_err(|e| Error::Template(e.to_string()))?;
-        tmpl.render(context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos,
-            eos_token => self.eos,
-        })
-        .map_err(|e| Error::Template(e.to_string()))
+        self.render_with_tools(messages, None::<&()>, add_generation_prompt)
     }
 }
 
