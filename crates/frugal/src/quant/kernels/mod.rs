@@ -290,7 +290,7 @@ pub fn dot_wide_pairs<const P: usize>(
 /// activation row `t` of the token blocks of `acts` (`units` tiles each, one per unit) and
 /// every row block `j` of `weights` (the same), `put(t, 16 j, &out)` with `out[n]` = row
 /// `16 j + n` times activation row `t`, the same bits as [`dot_packed`] gives at the VNNI
-/// level and [`tiles::q8_0_tiles_scalar`] everywhere. Blocks of 32 tokens by 32 rows, tokens
+/// level and [`tiles::q8_0_tiles_scalar`] everywhere. Blocks of 16 tokens by 16 rows, tokens
 /// outer; the tile configuration is loaded for the call and released after it, so a thread
 /// holds no tile state between calls.
 pub fn q8_0_tiles(
@@ -308,29 +308,18 @@ pub fn q8_0_tiles(
     {
         use tiles::TILE_ROWS as R;
         let (ta, tb) = (acts.len() / units, weights.len() / units);
-        let mut out: x86_amx::BlockOut = [[[0.0; R]; 2]; 2 * R];
+        let mut out: x86_amx::BlockOut = [[0.0; R]; R];
         x86_amx::configure(amx);
-        for i0 in (0..ta).step_by(2) {
-            let mt = (ta - i0).min(2);
-            let a = &acts[i0 * units..(i0 + mt) * units];
-            for j0 in (0..tb).step_by(2) {
-                let nt = (tb - j0).min(2);
-                let w = &weights[j0 * units..(j0 + nt) * units];
+        for i in 0..ta {
+            let a = &acts[i * units..(i + 1) * units];
+            for j in 0..tb {
+                let w = &weights[j * units..(j + 1) * units];
                 // SAFETY: the token proves AMX (and the AVX-512 every AMX CPU has); the
                 // configuration was loaded above on this thread and is released below, with no
-                // other tile code in between; `a` and `w` hold `mt` and `nt` blocks of `units`.
-                unsafe {
-                    match (mt, nt) {
-                        (2, 2) => x86_amx::q8_0_block::<2, 2>(amx, a, w, units, &mut out),
-                        (2, _) => x86_amx::q8_0_block::<2, 1>(amx, a, w, units, &mut out),
-                        (_, 2) => x86_amx::q8_0_block::<1, 2>(amx, a, w, units, &mut out),
-                        _ => x86_amx::q8_0_block::<1, 1>(amx, a, w, units, &mut out),
-                    }
-                }
-                for (t, o) in out.iter().enumerate().take(R * mt) {
-                    for (j, oj) in o.iter().enumerate().take(nt) {
-                        put(R * i0 + t, R * (j0 + j), oj);
-                    }
+                // other tile code in between; `a` and `w` hold `units` tiles each.
+                unsafe { x86_amx::q8_0_block(amx, a, w, units, &mut out) };
+                for (t, o) in out.iter().enumerate() {
+                    put(R * i + t, R * j, o);
                 }
             }
         }

@@ -1,13 +1,13 @@
 //! AMX int8 (`TDPBSSD`) products of Q8_0 weights with 8-bit activations (see `tiles` for the
 //! operands and why every unit is its own tile product).
 //!
-//! Tile registers (palette 1): tmm0, tmm1 the activation tiles of tokens 0..16 and 16..32
-//! (16 rows x 32 bytes), tmm2, tmm3 the weight tiles of rows 0..16 and 16..32 (8 rows x 64
-//! bytes), tmm4..tmm7 the four 16 x 16 i32 products (C00, C01, C10, C11). Per unit: four tile
-//! loads, four `TDPBSSD`, four tile stores into an aligned buffer, then the f32 scaling of the
-//! stored sums with AVX-512, one vector of 16 weight rows per token. The products of unit
-//! `c + 1` are issued before the sums of unit `c` are scaled, so the tile unit's latency hides
-//! behind the vector work. Stable Rust has no AMX intrinsics, so the tile instructions are
+//! Tile registers (palette 1): tmm0, tmm1 activation tiles (16 tokens x 32 bytes), tmm2, tmm3
+//! weight tiles (8 rows x 64 bytes), tmm4..tmm7 the 16 x 16 i32 products of four units in
+//! flight. Per unit: two tile loads, one `TDPBSSD`, one tile store into an aligned buffer, then
+//! the f32 scaling of the stored sums with AVX-512, one vector of 16 weight rows per token,
+//! into 16 accumulators that stay in registers for the whole row (a 2 x 2 block of tiles kept
+//! its 64 accumulators in memory, and their loads and stores ran the kernel at a fifth of the
+//! vector units' pace). Stable Rust has no AMX intrinsics, so the tile instructions are
 //! `asm!` (as in the training crate's bf16 kernel).
 
 use std::arch::asm;
@@ -48,121 +48,126 @@ pub fn release(_: Amx) {
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
-/// Four C tiles of i32 sums: `[2i + j][t][n]` for activation tile `i`, weight tile `j`.
-#[repr(C, align(64))]
-struct Sums([[[i32; 16]; 16]; 4]);
+/// Product tiles in flight: unit `c` goes to tmm(4 + c % 4) from tmm(c % 2) and tmm(2 + c % 2),
+/// and its sums are stored three units later, so a product's latency (and its store's) is
+/// spread over four units of vector work.
+const SLOTS: usize = 4;
 
-/// Outputs of one block: `out[t][j][n]` = token `t` (0..16 MT) against row `16j + n`.
-pub type BlockOut = [[[f32; TILE_ROWS]; 2]; 2 * TILE_ROWS];
-
-/// `MT` activation tiles (16 tokens each) times `NT` weight tiles (16 rows each), over
-/// `units` units: `acts[i * units + c]`, `weights[j * units + c]`. Absent tiles (MT or NT of
-/// 1) are computed from the first one's operands and dropped.
+/// Issues unit `c`'s product: zero its C tile, load its two operand tiles, `TDPBSSD`.
 ///
 /// # Safety
-/// [`configure`] ran on this thread and [`release`] has not since; `acts` holds `MT * units`
-/// tiles and `weights` `NT * units`, `units >= 1`.
+/// The tile configuration is loaded; `c` indexes `acts` and `weights`.
+#[inline(always)]
+unsafe fn issue(acts: &[ActTile], weights: &[WeightTile], c: usize) {
+    let (a, b) = (acts[c].codes.as_ptr(), weights[c].codes.as_ptr());
+    macro_rules! product {
+        ($a:literal, $b:literal, $c:literal) => {
+            // SAFETY: the configuration is loaded (contract); each load reads the 512 code
+            // bytes of one tile (16 rows at stride 32, or 8 at stride 64).
+            unsafe {
+                asm!(
+                    concat!("tilezero ", $c),
+                    concat!("tileloadd ", $a, ", [{a} + {s32}*1]"),
+                    concat!("tileloadd ", $b, ", [{b} + {s64}*1]"),
+                    concat!("tdpbssd ", $c, ", ", $a, ", ", $b),
+                    a = in(reg) a,
+                    b = in(reg) b,
+                    s32 = in(reg) 32usize,
+                    s64 = in(reg) 64usize,
+                    options(nostack, readonly),
+                )
+            }
+        };
+    }
+    match c % SLOTS {
+        0 => product!("tmm0", "tmm2", "tmm4"),
+        1 => product!("tmm1", "tmm3", "tmm5"),
+        2 => product!("tmm0", "tmm2", "tmm6"),
+        _ => product!("tmm1", "tmm3", "tmm7"),
+    }
+}
+
+/// Stores unit `c`'s sums (its C tile) to `s`.
+///
+/// # Safety
+/// The tile configuration is loaded; `s` points at 1 KiB of writable memory.
+#[inline(always)]
+unsafe fn store(c: usize, s: *mut Sums) {
+    macro_rules! tile_store {
+        ($c:literal) => {
+            // SAFETY: the configuration is loaded; the store writes 16 rows of 64 bytes at
+            // stride 64, the 1 KiB at `s` (contract).
+            unsafe {
+                asm!(
+                    concat!("tilestored [{s} + {s64}*1], ", $c),
+                    s = in(reg) s,
+                    s64 = in(reg) 64usize,
+                    options(nostack),
+                )
+            }
+        };
+    }
+    match c % SLOTS {
+        0 => tile_store!("tmm4"),
+        1 => tile_store!("tmm5"),
+        2 => tile_store!("tmm6"),
+        _ => tile_store!("tmm7"),
+    }
+}
+
+/// One C tile of i32 sums, `[t][n]`.
+#[repr(C, align(64))]
+struct Sums([[i32; 16]; 16]);
+
+/// Outputs of one block: `out[t][n]` = token `t` against weight row `n`.
+pub type BlockOut = [[f32; TILE_ROWS]; TILE_ROWS];
+
+/// One activation tile's 16 tokens times one weight tile's 16 rows, over `units` units
+/// (`acts[c]`, `weights[c]`). The 16 accumulators stay in registers; the products of units
+/// `c + 1 .. c + 4` run while unit `c`'s sums are scaled ([`SLOTS`]).
+///
+/// # Safety
+/// [`configure`] ran on this thread and [`release`] has not since; `acts` and `weights` hold
+/// `units >= 1` tiles each.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-pub unsafe fn q8_0_block<const MT: usize, const NT: usize>(
+pub unsafe fn q8_0_block(
     _: Amx,
     acts: &[ActTile],
     weights: &[WeightTile],
     units: usize,
     out: &mut BlockOut,
 ) {
-    debug_assert!(
-        (1..=2).contains(&MT)
-            && (1..=2).contains(&NT)
-            && units >= 1
-            && acts.len() >= MT * units
-            && weights.len() >= NT * units
-    );
-    let mut sums: [Sums; 2] = [const { Sums([[[0; 16]; 16]; 4]) }; 2];
-    let mut acc = [[_mm512_setzero_ps(); 2]; 2 * TILE_ROWS];
-    // Unit c's four products into tmm4..tmm7.
-    let issue = |c: usize| {
-        let a0 = &acts[c];
-        let a1 = &acts[if MT == 2 { units + c } else { c }];
-        let b0 = &weights[c];
-        let b1 = &weights[if NT == 2 { units + c } else { c }];
-        // SAFETY: the configuration is loaded (contract); each load reads the 512 code bytes
-        // of one tile (16 rows at stride 32, or 8 at stride 64).
-        unsafe {
-            asm!(
-                "tilezero tmm4",
-                "tilezero tmm5",
-                "tilezero tmm6",
-                "tilezero tmm7",
-                "tileloadd tmm0, [{a0} + {s32}*1]",
-                "tileloadd tmm2, [{b0} + {s64}*1]",
-                "tdpbssd tmm4, tmm0, tmm2",
-                "tileloadd tmm3, [{b1} + {s64}*1]",
-                "tdpbssd tmm5, tmm0, tmm3",
-                "tileloadd tmm1, [{a1} + {s32}*1]",
-                "tdpbssd tmm6, tmm1, tmm2",
-                "tdpbssd tmm7, tmm1, tmm3",
-                a0 = in(reg) a0.codes.as_ptr(),
-                a1 = in(reg) a1.codes.as_ptr(),
-                b0 = in(reg) b0.codes.as_ptr(),
-                b1 = in(reg) b1.codes.as_ptr(),
-                s32 = in(reg) 32usize,
-                s64 = in(reg) 64usize,
-                options(nostack, readonly),
-            );
-        }
-    };
-    let store = |s: &mut Sums| {
-        // SAFETY: the configuration is loaded; each store writes 16 rows of 64 bytes at stride
-        // 64 into one 1 KiB tile of `s`.
-        unsafe {
-            asm!(
-                "tilestored [{c} + {s64}*1], tmm4",
-                "tilestored [{c} + {s64}*1 + 1024], tmm5",
-                "tilestored [{c} + {s64}*1 + 2048], tmm6",
-                "tilestored [{c} + {s64}*1 + 3072], tmm7",
-                c = in(reg) s.0.as_mut_ptr(),
-                s64 = in(reg) 64usize,
-                options(nostack),
-            );
-        }
-    };
-    issue(0);
-    store(&mut sums[0]);
+    debug_assert!(units >= 1 && acts.len() >= units && weights.len() >= units);
+    let mut sums = std::mem::MaybeUninit::<[Sums; SLOTS]>::uninit();
+    let sums = sums.as_mut_ptr() as *mut Sums;
+    let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
+    for c in 0..(SLOTS - 1).min(units) {
+        // SAFETY: the configuration is loaded (contract); c < units.
+        unsafe { issue(acts, weights, c) };
+    }
     for c in 0..units {
-        if c + 1 < units {
-            issue(c + 1);
+        if c + SLOTS - 1 < units {
+            // SAFETY: as above.
+            unsafe { issue(acts, weights, c + SLOTS - 1) };
         }
+        // SAFETY: `sums` has SLOTS tiles.
+        let s = unsafe { sums.add(c % SLOTS) };
+        // SAFETY: the configuration is loaded; `s` is 1 KiB, 64-byte aligned.
+        unsafe { store(c, s) };
         // Unit c's sums, scaled as the VNNI kernel scales them: fma(f32(isum), d_w * d_x, acc).
-        let s = &sums[c & 1];
-        let dw: [__m512; 2] = std::array::from_fn(|j| {
-            let b = &weights[if j < NT { j * units + c } else { c }];
-            // SAFETY: 16 f16 scales, 32 bytes.
-            _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(b.d.as_ptr() as *const __m256i) })
-        });
-        for i in 0..MT {
-            for (tt, &d) in acts[i * units + c].d.iter().enumerate() {
-                let dx = _mm512_set1_ps(d);
-                let t = TILE_ROWS * i + tt;
-                for (j, &dwj) in dw.iter().enumerate().take(NT) {
-                    // SAFETY: a row of 16 i32 inside `s`.
-                    let isum = unsafe { _mm512_loadu_epi32(s.0[2 * i + j][tt].as_ptr()) };
-                    acc[t][j] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(isum),
-                        _mm512_mul_ps(dwj, dx),
-                        acc[t][j],
-                    );
-                }
-            }
-        }
-        if c + 1 < units {
-            store(&mut sums[(c + 1) & 1]);
+        // SAFETY: 16 f16 scales, 32 bytes.
+        let dw =
+            _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(weights[c].d.as_ptr() as *const __m256i) });
+        for ((tt, &d), a) in acts[c].d.iter().enumerate().zip(acc.iter_mut()) {
+            let dx = _mm512_set1_ps(d);
+            // SAFETY: row tt of the 16 rows of 16 i32 just stored in `s`.
+            let isum = unsafe { _mm512_loadu_epi32((s as *const i32).add(16 * tt)) };
+            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), *a);
         }
     }
     // The VNNI kernel's last step adds its (zero) offsets: -0.0 becomes +0.0 there too.
-    for (o, a) in out.iter_mut().zip(&acc).take(TILE_ROWS * MT) {
-        for (oj, &aj) in o.iter_mut().zip(a).take(NT) {
-            // SAFETY: 16 f32 of `out`.
-            unsafe { _mm512_storeu_ps(oj.as_mut_ptr(), _mm512_add_ps(aj, _mm512_setzero_ps())) };
-        }
+    for (o, &a) in out.iter_mut().zip(&acc) {
+        // SAFETY: 16 f32 of `out`.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_add_ps(a, _mm512_setzero_ps())) };
     }
 }

@@ -83,19 +83,50 @@ pub fn matmul_tiles(kernel: TileKernel, w: &PackedMatrix, x: &Q8Acts, y: &mut [f
 }
 
 /// Lays out the rows of `x` as activation tiles: `tiles[i * units + c]` = unit `c` of rows
-/// `16 i .. 16 i + 16` (rows past the last zero).
+/// `16 i .. 16 i + 16` (rows past the last zero), one parallel task per 16 rows.
 fn act_tiles(x: &Q8Acts, tiles: &mut Vec<ActTile>) {
     let units = x.k / UNIT;
-    tiles.clear();
-    tiles.resize(x.n.div_ceil(TILE_ROWS) * units, ActTile::ZERO);
-    for t in 0..x.n {
-        let row = x.row(t);
-        let (i, tt) = (t / TILE_ROWS, t % TILE_ROWS);
-        for (c, tile) in tiles[i * units..(i + 1) * units].iter_mut().enumerate() {
-            tile.codes[UNIT * tt..UNIT * (tt + 1)]
-                .copy_from_slice(&row.qs[UNIT * c..UNIT * (c + 1)]);
-            tile.d[tt] = row.d[c];
+    let blocks = x.n.div_ceil(TILE_ROWS);
+    tiles.resize(blocks * units, ActTile::ZERO);
+    let shared = SharedTiles(tiles.as_mut_ptr());
+    crate::team::for_each(blocks, |i| {
+        // SAFETY: task i alone writes tiles i * units .. (i + 1) * units, which `tiles` holds
+        // (resized above), and nothing reads them before the section ends.
+        let block = unsafe { std::slice::from_raw_parts_mut(shared.at(i * units), units) };
+        for tt in 0..TILE_ROWS {
+            let t = TILE_ROWS * i + tt;
+            if t >= x.n {
+                for tile in block.iter_mut() {
+                    tile.codes[UNIT * tt..UNIT * (tt + 1)].fill(0);
+                    tile.d[tt] = 0.0;
+                }
+                continue;
+            }
+            let row = x.row(t);
+            let units_in = row.qs.chunks_exact(UNIT).zip(row.d);
+            for (tile, (q, &d)) in block.iter_mut().zip(units_in) {
+                let dst: &mut [i8; UNIT] = (&mut tile.codes[UNIT * tt..UNIT * (tt + 1)])
+                    .try_into()
+                    .expect("a unit");
+                *dst = q.try_into().expect("a unit");
+                tile.d[tt] = d;
+            }
         }
+    });
+}
+
+/// The activation tiles, written by disjoint parallel tasks.
+#[derive(Copy, Clone)]
+struct SharedTiles(*mut ActTile);
+// SAFETY: `act_tiles`' tasks write disjoint tiles.
+unsafe impl Send for SharedTiles {}
+// SAFETY: as above.
+unsafe impl Sync for SharedTiles {}
+
+impl SharedTiles {
+    /// Tile `i` (a method, so closures capture the whole `Sync` wrapper).
+    fn at(self, i: usize) -> *mut ActTile {
+        self.0.wrapping_add(i)
     }
 }
 
@@ -120,12 +151,13 @@ fn weight_tiles(w: &PackedMatrix, r0: usize, rows: usize, tiles: &mut Vec<Weight
                 for (r, d) in tile.d[GROUP * h..GROUP * (h + 1)].iter_mut().enumerate() {
                     *d = u16::from_le_bytes([column[2 * r], column[2 * r + 1]]);
                 }
-                let data = &column[l.head..];
-                for q in 0..8 {
-                    let dst = &mut tile.codes[64 * q + 32 * h..64 * q + 32 * (h + 1)];
-                    for (o, &b) in dst.iter_mut().zip(&data[32 * q..32 * (q + 1)]) {
-                        *o = b as i8;
-                    }
+                let data = &column[l.head..l.head + l.unit];
+                for (q, v) in data.chunks_exact(32).enumerate() {
+                    let dst: &mut [i8; 32] = (&mut tile.codes[64 * q + 32 * h..][..32])
+                        .try_into()
+                        .expect("half a tile row");
+                    let v: &[u8; 32] = v.try_into().expect("a vector");
+                    *dst = v.map(|b| b as i8);
                 }
             }
         }
