@@ -53,6 +53,13 @@ pub fn release(_: Amx) {
 /// spread over four units of vector work.
 const SLOTS: usize = 4;
 
+/// Units ahead whose tiles are asked into L1.
+const AHEAD: usize = 8;
+
+/// Cache lines of an [`ActTile`] or a [`WeightTile`] (codes and scales).
+const TILE_LINES: usize = std::mem::size_of::<ActTile>() / 64;
+const _: () = assert!(std::mem::size_of::<WeightTile>() == 64 * TILE_LINES);
+
 /// Issues unit `c`'s product: zero its C tile, load its two operand tiles, `TDPBSSD`.
 ///
 /// # Safety
@@ -149,6 +156,18 @@ pub unsafe fn q8_0_block(
         if c + SLOTS - 1 < units {
             // SAFETY: as above.
             unsafe { issue(acts, weights, c + SLOTS - 1) };
+        }
+        if c + AHEAD < units {
+            // The tiles of unit c + AHEAD into L1: they stream from L2 (a row's tiles are tens
+            // to hundreds of KiB), and the tile loads waited on them.
+            for p in [
+                acts[c + AHEAD].codes.as_ptr(),
+                weights[c + AHEAD].codes.as_ptr(),
+            ] {
+                for line in 0..TILE_LINES {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line));
+                }
+            }
         }
         // SAFETY: `sums` has SLOTS tiles.
         let s = unsafe { sums.add(c % SLOTS) };
