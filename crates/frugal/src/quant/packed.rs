@@ -48,6 +48,7 @@ use super::matmul::{RowsOut, par_row_groups, par_row_groups_many};
 use super::unit::{UNIT, has_units, int_of, unit, unit_dot};
 use super::{GgmlType, QuantError, WeightMatrix};
 
+mod amx;
 mod layout;
 
 pub use layout::{Layout, column_bytes, layout, packed_unit};
@@ -331,12 +332,18 @@ impl PackedActs for WideActs {
 
 /// `y[t] = W x[t]` for every activation row (`y` is `n x rows`, token-major). Each task takes a
 /// tile of rows (in L1/L2) and sweeps every token over it, four tokens per kernel call, writing
-/// its rows of each token straight into `y`.
+/// its rows of each token straight into `y`. Q8_0 weights with at least 16 rows of 8-bit
+/// activations go through AMX's tiles where the CPU has them (`amx`), with the same bits.
 pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
     let (n, k) = x.shape();
     assert_eq!(k, w.cols, "matmul input length");
     assert_eq!(y.len(), n * w.rows, "matmul output length");
     let isa = kernels::detect();
+    if let Some(q) = x.as_q8()
+        && let Some(t) = amx::amx_for(w, n)
+    {
+        return amx::matmul_tiles(amx::TileKernel::Amx(t), w, q, y);
+    }
     if n >= 2
         && kernels::pairs_available(isa, w.ty)
         && let Some(q) = x.as_q8()
@@ -358,6 +365,13 @@ pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
             matmul_pairs(isa, w, n, &*pairs, tail, y)
         });
     }
+    matmul_by_groups(isa, w, x, y);
+}
+
+/// [`matmul_packed`] through the one-token kernels on `isa` ([`kernels::dot_packed`] and
+/// [`kernels::dot_packed_wide`]), sixteen tokens per call.
+fn matmul_by_groups<A: PackedActs>(isa: kernels::Isa, w: &PackedMatrix, x: &A, y: &mut [f32]) {
+    let n = x.shape().0;
     let tile = if n == 1 { MATVEC_ROWS } else { MATMUL_ROWS };
     par_row_groups(w.rows, n, tile, y, |r0, rows, out| {
         rows_times_tokens(isa, w, x, n, r0, rows, out)

@@ -12,6 +12,9 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod scalar;
+pub mod tiles;
+#[cfg(target_arch = "x86_64")]
+mod x86_amx;
 #[cfg(target_arch = "x86_64")]
 mod x86_int8;
 #[cfg(target_arch = "x86_64")]
@@ -280,6 +283,52 @@ pub fn dot_wide_pairs<const P: usize>(
     if let Isa::Avx512Vnni(t) = isa {
         // SAFETY: the token proves the kernel's features; sizes checked above.
         unsafe { x86_pairs::dot_wide_pairs_vnni::<P>(t, group, xs, out, tail) }
+    }
+}
+
+/// AMX products of Q8_0 weight tiles with 8-bit activation tiles (see [`tiles`]): for every
+/// activation row `t` of the token blocks of `acts` (`units` tiles each, one per unit) and
+/// every row block `j` of `weights` (the same), `put(t, 16 j, &out)` with `out[n]` = row
+/// `16 j + n` times activation row `t`, the same bits as [`dot_packed`] gives at the VNNI
+/// level and [`tiles::q8_0_tiles_scalar`] everywhere. Blocks of 16 tokens by 16 rows, tokens
+/// outer; the tile configuration is loaded for the call and released after it, so a thread
+/// holds no tile state between calls.
+pub fn q8_0_tiles(
+    amx: cpu::Amx,
+    acts: &[tiles::ActTile],
+    weights: &[tiles::WeightTile],
+    units: usize,
+    mut put: impl FnMut(usize, usize, &[f32; tiles::TILE_ROWS]),
+) {
+    assert!(
+        units > 0 && acts.len().is_multiple_of(units) && weights.len().is_multiple_of(units),
+        "q8_0_tiles: tiles are not whole blocks of {units} units"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        use tiles::TILE_ROWS as R;
+        let (ta, tb) = (acts.len() / units, weights.len() / units);
+        let mut out: x86_amx::BlockOut = [[0.0; R]; R];
+        x86_amx::configure(amx);
+        for i in 0..ta {
+            let a = &acts[i * units..(i + 1) * units];
+            for j in 0..tb {
+                let w = &weights[j * units..(j + 1) * units];
+                // SAFETY: the token proves AMX (and the AVX-512 every AMX CPU has); the
+                // configuration was loaded above on this thread and is released below, with no
+                // other tile code in between; `a` and `w` hold `units` tiles each.
+                unsafe { x86_amx::q8_0_block(amx, a, w, units, &mut out) };
+                for (t, o) in out.iter().enumerate() {
+                    put(R * i + t, R * j, o);
+                }
+            }
+        }
+        x86_amx::release(amx);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = amx;
+        tiles::q8_0_tiles_scalar(acts, weights, units, put);
     }
 }
 
