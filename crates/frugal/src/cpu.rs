@@ -363,6 +363,55 @@ impl Amx {
     pub fn avx512(self) -> Avx512 {
         Avx512(())
     }
+
+    /// Loads `config` as this thread's tile configuration (`LDTILECFG`).
+    #[cfg(target_arch = "x86_64")]
+    pub fn load_tiles(self, config: &'static TileConfig) {
+        // SAFETY: the token proves AMX and the OS's permission; a TileConfig is a valid
+        // palette-1 configuration, 64-byte aligned.
+        unsafe { std::arch::asm!("ldtilecfg [{}]", in(reg) config, options(nostack, readonly)) };
+    }
+
+    /// Returns the tiles to their initial state (`TILERELEASE`: the thread's XSAVE area stops
+    /// carrying them).
+    #[cfg(target_arch = "x86_64")]
+    pub fn release_tiles(self) {
+        // SAFETY: the token proves AMX; TILERELEASE has no operands.
+        unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// The 64-byte `LDTILECFG` operand, palette 1: bytes per row and rows of each of the 8 tiles.
+#[cfg(target_arch = "x86_64")]
+#[repr(C, align(64))]
+pub struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TileConfig {
+    /// Tiles `tmm0..tmm7` of `colsb[i]` bytes by `rows[i]` rows (at most 64 and 16).
+    pub const fn palette1(colsb: [u16; 8], rows: [u8; 8]) -> Self {
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        let mut i = 0;
+        while i < 8 {
+            assert!(colsb[i] <= 64 && rows[i] <= 16);
+            c.colsb[i] = colsb[i];
+            c.rows[i] = rows[i];
+            i += 1;
+        }
+        c
+    }
 }
 
 /// Whether the CPU is Intel's (CPUID's vendor string; some tunings differ by vendor).

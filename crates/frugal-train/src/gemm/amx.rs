@@ -560,36 +560,17 @@ mod x86 {
     use frugal::cpu;
     use std::arch::asm;
 
-    /// The 64-byte LDTILECFG operand.
-    #[repr(C, align(64))]
-    struct TileConfig {
-        palette: u8,
-        start_row: u8,
-        reserved: [u8; 14],
-        colsb: [u16; 16],
-        rows: [u8; 16],
-    }
-
     /// Palette 1, tiles 0..8 all 16 rows × 64 bytes.
-    static CONFIG: TileConfig = TileConfig {
-        palette: 1,
-        start_row: 0,
-        reserved: [0; 14],
-        colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
-        rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
-    };
+    static CONFIG: cpu::TileConfig = cpu::TileConfig::palette1([64; 8], [16; 8]);
 
     /// Loads the tile configuration on this thread.
-    pub(crate) fn tiles_configure(_: cpu::Amx) {
-        // SAFETY: the token proves AMX and the OS's permission; CONFIG is a valid palette-1
-        // configuration, 64-byte aligned.
-        unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+    pub(crate) fn tiles_configure(amx: cpu::Amx) {
+        amx.load_tiles(&CONFIG);
     }
 
     /// Returns the tiles to their initial state (frees the XSAVE area use).
-    pub(crate) fn tiles_release(_: cpu::Amx) {
-        // SAFETY: the token proves AMX; TILERELEASE has no operands.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    pub(crate) fn tiles_release(amx: cpu::Amx) {
+        amx.release_tiles();
     }
 
     /// A 64-byte aligned 32×32 f32 tile (see `micro`).

@@ -14,38 +14,22 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::tiles::{ActTile, TILE_ROWS, WeightTile};
-use crate::cpu::Amx;
-
-/// The 64-byte `LDTILECFG` operand.
-#[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
-}
+use crate::cpu::{Amx, TileConfig};
 
 /// Palette 1: A tiles 16 x 32 bytes, B tiles 8 x 64 bytes (K = 32: one unit), C tiles 16 x 64.
-static CONFIG: TileConfig = TileConfig {
-    palette: 1,
-    start_row: 0,
-    reserved: [0; 14],
-    colsb: [32, 32, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
-    rows: [16, 16, 8, 8, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
-};
+static CONFIG: TileConfig = TileConfig::palette1(
+    [32, 32, 64, 64, 64, 64, 64, 64],
+    [16, 16, 8, 8, 16, 16, 16, 16],
+);
 
 /// Loads the tile configuration on this thread.
-pub fn configure(_: Amx) {
-    // SAFETY: the token proves AMX and the OS's permission; CONFIG is a valid palette-1
-    // configuration, 64-byte aligned.
-    unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+pub fn configure(amx: Amx) {
+    amx.load_tiles(&CONFIG);
 }
 
 /// Returns the tiles to their initial state (the thread's XSAVE area stops carrying them).
-pub fn release(_: Amx) {
-    // SAFETY: the token proves AMX; TILERELEASE has no operands.
-    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+pub fn release(amx: Amx) {
+    amx.release_tiles();
 }
 
 /// Product tiles in flight: unit `c` goes to tmm(4 + c % 4) from tmm(c % 2) and tmm(2 + c % 2),
