@@ -110,7 +110,7 @@ pub struct StepStats {
 }
 
 /// A held-out evaluation.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct EvalPoint {
     pub step: usize,
     pub tokens: usize,
@@ -148,6 +148,9 @@ pub struct Trainer<'a> {
     masks: Vec<Option<Vec<u64>>>,
     grads: Params,
     proj_grads: Vec<Option<Tensor>>,
+    /// The held-out evaluation of the starting weights when the learning-rate probe made it
+    /// (the run's first point, not measured twice).
+    start_eval: Option<EvalPoint>,
 }
 
 impl<'a> Trainer<'a> {
@@ -268,6 +271,7 @@ impl<'a> Trainer<'a> {
             masks: Vec::new(),
             grads,
             proj_grads,
+            start_eval: None,
         })
     }
 
@@ -543,7 +547,10 @@ impl<'a> Trainer<'a> {
     /// Runs to `cfg.steps`, evaluating and checkpointing as configured.
     pub fn run(&mut self, mut on: impl FnMut(Event)) -> Result<()> {
         if self.step == 0 {
-            let e = self.evaluate()?;
+            let e = match self.start_eval.take() {
+                Some(e) => e,
+                None => self.evaluate()?,
+            };
             on(Event::Eval(&e));
             self.history.push(e);
         }

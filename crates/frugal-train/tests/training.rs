@@ -499,6 +499,8 @@ fn the_learning_rate_probe_refuses_a_diverging_rate_and_leaves_the_run_untouched
     direct.run(|_| {}).unwrap();
     assert_eq!(probed.params, direct.params);
     assert_eq!(probed.opt, direct.opt);
+    // Its first evaluation is the probe's, the same as one made at the start.
+    assert_eq!(probed.history, direct.history);
     // Only before the first step.
     let e = probed.probe_learning_rate(probe, |_| {}).unwrap_err();
     assert!(e.to_string().contains("before the first step"), "{e}");

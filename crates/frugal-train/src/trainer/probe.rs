@@ -85,7 +85,8 @@ impl Trainer<'_> {
         let start_params = self.params.clone();
         let start_projectors = self.projectors.clone();
         let schedule = self.cfg.schedule.clone();
-        let start = self.score()?;
+        let start_eval = self.evaluate()?;
+        let start = self.score(&start_eval);
         let mut trials: Vec<LrTrial> = Vec::new();
         let mut best: Option<LrTrial> = None;
         for k in 0..probe.candidates {
@@ -96,17 +97,18 @@ impl Trainer<'_> {
                 total: probe.steps,
                 min_ratio: 1.0,
             };
-            let outcome = (0..probe.steps).try_for_each(|_| self.train_step().map(drop));
+            let outcome = (0..probe.steps)
+                .try_for_each(|_| self.train_step().map(drop))
+                .and_then(|()| self.evaluate().map(|e| self.score(&e)));
+            self.restart(&start_params, &start_projectors);
             let score = match outcome {
-                Ok(()) => self.score()?,
+                Ok(score) => score,
                 Err(TrainError::NonFinite { .. }) => f64::INFINITY,
                 Err(e) => {
                     self.cfg.schedule = schedule;
-                    self.restart(&start_params, &start_projectors);
                     return Err(e);
                 }
             };
-            self.restart(&start_params, &start_projectors);
             let trial = LrTrial { lr, score };
             on(&trial);
             trials.push(trial);
@@ -134,18 +136,18 @@ impl Trainer<'_> {
             None => schedule.lr,
         };
         self.cfg.schedule = Schedule { lr, ..schedule };
+        self.start_eval = Some(start_eval);
         Ok(LrChoice { start, trials, lr })
     }
 
     /// The held-out score the probe compares: KL to the teacher when one is at hand and the
     /// run learns from it, else cross-entropy. A diverged model scores infinity.
-    fn score(&self) -> Result<f64> {
-        let e = self.evaluate()?;
+    fn score(&self, e: &super::EvalPoint) -> f64 {
         let s = match e.kl {
             Some(kl) if self.cfg.loss.alpha > 0.0 => kl,
             _ => e.ce,
         };
-        Ok(if s.is_finite() { s } else { f64::INFINITY })
+        if s.is_finite() { s } else { f64::INFINITY }
     }
 
     /// Back to the starting weights, a fresh optimizer and the first batch.
