@@ -358,6 +358,12 @@ impl Avx512Bf16 {
 }
 
 impl Amx {
+    /// The [`Avx2`] token every AMX CPU has.
+    #[inline]
+    pub fn avx2(self) -> Avx2 {
+        Avx2(())
+    }
+
     /// The [`Avx512`] token every AMX CPU has.
     #[inline]
     pub fn avx512(self) -> Avx512 {

@@ -74,6 +74,21 @@ pub fn min_per_half(ty: GgmlType) -> bool {
     ty == GgmlType::Q2_K
 }
 
+/// Whether the 8-bit kernels multiply `ty`'s units as signed integers with no offset (Q8_0,
+/// MXFP4, Q6_K, Q3_K, IQ4_NL, IQ4_XS), rather than as unsigned codes plus a per-row offset
+/// times the activations' block sum (the others).
+pub fn signed_codes(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q8_0
+            | GgmlType::MXFP4
+            | GgmlType::Q6_K
+            | GgmlType::Q3_K
+            | GgmlType::IQ4_NL
+            | GgmlType::IQ4_XS
+    )
+}
+
 /// Whether `ty` has a unit view (the block-quantized formats).
 pub fn has_units(ty: GgmlType) -> bool {
     FORMATS.contains(&ty)

@@ -286,38 +286,65 @@ pub fn dot_wide_pairs<const P: usize>(
     }
 }
 
-/// AMX products of Q8_0 weight tiles with 8-bit activation tiles (see [`tiles`]): for every
-/// activation row `t` of the token blocks of `acts` (`units` tiles each, one per unit) and
-/// every row block `j` of `weights` (the same), `put(t, 16 j, &out)` with `out[n]` = row
-/// `16 j + n` times activation row `t`, the same bits as [`dot_packed`] gives at the VNNI
-/// level and [`tiles::q8_0_tiles_scalar`] everywhere. Blocks of 16 tokens by 16 rows, tokens
-/// outer; the tile configuration is loaded for the call and released after it, so a thread
-/// holds no tile state between calls.
-pub fn q8_0_tiles(
+/// AMX products of weight tiles with 8-bit activation tiles (see [`tiles`]) for a format that
+/// goes through them as `f`: for every activation row `t` of the token blocks of `acts`
+/// (`units` tiles each, one per unit, with their block sums `act_sums`) and every row block `j`
+/// of `weights` (the same, with their offset factors `mins`), `put(t, 16 j, &out)` with
+/// `out[n]` = row `16 j + n` times activation row `t`, the same bits as [`dot_packed`] gives at
+/// the VNNI level and [`tiles::unit_tiles_scalar`] everywhere. Blocks of 16 tokens by 16 rows,
+/// tokens outer; the tile configuration is loaded for the call and released after it, so a
+/// thread holds no tile state between calls. `act_sums` and `mins` are read only where the
+/// format has offsets.
+#[allow(clippy::too_many_arguments)]
+pub fn unit_tiles(
     amx: cpu::Amx,
+    f: tiles::TileFormat,
     acts: &[tiles::ActTile],
+    act_sums: &[tiles::Sums],
     weights: &[tiles::WeightTile],
+    mins: &[tiles::Sums],
     units: usize,
     mut put: impl FnMut(usize, usize, &[f32; tiles::TILE_ROWS]),
 ) {
     assert!(
-        units > 0 && acts.len().is_multiple_of(units) && weights.len().is_multiple_of(units),
-        "q8_0_tiles: tiles are not whole blocks of {units} units"
+        units > 0
+            && acts.len().is_multiple_of(units)
+            && weights.len().is_multiple_of(units)
+            && (!f.offsets || (act_sums.len() == acts.len() && mins.len() == weights.len())),
+        "unit_tiles: tiles are not whole blocks of {units} units"
     );
     #[cfg(target_arch = "x86_64")]
     {
         use tiles::TILE_ROWS as R;
         let (ta, tb) = (acts.len() / units, weights.len() / units);
         let mut out: x86_amx::BlockOut = [[0.0; R]; R];
-        x86_amx::configure(amx);
+        x86_amx::configure(amx, f);
         for i in 0..ta {
-            let a = &acts[i * units..(i + 1) * units];
+            let blk = i * units..(i + 1) * units;
+            let (a, s) = (&acts[blk.clone()], act_sums.get(blk).unwrap_or(&[]));
             for j in 0..tb {
-                let w = &weights[j * units..(j + 1) * units];
+                let blk = j * units..(j + 1) * units;
+                let (w, m) = (&weights[blk.clone()], mins.get(blk).unwrap_or(&[]));
                 // SAFETY: the token proves AMX (and the AVX-512 every AMX CPU has); the
-                // configuration was loaded above on this thread and is released below, with no
-                // other tile code in between; `a` and `w` hold `units` tiles each.
-                unsafe { x86_amx::q8_0_block(amx, a, w, units, &mut out) };
+                // configuration for `f` was loaded above on this thread and is released below,
+                // with no other tile code in between; `a` and `w` hold `units` tiles each, and
+                // with offsets `s` and `m` too (asserted above).
+                unsafe {
+                    match (f.halves, f.offsets) {
+                        (false, false) => {
+                            x86_amx::unit_block::<false, false>(amx, a, s, w, m, units, &mut out)
+                        }
+                        (false, true) => {
+                            x86_amx::unit_block::<false, true>(amx, a, s, w, m, units, &mut out)
+                        }
+                        (true, false) => {
+                            x86_amx::unit_block::<true, false>(amx, a, s, w, m, units, &mut out)
+                        }
+                        (true, true) => {
+                            x86_amx::unit_block::<true, true>(amx, a, s, w, m, units, &mut out)
+                        }
+                    }
+                };
                 for (t, o) in out.iter().enumerate() {
                     put(R * i + t, R * j, o);
                 }
@@ -328,8 +355,38 @@ pub fn q8_0_tiles(
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = amx;
-        tiles::q8_0_tiles_scalar(acts, weights, units, put);
+        tiles::unit_tiles_scalar(f, acts, act_sums, weights, mins, units, put);
     }
+}
+
+/// Unpacks one row block of 16 rows of a `ty` matrix (packed groups `groups[0]` and, unless
+/// past the matrix's rows, `groups[1]`) into weight tiles and offset factors, one per unit
+/// (see [`tiles::WeightTile`]); `None` where this CPU has no vector kernel for it (the caller's
+/// scalar layout gives the same bytes).
+pub fn pack_weight_tiles(
+    ty: GgmlType,
+    groups: [Option<&[u8]>; 2],
+    tiles: &mut [tiles::WeightTile],
+    mins: &mut [tiles::Sums],
+) -> Option<()> {
+    let l = packed::layout(ty)?;
+    let units = tiles.len();
+    assert!(
+        mins.len() == units
+            && units.is_multiple_of(l.units())
+            && groups
+                .iter()
+                .flatten()
+                .all(|g| g.len() >= units / l.units() * l.column_bytes()),
+        "pack_weight_tiles: the groups do not hold {units} units"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = detect().avx2() {
+        // SAFETY: the token proves the kernel's features; the sizes are checked above.
+        unsafe { x86_amx::pack_weight_block(t, ty, groups, tiles, mins) };
+        return Some(());
+    }
+    None
 }
 
 /// Dot products of one packed group of eight Q8_0 rows with `T` rows of 15-bit activations
@@ -368,7 +425,7 @@ pub fn dot_packed_wide<const T: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::quant::dequantize_to_vec;
     use proptest::prelude::*;
@@ -392,7 +449,7 @@ mod tests {
 
     /// `n` blocks of `ty` of random bytes, every code pattern possible, with finite f16 scales
     /// of both signs (MXFP4: exponents near 1).
-    fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
+    pub(crate) fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
         let mut s = seed | 1;
         let mut next = || {
             s ^= s << 13;

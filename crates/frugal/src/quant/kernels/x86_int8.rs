@@ -22,7 +22,7 @@ use crate::quant::GgmlType;
 use crate::quant::act::{Q8Row, WideRow};
 use crate::quant::iq4::KVALUES;
 use crate::quant::packed::{GROUP, layout};
-use crate::quant::unit::{FORMATS, MXFP4_INT};
+use crate::quant::unit::{FORMATS, MXFP4_INT, signed_codes};
 
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -156,17 +156,136 @@ unsafe fn nibble_scales(p: *const u8) -> [__m256; 2] {
     ]
 }
 
-/// Whether `ty`'s integers are signed (the kernels move their sign onto the activations).
-fn is_signed(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q8_0
-            | GgmlType::MXFP4
-            | GgmlType::Q6_K
-            | GgmlType::Q3_K
-            | GgmlType::IQ4_NL
-            | GgmlType::IQ4_XS
-    )
+/// The 16 integers a 4-bit code stands for, broadcast to both lanes, for the formats that look
+/// them up (MXFP4's E2M1 integers, IQ4's table; the others ignore it).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn code_table(ty: GgmlType) -> __m256i {
+    let table: &[i8; 16] = if ty == GgmlType::MXFP4 {
+        &MXFP4_INT
+    } else {
+        &KVALUES
+    };
+    // SAFETY: the table is 16 bytes.
+    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(table.as_ptr() as *const __m128i) })
+}
+
+/// A column's per-row scales for eight rows: `d` (f32), and the offset factor `m` the unit
+/// scales build on (Q4_0's -8d, Q5_0's -16d, Q4_1/Q5_1's minimum, the K-quants' dmin; zero for
+/// the signed formats).
+///
+/// # Safety
+/// `blk` points at a whole packed column of `ty`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn column_scales(ty: GgmlType, blk: *const u8) -> (__m256, __m256) {
+    // SAFETY: the header holds the scales read for `ty` (caller).
+    unsafe {
+        let d8 = match ty {
+            GgmlType::MXFP4 => e8m0_halves(blk),
+            _ => halves(blk),
+        };
+        let m8 = match ty {
+            GgmlType::Q4_0 => _mm256_mul_ps(d8, _mm256_set1_ps(-8.0)),
+            GgmlType::Q5_0 => _mm256_mul_ps(d8, _mm256_set1_ps(-16.0)),
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K => {
+                halves(blk.add(16))
+            }
+            _ => _mm256_setzero_ps(),
+        };
+        (d8, m8)
+    }
+}
+
+/// Unit `u`'s scales and offset factors for eight rows, per half (the two are equal for the
+/// formats with one scale per unit): `[sc_a, sc_b, mn_a, mn_b]`, from the column's
+/// [`column_scales`]. The offsets are taken as `+mn * s`, or `-mn * s` for the formats
+/// [`offset_negated`].
+///
+/// # Safety
+/// `blk` points at a whole packed column of `ty`, `u` one of its units.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn unit_scales(
+    ty: GgmlType,
+    blk: *const u8,
+    d8: __m256,
+    m8: __m256,
+    u: usize,
+) -> [__m256; 4] {
+    // SAFETY: the header holds unit u's scales (caller).
+    unsafe {
+        match ty {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let sc = _mm256_mul_ps(d8, byte_scales(blk.add(32 + 8 * u), false));
+                let mn = _mm256_mul_ps(m8, byte_scales(blk.add(96 + 8 * u), false));
+                [sc, sc, mn, mn]
+            }
+            GgmlType::Q6_K | GgmlType::Q3_K => [
+                _mm256_mul_ps(d8, byte_scales(blk.add(16 + 16 * u), true)),
+                _mm256_mul_ps(d8, byte_scales(blk.add(24 + 16 * u), true)),
+                m8,
+                m8,
+            ],
+            GgmlType::Q2_K => {
+                let [sa, ma] = nibble_scales(blk.add(32 + 16 * u));
+                let [sb, mb] = nibble_scales(blk.add(40 + 16 * u));
+                [
+                    _mm256_mul_ps(d8, sa),
+                    _mm256_mul_ps(d8, sb),
+                    _mm256_mul_ps(m8, ma),
+                    _mm256_mul_ps(m8, mb),
+                ]
+            }
+            GgmlType::IQ4_XS => {
+                let sc = _mm256_mul_ps(d8, byte_scales(blk.add(16 + 8 * u), true));
+                [sc, sc, m8, m8]
+            }
+            _ => [d8, d8, m8, m8],
+        }
+    }
+}
+
+/// A unit's weights for eight rows as the integers the kernels multiply: `w[i]` = elements
+/// `4i..4i+4` of the eight rows, unsigned codes for the formats with an offset, signed integers
+/// for the others (Q6_K's `code - 32`, Q3_K's `code - 4`, the looked-up IQ4 and MXFP4 values,
+/// Q8_0's bytes). `lut` is [`code_table`]`(ty)`.
+///
+/// # Safety
+/// `data` points at the unit's `layout(ty).unit` packed bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn unit_codes(ty: GgmlType, data: *const u8, lut: __m256i) -> [__m256i; 8] {
+    // SAFETY: the unit's bytes are readable (caller).
+    unsafe {
+        let mut w = match ty {
+            GgmlType::Q8_0 => {
+                std::array::from_fn(|i| _mm256_loadu_si256(data.add(32 * i) as *const __m256i))
+            }
+            GgmlType::Q3_K | GgmlType::Q2_K => crumbs(data),
+            _ => nibbles(data),
+        };
+        match ty {
+            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => {
+                add_fifth_bits(&mut w, data.add(128))
+            }
+            GgmlType::Q6_K => add_top_pairs(&mut w, data.add(128)),
+            GgmlType::Q3_K => add_third_bits(&mut w, data.add(64)),
+            GgmlType::MXFP4 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+                for wi in w.iter_mut() {
+                    *wi = _mm256_shuffle_epi8(lut, *wi);
+                }
+            }
+            _ => {}
+        }
+        w
+    }
+}
+
+/// Whether `ty`'s offsets are taken as `-mn * s` (mn = dmin * m, stored positive) rather than
+/// `+mn * s`.
+pub(super) fn offset_negated(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K)
 }
 
 /// Eight rows' E8M0 scales (8 bytes at `e`) as f32 halves, 2^(e-127) / 2, exact for every e
@@ -420,11 +539,10 @@ macro_rules! dot_packed_kernel {
             let units = l.units();
             let ncols = xs[0].qs.len() / l.span;
             debug_assert!(group.len() >= ncols * col);
-            let signed = is_signed(ty);
+            let signed = signed_codes(ty);
             // Scales per half (16 elements): the two integer half sums are kept apart.
             let per_half = matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K);
-            // Offsets taken as `-mn * s` (mn = dmin * m, stored positive) rather than `+mn * s`.
-            let negated = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K);
+            let negated = offset_negated(ty);
             // AVX2 with unsigned codes of at most 5 bits: `maddubs` pair sums (at most
             // 2 x 31 x 128 = 7,936, or 3,840 for 4 bits) are added in 16 bits, `short` (4, or 8
             // for 4-bit codes) at a time, before one widening `madd` (at most 31,744 or
@@ -442,16 +560,7 @@ macro_rules! dot_packed_kernel {
             } else {
                 8
             };
-            // The 16 integers a 4-bit code stands for, for the formats that look them up.
-            let table: &[i8; 16] = if ty == GgmlType::MXFP4 {
-                &MXFP4_INT
-            } else {
-                &KVALUES
-            };
-            // SAFETY: the table is 16 bytes.
-            let lut = _mm256_broadcastsi128_si256(unsafe {
-                _mm_loadu_si128(table.as_ptr() as *const __m128i)
-            });
+            let lut = code_table(ty);
             let mut acc = [_mm256_setzero_ps(); T];
             let mut offset = [_mm256_setzero_ps(); T];
             // SAFETY: (whole body) column c spans base + c*col .. base + (c+1)*col inside
@@ -464,21 +573,7 @@ macro_rules! dot_packed_kernel {
                 for c in 0..ncols {
                     let blk = base.add(c * col);
                     // Per-column scales of the eight rows (per-unit ones are read below).
-                    let d8 = match ty {
-                        GgmlType::MXFP4 => e8m0_halves(blk),
-                        _ => halves(blk),
-                    };
-                    let m8 = match ty {
-                        GgmlType::Q4_0 => _mm256_mul_ps(d8, _mm256_set1_ps(-8.0)),
-                        GgmlType::Q5_0 => _mm256_mul_ps(d8, _mm256_set1_ps(-16.0)),
-                        // Q4_1/Q5_1's minimum; the K-quants' dmin.
-                        GgmlType::Q4_1
-                        | GgmlType::Q5_1
-                        | GgmlType::Q4_K
-                        | GgmlType::Q5_K
-                        | GgmlType::Q2_K => halves(blk.add(16)),
-                        _ => _mm256_setzero_ps(),
-                    };
+                    let (d8, m8) = column_scales(ty, blk);
                     for u in 0..units {
                         let data = blk.add(l.head + u * l.unit);
                         if hints {
@@ -486,26 +581,7 @@ macro_rules! dot_packed_kernel {
                             prefetch_lines(share, len);
                         }
                         let b = c * units + u;
-                        let mut w = match ty {
-                            GgmlType::Q8_0 => std::array::from_fn(|i| {
-                                _mm256_loadu_si256(data.add(32 * i) as *const __m256i)
-                            }),
-                            GgmlType::Q3_K | GgmlType::Q2_K => crumbs(data),
-                            _ => nibbles(data),
-                        };
-                        match ty {
-                            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => {
-                                add_fifth_bits(&mut w, data.add(128))
-                            }
-                            GgmlType::Q6_K => add_top_pairs(&mut w, data.add(128)),
-                            GgmlType::Q3_K => add_third_bits(&mut w, data.add(64)),
-                            GgmlType::MXFP4 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
-                                for wi in w.iter_mut() {
-                                    *wi = _mm256_shuffle_epi8(lut, *wi);
-                                }
-                            }
-                            _ => {}
-                        }
+                        let w = unit_codes(ty, data, lut);
                         // Signed weights: |w| as the unsigned operand, the sign moved onto x.
                         let wu: [__m256i; 8] = if signed {
                             std::array::from_fn(|i| _mm256_sign_epi8(w[i], w[i]))
@@ -513,34 +589,7 @@ macro_rules! dot_packed_kernel {
                             w
                         };
                         // This unit's scales and offset factors, per half.
-                        let (sc_a, sc_b, mn_a, mn_b) = match ty {
-                            GgmlType::Q4_K | GgmlType::Q5_K => {
-                                let sc = _mm256_mul_ps(d8, byte_scales(blk.add(32 + 8 * u), false));
-                                let mn = _mm256_mul_ps(m8, byte_scales(blk.add(96 + 8 * u), false));
-                                (sc, sc, mn, mn)
-                            }
-                            GgmlType::Q6_K | GgmlType::Q3_K => (
-                                _mm256_mul_ps(d8, byte_scales(blk.add(16 + 16 * u), true)),
-                                _mm256_mul_ps(d8, byte_scales(blk.add(24 + 16 * u), true)),
-                                m8,
-                                m8,
-                            ),
-                            GgmlType::Q2_K => {
-                                let [sa, ma] = nibble_scales(blk.add(32 + 16 * u));
-                                let [sb, mb] = nibble_scales(blk.add(40 + 16 * u));
-                                (
-                                    _mm256_mul_ps(d8, sa),
-                                    _mm256_mul_ps(d8, sb),
-                                    _mm256_mul_ps(m8, ma),
-                                    _mm256_mul_ps(m8, mb),
-                                )
-                            }
-                            GgmlType::IQ4_XS => {
-                                let sc = _mm256_mul_ps(d8, byte_scales(blk.add(16 + 8 * u), true));
-                                (sc, sc, m8, m8)
-                            }
-                            _ => (d8, d8, m8, m8),
-                        };
+                        let [sc_a, sc_b, mn_a, mn_b] = unit_scales(ty, blk, d8, m8, u);
                         for t in 0..T {
                             let xp = xs[t].qs.as_ptr().add(32 * b);
                             let mut isum = [_mm256_setzero_si256(); 2];

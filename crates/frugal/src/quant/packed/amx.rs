@@ -1,12 +1,12 @@
-//! Q8_0 products of many activation rows on AMX's int8 tiles (prefill): the packed groups and
-//! the 8-bit activations re-laid out as tiles ([`kernels::tiles`]), then
-//! [`kernels::q8_0_tiles`]. Every output is the same bits as the VNNI kernel's (the integer
-//! unit sums are exact either way and the float steps are the same), so a token's logits do not
-//! depend on how many tokens it was computed with.
+//! Products of many activation rows with packed weights on AMX's int8 tiles (prefill): the
+//! packed groups unpacked to integer tiles with their scales, the 8-bit activations re-laid
+//! out as tiles ([`kernels::tiles`]), then [`kernels::unit_tiles`]. Every output is the same
+//! bits as the VNNI kernel's (the integer unit sums are exact either way and the float steps
+//! are the same), so a token's logits do not depend on how many tokens it was computed with.
 //!
 //! The activations are laid out once per product, before the parallel section (every task reads
-//! all of them); each task lays out its own 32 weight rows (two pairs of packed groups) and runs
-//! every token over them, so the weights are re-laid out once per product too.
+//! all of them); each task unpacks its own 32 weight rows (two pairs of packed groups) and runs
+//! every token over them, so the weights are unpacked once per product too.
 
 use super::{GROUP, PackedMatrix, par_row_groups};
 use crate::cpu;
@@ -14,29 +14,38 @@ use crate::quant::GgmlType;
 use crate::quant::act::Q8Acts;
 use crate::quant::kernels::{
     self,
-    tiles::{ActTile, TILE_ROWS, WeightTile},
+    tiles::{ActTile, Sums, TILE_ROWS, TileFormat, WeightTile},
 };
-use crate::quant::unit::UNIT;
+use crate::quant::unit::{UNIT, int_of, signed_codes};
 
-/// Activation rows from which a Q8_0 product takes the tiles: below, the VNNI kernels
-/// (a token count is padded to a whole tile of 16, and a short product pays for laying out the
-/// weights).
+/// Activation rows from which a product takes the tiles: below, the VNNI kernels (a token
+/// count is padded to a whole tile of 16, and a short product pays for unpacking the weights).
 pub const MIN_TOKENS: usize = 16;
 
 /// Weight rows per parallel task: two weight tiles, the kernel's block.
 const TASK_ROWS: usize = 2 * TILE_ROWS;
 
 thread_local! {
-    /// The caller's activation tiles (reused across products).
-    static ACTS: std::cell::RefCell<Vec<ActTile>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// A task's weight tiles.
-    static WEIGHTS: std::cell::RefCell<Vec<WeightTile>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    /// The caller's activation tiles and their block sums (reused across products).
+    static ACTS: std::cell::RefCell<(Vec<ActTile>, Vec<Sums>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// A task's weight tiles and offset factors.
+    static WEIGHTS: std::cell::RefCell<(Vec<WeightTile>, Vec<Sums>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// How `ty`'s units go through the tiles: every format with a packed layout.
+pub fn tile_format(ty: GgmlType) -> Option<TileFormat> {
+    super::layout(ty)?;
+    Some(TileFormat {
+        halves: matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K),
+        offsets: !signed_codes(ty),
+    })
 }
 
 /// The AMX token, where a product of `n` rows of `x` with `w` should take the tiles.
 pub fn amx_for(w: &PackedMatrix, n: usize) -> Option<cpu::Amx> {
-    (n >= MIN_TOKENS && w.ty == GgmlType::Q8_0)
+    (n >= MIN_TOKENS && tile_format(w.ty).is_some())
         .then(cpu::Amx::get)
         .flatten()
 }
@@ -49,33 +58,36 @@ pub enum TileKernel {
     Scalar,
 }
 
-/// `y[t] = W x[t]` for every row of `x` through the tiles (`w` Q8_0; `y` is `n x rows`,
-/// token-major).
+/// `y[t] = W x[t]` for every row of `x` through the tiles (`y` is `n x rows`, token-major).
 pub fn matmul_tiles(kernel: TileKernel, w: &PackedMatrix, x: &Q8Acts, y: &mut [f32]) {
     let (n, k) = (x.n, x.k);
+    let f = tile_format(w.ty);
     assert!(
-        w.ty == GgmlType::Q8_0 && k == w.cols && y.len() == n * w.rows,
-        "matmul_tiles: a Q8_0 matrix of {} columns and {} outputs",
+        f.is_some() && k == w.cols && y.len() == n * w.rows,
+        "matmul_tiles: a packed matrix of {} columns and {} outputs",
         k,
         n * w.rows
     );
+    let f = f.expect("checked above");
     let units = k / UNIT;
-    ACTS.with_borrow_mut(|acts| {
-        act_tiles(x, acts);
-        let acts = &acts[..];
+    ACTS.with_borrow_mut(|(acts, act_sums)| {
+        act_tiles(x, w.ty, acts, act_sums);
+        let (acts, act_sums) = (&acts[..], &act_sums[..]);
         par_row_groups(w.rows, n, TASK_ROWS, y, |r0, rows, out| {
-            WEIGHTS.with_borrow_mut(|weights| {
-                weight_tiles(w, r0, rows, weights);
+            WEIGHTS.with_borrow_mut(|(weights, mins)| {
+                weight_tiles(kernel, w, r0, rows, weights, mins);
                 let put = |t: usize, i0: usize, v: &[f32; TILE_ROWS]| {
                     if t < n && i0 < rows {
                         out.put(t, i0, v);
                     }
                 };
                 match kernel {
-                    TileKernel::Amx(t) => kernels::q8_0_tiles(t, acts, weights, units, put),
-                    TileKernel::Scalar => {
-                        kernels::tiles::q8_0_tiles_scalar(acts, weights, units, put)
+                    TileKernel::Amx(t) => {
+                        kernels::unit_tiles(t, f, acts, act_sums, weights, mins, units, put)
                     }
+                    TileKernel::Scalar => kernels::tiles::unit_tiles_scalar(
+                        f, acts, act_sums, weights, mins, units, put,
+                    ),
                 }
             })
         });
@@ -83,22 +95,41 @@ pub fn matmul_tiles(kernel: TileKernel, w: &PackedMatrix, x: &Q8Acts, y: &mut [f
 }
 
 /// Lays out the rows of `x` as activation tiles: `tiles[i * units + c]` = unit `c` of rows
-/// `16 i .. 16 i + 16` (rows past the last zero), one parallel task per 16 rows.
-fn act_tiles(x: &Q8Acts, tiles: &mut Vec<ActTile>) {
+/// `16 i .. 16 i + 16` (rows past the last zero), one parallel task per 16 rows; and, for a
+/// format with offsets, their block sums beside them (`s` per unit, or `s16` per half for the
+/// formats with a min per half).
+fn act_tiles(x: &Q8Acts, ty: GgmlType, tiles: &mut Vec<ActTile>, sums: &mut Vec<Sums>) {
     let units = x.k / UNIT;
     let blocks = x.n.div_ceil(TILE_ROWS);
+    let offsets = !signed_codes(ty);
+    let per_half = crate::quant::unit::min_per_half(ty);
     tiles.resize(blocks * units, ActTile::ZERO);
-    let shared = SharedTiles(tiles.as_mut_ptr());
+    sums.resize(
+        if offsets { blocks * units } else { 0 },
+        [[0.0; TILE_ROWS]; 2],
+    );
+    let shared = SharedTiles(tiles.as_mut_ptr(), sums.as_mut_ptr());
     crate::team::for_each(blocks, |i| {
-        // SAFETY: task i alone writes tiles i * units .. (i + 1) * units, which `tiles` holds
-        // (resized above), and nothing reads them before the section ends.
-        let block = unsafe { std::slice::from_raw_parts_mut(shared.at(i * units), units) };
+        // SAFETY: task i alone writes tiles (and sums) i * units .. (i + 1) * units, which
+        // `tiles` (and, with offsets, `sums`) hold (resized above), and nothing reads them
+        // before the section ends.
+        let block = unsafe { std::slice::from_raw_parts_mut(shared.tile(i * units), units) };
+        let block_sums: &mut [Sums] = if offsets {
+            // SAFETY: as above.
+            unsafe { std::slice::from_raw_parts_mut(shared.sums(i * units), units) }
+        } else {
+            &mut []
+        };
         for tt in 0..TILE_ROWS {
             let t = TILE_ROWS * i + tt;
             if t >= x.n {
                 for tile in block.iter_mut() {
                     tile.codes[UNIT * tt..UNIT * (tt + 1)].fill(0);
                     tile.d[tt] = 0.0;
+                }
+                for s in block_sums.iter_mut() {
+                    s[0][tt] = 0.0;
+                    s[1][tt] = 0.0;
                 }
                 continue;
             }
@@ -111,53 +142,116 @@ fn act_tiles(x: &Q8Acts, tiles: &mut Vec<ActTile>) {
                 *dst = q.try_into().expect("a unit");
                 tile.d[tt] = d;
             }
+            for (c, s) in block_sums.iter_mut().enumerate() {
+                if per_half {
+                    s[0][tt] = row.s16[2 * c];
+                    s[1][tt] = row.s16[2 * c + 1];
+                } else {
+                    s[0][tt] = row.s[c];
+                }
+            }
         }
     });
 }
 
-/// The activation tiles, written by disjoint parallel tasks.
+/// The activation tiles and their sums, written by disjoint parallel tasks.
 #[derive(Copy, Clone)]
-struct SharedTiles(*mut ActTile);
+struct SharedTiles(*mut ActTile, *mut Sums);
 // SAFETY: `act_tiles`' tasks write disjoint tiles.
 unsafe impl Send for SharedTiles {}
 // SAFETY: as above.
 unsafe impl Sync for SharedTiles {}
 
 impl SharedTiles {
-    /// Tile `i` (a method, so closures capture the whole `Sync` wrapper).
-    fn at(self, i: usize) -> *mut ActTile {
+    /// Tile `i` (methods, so closures capture the whole `Sync` wrapper).
+    fn tile(self, i: usize) -> *mut ActTile {
         self.0.wrapping_add(i)
+    }
+
+    /// Sums `i`.
+    fn sums(self, i: usize) -> *mut Sums {
+        self.1.wrapping_add(i)
     }
 }
 
-/// Lays out rows `r0..r0 + rows` of `w` (`r0` a multiple of 16) as weight tiles:
-/// `tiles[j * units + c]` = unit `c` of rows `r0 + 16 j ..`, from packed groups `2j` and
-/// `2j + 1` of the task (row `q` of a tile: vector `q` of the first group's unit, then the
-/// second's; a group past the task's rows zero).
-fn weight_tiles(w: &PackedMatrix, r0: usize, rows: usize, tiles: &mut Vec<WeightTile>) {
-    let l = super::layout(GgmlType::Q8_0).expect("Q8_0 is packed");
-    let (col, units) = (l.column_bytes(), w.cols / UNIT);
-    debug_assert!(r0.is_multiple_of(TILE_ROWS) && l.unit == 8 * 32 && l.head == 2 * GROUP);
-    tiles.clear();
-    tiles.resize(rows.div_ceil(TILE_ROWS) * units, WeightTile::ZERO);
-    for (j, block) in tiles.chunks_exact_mut(units).enumerate() {
-        for h in 0..2 {
-            if TILE_ROWS * j + GROUP * h >= rows {
-                break;
-            }
-            let group = w.group(r0 / GROUP + 2 * j + h);
-            for (c, tile) in block.iter_mut().enumerate() {
-                let column = &group[c * col..(c + 1) * col];
-                for (r, d) in tile.d[GROUP * h..GROUP * (h + 1)].iter_mut().enumerate() {
-                    *d = u16::from_le_bytes([column[2 * r], column[2 * r + 1]]);
+/// Unpacks rows `r0..r0 + rows` of `w` (`r0` a multiple of 16) into weight tiles and offset
+/// factors: `tiles[j * units + c]` = unit `c` of rows `r0 + 16 j ..`, from packed groups `2j`
+/// and `2j + 1` of the task (a group past the task's rows zero). The vector unpacking where the
+/// CPU has it (always with AMX), else (and for the scalar twin) [`weight_block_scalar`]: the
+/// same bytes.
+fn weight_tiles(
+    kernel: TileKernel,
+    w: &PackedMatrix,
+    r0: usize,
+    rows: usize,
+    tiles: &mut Vec<WeightTile>,
+    mins: &mut Vec<Sums>,
+) {
+    let units = w.cols / UNIT;
+    debug_assert!(r0.is_multiple_of(TILE_ROWS));
+    let blocks = rows.div_ceil(TILE_ROWS);
+    tiles.resize(blocks * units, WeightTile::ZERO);
+    mins.resize(blocks * units, [[0.0; TILE_ROWS]; 2]);
+    for (j, (tb, mb)) in tiles
+        .chunks_exact_mut(units)
+        .zip(mins.chunks_exact_mut(units))
+        .enumerate()
+    {
+        let groups: [Option<&[u8]>; 2] = std::array::from_fn(|h| {
+            (TILE_ROWS * j + GROUP * h < rows).then(|| w.group(r0 / GROUP + 2 * j + h))
+        });
+        let packed = match kernel {
+            TileKernel::Amx(_) => kernels::pack_weight_tiles(w.ty, groups, tb, mb),
+            TileKernel::Scalar => None,
+        };
+        if packed.is_none() {
+            weight_block_scalar(w.ty, groups, tb, mb);
+        }
+    }
+}
+
+/// Scalar twin of [`kernels::pack_weight_tiles`]: each unit read back from the packed layout
+/// (`packed_unit`), its codes as the integers the VNNI kernel multiplies (unsigned codes for
+/// the formats with offsets, where Q4_0's and Q5_0's centring goes into the offset), its
+/// scales, and its offset factor as `+mn * s` (Q4_0's `-8d`, Q5_0's `-16d`, the negated min of
+/// the K-quants, Q4_1's and Q5_1's min).
+fn weight_block_scalar(
+    ty: GgmlType,
+    groups: [Option<&[u8]>; 2],
+    tiles: &mut [WeightTile],
+    mins: &mut [Sums],
+) {
+    let l = super::layout(ty).expect("packed type");
+    let (col, upc) = (l.column_bytes(), l.units());
+    for (h, group) in groups.into_iter().enumerate() {
+        for (b, (tile, m)) in tiles.iter_mut().zip(mins.iter_mut()).enumerate() {
+            let (c, u) = (b / upc, b % upc);
+            for r in 0..GROUP {
+                let n = GROUP * h + r;
+                let Some(group) = group else {
+                    for e in 0..UNIT {
+                        tile.codes[64 * (e / 4) + 4 * n + e % 4] = 0;
+                    }
+                    for (sc, mn) in tile.sc.iter_mut().zip(m.iter_mut()) {
+                        (sc[n], mn[n]) = (0.0, 0.0);
+                    }
+                    continue;
+                };
+                let pu = super::packed_unit(ty, &group[c * col..(c + 1) * col], r, u);
+                for (e, &code) in pu.codes.iter().enumerate() {
+                    let v = match ty {
+                        GgmlType::Q4_0 | GgmlType::Q5_0 => i32::from(code),
+                        _ => int_of(ty, code),
+                    };
+                    tile.codes[64 * (e / 4) + 4 * n + e % 4] = v as i8;
                 }
-                let data = &column[l.head..l.head + l.unit];
-                for (q, v) in data.chunks_exact(32).enumerate() {
-                    let dst: &mut [i8; 32] = (&mut tile.codes[64 * q + 32 * h..][..32])
-                        .try_into()
-                        .expect("half a tile row");
-                    let v: &[u8; 32] = v.try_into().expect("a vector");
-                    *dst = v.map(|b| b as i8);
+                for (k, (sc, mn)) in tile.sc.iter_mut().zip(m.iter_mut()).enumerate() {
+                    sc[n] = pu.scale[k];
+                    mn[n] = match ty {
+                        GgmlType::Q4_0 => pu.scale[k] * -8.0,
+                        GgmlType::Q5_0 => pu.scale[k] * -16.0,
+                        _ => pu.min[k],
+                    };
                 }
             }
         }
@@ -168,25 +262,9 @@ fn weight_tiles(w: &PackedMatrix, r0: usize, rows: usize, tiles: &mut Vec<Weight
 mod tests {
     use super::*;
     use crate::quant::WeightMatrix;
+    use crate::quant::kernels::tests::random_blocks;
     use crate::quant::kernels::{Isa, scalar};
-
-    /// `n` Q8_0 blocks of random bytes (every code, -128 included) with random f16 scales of
-    /// both signs.
-    fn random_q8_0(n: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed | 1;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
-        let mut out: Vec<u8> = (0..n * 34).map(|_| next() as u8).collect();
-        for b in out.chunks_exact_mut(34) {
-            let v = (next() % 2000) as f32 / 1000.0 - 1.0;
-            b[..2].copy_from_slice(&crate::quant::f32_to_f16(v * 0.05).to_le_bytes());
-        }
-        out
-    }
+    use crate::quant::unit::FORMATS;
 
     /// Activations of varied block magnitudes (some blocks all zero, some at the extremes).
     fn random_acts(n: usize, k: usize, seed: u64) -> Q8Acts {
@@ -220,59 +298,111 @@ mod tests {
         y.iter().map(|v| v.to_bits()).collect()
     }
 
-    /// The tiles give every output the VNNI kernel's bits, through AMX and through the scalar
-    /// twin, on ragged shapes: token counts around whole tiles and pairs of tiles, row counts
-    /// that leave a task with one weight tile or half of one, several units.
+    /// A random packed matrix of `ty` (every code, scale and min the format can hold).
+    fn random_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, usize) {
+        let data = random_blocks(ty, rows * cols / ty.block_size(), seed);
+        (data, rows)
+    }
+
+    /// Shapes around whole tiles and pairs of tiles: token counts of 16 and more, row counts
+    /// that leave a task with one weight tile or half of one; the columns whole super-blocks.
+    const SHAPES: [(usize, usize, usize); 6] = [
+        (8, 256, 16),
+        (13, 512, 17),
+        (40, 256, 35),
+        (72, 512, 50),
+        (33, 768, 31),
+        (24, 1024, 16),
+    ];
+
+    /// For every format, the tiles give every output the VNNI kernel's bits, through AMX and
+    /// through the scalar twin, and the scalar twin stays within the f32 reordering bound of the
+    /// reference kernel.
     #[test]
     fn tiles_give_the_vnni_bits() {
         let amx = cpu::token_for_test::<cpu::Amx>("tiles_give_the_vnni_bits");
         let vnni = cpu::Avx512Vnni::get().map(Isa::Avx512Vnni);
-        let shapes = [
-            (8, 32, 16),
-            (13, 96, 17),
-            (40, 256, 35),
-            (72, 512, 50),
-            (33, 160, 64),
-            (96, 64, 31),
-            (24, 1024, 16),
-        ];
-        for (si, &(rows, cols, n)) in shapes.iter().enumerate() {
-            let data = random_q8_0(rows * cols / 32, 11 + si as u64);
-            let wm = WeightMatrix::new(GgmlType::Q8_0, rows, cols, &data).unwrap();
-            let p = PackedMatrix::pack(&wm).unwrap();
-            let x = random_acts(n, cols, 5 + si as u64);
-            let mut scalar_y = vec![0f32; n * rows];
-            matmul_tiles(TileKernel::Scalar, &p, &x, &mut scalar_y);
-            // The reference kernel, up to its f32 summation order.
-            for t in 0..n {
-                for r in 0..rows {
-                    let want = scalar::dot_q8(GgmlType::Q8_0, wm.row(r), x.row(t));
-                    let got = scalar_y[t * rows + r];
-                    let tol = 1e-5 * (1.0 + want.abs()) * cols as f32 / 32.0;
-                    assert!((got - want).abs() <= tol, "{rows}x{cols} n{n} t{t} r{r}");
+        for (fi, ty) in FORMATS.into_iter().enumerate() {
+            for (si, &(rows, cols, n)) in SHAPES.iter().enumerate() {
+                let seed = (100 * fi + si) as u64;
+                let (data, rows) = random_matrix(ty, rows, cols, 11 + seed);
+                let wm = WeightMatrix::new(ty, rows, cols, &data).unwrap();
+                let p = PackedMatrix::pack(&wm).unwrap();
+                let x = random_acts(n, cols, 5 + seed);
+                let mut scalar_y = vec![0f32; n * rows];
+                matmul_tiles(TileKernel::Scalar, &p, &x, &mut scalar_y);
+                // The reference kernel, up to its f32 summation order: each partial sum can
+                // carry a relative error of about cols * eps of the sum of absolute products.
+                let deq: Vec<Vec<f32>> = (0..rows)
+                    .map(|r| crate::quant::dequantize_to_vec(ty, wm.row(r), cols).unwrap())
+                    .collect();
+                for t in 0..n {
+                    let xt = x.row(t);
+                    for r in 0..rows {
+                        let want = scalar::dot_q8(ty, wm.row(r), xt);
+                        let got = scalar_y[t * rows + r];
+                        let abs: f32 = (0..cols)
+                            .map(|e| (deq[r][e] * f32::from(xt.qs[e]) * xt.d[e / 32]).abs())
+                            .sum();
+                        let tol = cols as f32 * f32::EPSILON * abs + 1e-6;
+                        assert!(
+                            (got - want).abs() <= tol,
+                            "{ty} {rows}x{cols} n{n} t{t} r{r}: {got} vs {want}"
+                        );
+                    }
+                }
+                if let Some(isa) = vnni {
+                    let mut y = vec![0f32; n * rows];
+                    super::super::matmul_by_groups(isa, &p, &x, &mut y);
+                    assert_eq!(
+                        bits(&scalar_y),
+                        bits(&y),
+                        "scalar twin vs VNNI {ty} {rows}x{cols} n{n}"
+                    );
+                }
+                if let Some(t) = amx {
+                    let mut y = vec![0f32; n * rows];
+                    matmul_tiles(TileKernel::Amx(t), &p, &x, &mut y);
+                    assert_eq!(
+                        bits(&scalar_y),
+                        bits(&y),
+                        "AMX vs scalar twin {ty} {rows}x{cols} n{n}"
+                    );
+                    // And through the dispatch every product takes.
+                    let mut y2 = vec![0f32; n * rows];
+                    super::super::matmul_packed(&p, &x, &mut y2);
+                    assert_eq!(bits(&y), bits(&y2), "dispatch {ty} {rows}x{cols} n{n}");
                 }
             }
-            if let Some(isa) = vnni {
-                let mut y = vec![0f32; n * rows];
-                super::super::matmul_by_groups(isa, &p, &x, &mut y);
-                assert_eq!(
-                    bits(&scalar_y),
-                    bits(&y),
-                    "scalar twin vs VNNI {rows}x{cols} n{n}"
-                );
-            }
-            if let Some(t) = amx {
-                let mut y = vec![0f32; n * rows];
-                matmul_tiles(TileKernel::Amx(t), &p, &x, &mut y);
-                assert_eq!(
-                    bits(&scalar_y),
-                    bits(&y),
-                    "AMX vs scalar twin {rows}x{cols} n{n}"
-                );
-                // And through the dispatch every product takes.
-                let mut y2 = vec![0f32; n * rows];
-                super::super::matmul_packed(&p, &x, &mut y2);
-                assert_eq!(bits(&y), bits(&y2), "dispatch {rows}x{cols} n{n}");
+        }
+    }
+
+    /// The vector unpacking writes the scalar layout's bytes for every format, with and without
+    /// the second group of a row block.
+    #[test]
+    fn vector_unpacking_gives_the_scalar_tiles() {
+        for (fi, ty) in FORMATS.into_iter().enumerate() {
+            let (rows, cols) = (16, 512);
+            let (data, _) = random_matrix(ty, rows, cols, 31 + fi as u64);
+            let wm = WeightMatrix::new(ty, rows, cols, &data).unwrap();
+            let p = PackedMatrix::pack(&wm).unwrap();
+            let units = cols / UNIT;
+            for second in [true, false] {
+                let groups = [Some(p.group(0)), second.then(|| p.group(1))];
+                let mut want = (vec![WeightTile::ZERO; units], vec![[[7.0; 16]; 2]; units]);
+                weight_block_scalar(ty, groups, &mut want.0, &mut want.1);
+                let mut got = (vec![WeightTile::ZERO; units], vec![[[9.0; 16]; 2]; units]);
+                if kernels::pack_weight_tiles(ty, groups, &mut got.0, &mut got.1).is_none() {
+                    eprintln!("skipped: no vector unpacking on this CPU");
+                    return;
+                }
+                for u in 0..units {
+                    let (w, g) = (&want.0[u], &got.0[u]);
+                    assert_eq!(w.codes, g.codes, "{ty} unit {u} codes");
+                    let fb = |s: &[[f32; 16]; 2]| s.map(|h| h.map(f32::to_bits));
+                    assert_eq!(fb(&w.sc), fb(&g.sc), "{ty} unit {u} scales");
+                    assert_eq!(fb(&want.1[u]), fb(&got.1[u]), "{ty} unit {u} offsets");
+                }
             }
         }
     }
