@@ -332,8 +332,8 @@ impl PackedActs for WideActs {
 
 /// `y[t] = W x[t]` for every activation row (`y` is `n x rows`, token-major). Each task takes a
 /// tile of rows (in L1/L2) and sweeps every token over it, four tokens per kernel call, writing
-/// its rows of each token straight into `y`. Q8_0 weights with at least 16 rows of 8-bit
-/// activations go through AMX's tiles where the CPU has them (`amx`), with the same bits.
+/// its rows of each token straight into `y`. At least 16 rows of 8-bit activations go through
+/// AMX's tiles where the CPU has them (`amx`, every packed format), with the same bits.
 pub fn matmul_packed<A: PackedActs>(w: &PackedMatrix, x: &A, y: &mut [f32]) {
     let (n, k) = x.shape();
     assert_eq!(k, w.cols, "matmul input length");

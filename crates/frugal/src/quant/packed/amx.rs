@@ -22,6 +22,11 @@ use crate::quant::unit::{UNIT, int_of, signed_codes};
 /// count is padded to a whole tile of 16, and a short product pays for unpacking the weights).
 pub const MIN_TOKENS: usize = 16;
 
+/// The same for the formats with a two-token VNNI kernel (`kernels::pairs_available`: Q4_0,
+/// Q4_1, Q5_0, Q5_1, Q4_K), which stays faster up to about two tiles' worth of tokens: the
+/// tiles cost about as much for 17 to 32 tokens, the pair kernel grows with every token.
+pub const MIN_TOKENS_PAIRS: usize = 28;
+
 /// Weight rows per parallel task: two weight tiles, the kernel's block.
 const TASK_ROWS: usize = 2 * TILE_ROWS;
 
@@ -45,7 +50,12 @@ pub fn tile_format(ty: GgmlType) -> Option<TileFormat> {
 
 /// The AMX token, where a product of `n` rows of `x` with `w` should take the tiles.
 pub fn amx_for(w: &PackedMatrix, n: usize) -> Option<cpu::Amx> {
-    (n >= MIN_TOKENS && tile_format(w.ty).is_some())
+    let min = if kernels::pairs_available(kernels::detect(), w.ty) {
+        MIN_TOKENS_PAIRS
+    } else {
+        MIN_TOKENS
+    };
+    (n >= min && tile_format(w.ty).is_some())
         .then(cpu::Amx::get)
         .flatten()
 }
