@@ -337,12 +337,12 @@ impl KvSequence for KvCache {
         let ring = self.ring_rows(layer).unwrap_or(0);
         let len = self.appended[layer];
         let kb = self.format.k.bytes(self.kv_dim);
-        let keys = KvView::contiguous(self.format.k, kb, len, &self.k[layer]).with_ring(ring);
+        let keys = KvView::contiguous_ring(self.format.k, kb, len, ring, &self.k[layer]);
         if self.v_dim == 0 {
             return (keys, keys);
         }
         let vb = self.format.v.bytes(self.v_dim);
-        let values = KvView::contiguous(self.format.v, vb, len, &self.v[layer]).with_ring(ring);
+        let values = KvView::contiguous_ring(self.format.v, vb, len, ring, &self.v[layer]);
         (keys, values)
     }
 

@@ -51,6 +51,12 @@ impl<'a> KvView<'a> {
     /// A contiguous view of `len` rows of `row_bytes` each.
     pub fn contiguous(ty: KvType, row_bytes: usize, len: usize, data: &'a [u8]) -> Self {
         debug_assert!(data.len() >= len * row_bytes);
+        Self::unchecked_contiguous(ty, row_bytes, len, data)
+    }
+
+    /// [`contiguous`](Self::contiguous) before [`with_ring`](Self::with_ring), which checks the
+    /// rows stored against the ring's (fewer than `len` once the window is full).
+    fn unchecked_contiguous(ty: KvType, row_bytes: usize, len: usize, data: &'a [u8]) -> Self {
         KvView {
             ty,
             row_bytes,
@@ -63,7 +69,8 @@ impl<'a> KvView<'a> {
     }
 
     /// A paged view: logical row `j` lives in physical block `table[j / block_size]`, laid
-    /// out as `layout` says.
+    /// out as `layout` says. `len` may pass the table's blocks only for a ring
+    /// ([`with_ring`](Self::with_ring) checks the blocks against the ring's rows).
     pub fn paged(
         ty: KvType,
         row_bytes: usize,
@@ -73,7 +80,6 @@ impl<'a> KvView<'a> {
         block_size: usize,
         layout: BlockLayout,
     ) -> Self {
-        debug_assert!(table.len() * block_size >= len);
         KvView {
             ty,
             row_bytes,
@@ -89,7 +95,28 @@ impl<'a> KvView<'a> {
     /// the contiguous data, or of the block table's blocks taken in order).
     pub fn with_ring(mut self, rows: usize) -> Self {
         self.ring = rows;
+        let readable = if rows == 0 {
+            self.len
+        } else {
+            self.len.min(rows)
+        };
+        debug_assert!(match self.table {
+            Some((table, bs, _)) => table.len() * bs >= readable,
+            None => self.data.len() >= readable * self.row_bytes,
+        });
         self
+    }
+
+    /// A contiguous view of a ring of `ring` rows (0: none) holding the last of `len`
+    /// positions.
+    pub fn contiguous_ring(
+        ty: KvType,
+        row_bytes: usize,
+        len: usize,
+        ring: usize,
+        data: &'a [u8],
+    ) -> Self {
+        Self::unchecked_contiguous(ty, row_bytes, len, data).with_ring(ring)
     }
 
     /// The same paged view over blocks that keep each head's values by column: value `c` of
