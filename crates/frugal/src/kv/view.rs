@@ -50,13 +50,18 @@ pub struct KvView<'a> {
 impl<'a> KvView<'a> {
     /// A contiguous view of `len` rows of `row_bytes` each.
     pub fn contiguous(ty: KvType, row_bytes: usize, len: usize, data: &'a [u8]) -> Self {
-        debug_assert!(data.len() >= len * row_bytes);
-        Self::unchecked_contiguous(ty, row_bytes, len, data)
+        Self::contiguous_ring(ty, row_bytes, len, 0, data)
     }
 
-    /// [`contiguous`](Self::contiguous) before [`with_ring`](Self::with_ring), which checks the
-    /// rows stored against the ring's (fewer than `len` once the window is full).
-    fn unchecked_contiguous(ty: KvType, row_bytes: usize, len: usize, data: &'a [u8]) -> Self {
+    /// A contiguous view of a ring of `ring` rows (0: none) holding the last of `len`
+    /// positions ([`with_ring`](Self::with_ring) checks the rows stored).
+    pub fn contiguous_ring(
+        ty: KvType,
+        row_bytes: usize,
+        len: usize,
+        ring: usize,
+        data: &'a [u8],
+    ) -> Self {
         KvView {
             ty,
             row_bytes,
@@ -66,6 +71,7 @@ impl<'a> KvView<'a> {
             ring: 0,
             columns: false,
         }
+        .with_ring(ring)
     }
 
     /// A paged view: logical row `j` lives in physical block `table[j / block_size]`, laid
@@ -105,18 +111,6 @@ impl<'a> KvView<'a> {
             None => self.data.len() >= readable * self.row_bytes,
         });
         self
-    }
-
-    /// A contiguous view of a ring of `ring` rows (0: none) holding the last of `len`
-    /// positions.
-    pub fn contiguous_ring(
-        ty: KvType,
-        row_bytes: usize,
-        len: usize,
-        ring: usize,
-        data: &'a [u8],
-    ) -> Self {
-        Self::unchecked_contiguous(ty, row_bytes, len, data).with_ring(ring)
     }
 
     /// The same paged view over blocks that keep each head's values by column: value `c` of

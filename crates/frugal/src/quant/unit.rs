@@ -74,6 +74,12 @@ pub fn min_per_half(ty: GgmlType) -> bool {
     ty == GgmlType::Q2_K
 }
 
+/// Whether `ty` has a scale per 16 elements (two per unit), so the kernels keep a unit's two
+/// half sums apart (Q6_K, Q3_K, Q2_K).
+pub fn scale_per_half(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K)
+}
+
 /// Whether the 8-bit kernels multiply `ty`'s units as signed integers with no offset (Q8_0,
 /// MXFP4, Q6_K, Q3_K, IQ4_NL, IQ4_XS), rather than as unsigned codes plus a per-row offset
 /// times the activations' block sum (the others).

@@ -22,7 +22,7 @@ use crate::quant::GgmlType;
 use crate::quant::act::{Q8Row, WideRow};
 use crate::quant::iq4::KVALUES;
 use crate::quant::packed::{GROUP, layout};
-use crate::quant::unit::{FORMATS, MXFP4_INT, signed_codes};
+use crate::quant::unit::{FORMATS, MXFP4_INT, scale_per_half, signed_codes};
 
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -541,7 +541,7 @@ macro_rules! dot_packed_kernel {
             debug_assert!(group.len() >= ncols * col);
             let signed = signed_codes(ty);
             // Scales per half (16 elements): the two integer half sums are kept apart.
-            let per_half = matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K);
+            let per_half = scale_per_half(ty);
             let negated = offset_negated(ty);
             // AVX2 with unsigned codes of at most 5 bits: `maddubs` pair sums (at most
             // 2 x 31 x 128 = 7,936, or 3,840 for 4 bits) are added in 16 bits, `short` (4, or 8

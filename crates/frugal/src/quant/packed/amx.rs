@@ -16,7 +16,7 @@ use crate::quant::kernels::{
     self,
     tiles::{ActTile, Sums, TILE_ROWS, TileFormat, WeightTile},
 };
-use crate::quant::unit::{UNIT, int_of, signed_codes};
+use crate::quant::unit::{UNIT, int_of, scale_per_half, signed_codes};
 
 /// Activation rows from which a product takes the tiles: below, the VNNI kernels (a token
 /// count is padded to a whole tile of 16, and a short product pays for unpacking the weights).
@@ -43,7 +43,7 @@ thread_local! {
 pub fn tile_format(ty: GgmlType) -> Option<TileFormat> {
     super::layout(ty)?;
     Some(TileFormat {
-        halves: matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K),
+        halves: scale_per_half(ty),
         offsets: !signed_codes(ty),
     })
 }
@@ -309,9 +309,8 @@ mod tests {
     }
 
     /// A random packed matrix of `ty` (every code, scale and min the format can hold).
-    fn random_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, usize) {
-        let data = random_blocks(ty, rows * cols / ty.block_size(), seed);
-        (data, rows)
+    fn random_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        random_blocks(ty, rows * cols / ty.block_size(), seed)
     }
 
     /// Shapes around whole tiles and pairs of tiles: token counts of 16 and more, row counts
@@ -335,7 +334,7 @@ mod tests {
         for (fi, ty) in FORMATS.into_iter().enumerate() {
             for (si, &(rows, cols, n)) in SHAPES.iter().enumerate() {
                 let seed = (100 * fi + si) as u64;
-                let (data, rows) = random_matrix(ty, rows, cols, 11 + seed);
+                let data = random_matrix(ty, rows, cols, 11 + seed);
                 let wm = WeightMatrix::new(ty, rows, cols, &data).unwrap();
                 let p = PackedMatrix::pack(&wm).unwrap();
                 let x = random_acts(n, cols, 5 + seed);
@@ -393,7 +392,7 @@ mod tests {
     fn vector_unpacking_gives_the_scalar_tiles() {
         for (fi, ty) in FORMATS.into_iter().enumerate() {
             let (rows, cols) = (16, 512);
-            let (data, _) = random_matrix(ty, rows, cols, 31 + fi as u64);
+            let data = random_matrix(ty, rows, cols, 31 + fi as u64);
             let wm = WeightMatrix::new(ty, rows, cols, &data).unwrap();
             let p = PackedMatrix::pack(&wm).unwrap();
             let units = cols / UNIT;
